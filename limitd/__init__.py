@@ -1,0 +1,36 @@
+"""limitd: Redis-backed background jobs in Sidekiq's format.
+
+The public API::
+
+    import limitd
+
+    @limitd.job(queue="default")
+    def hello(name): print("hello", name)
+
+    hello.perform_async("world")
+"""
+
+__version__ = "0.1.0"
+
+from limitd import retry as _retry  # noqa: F401  (declares the retry job options)
+from limitd.client import Client, default_client, set_default_client
+from limitd.job import Enqueuer, Job, JobSpec, current_payload, job
+from limitd.options import InvalidJobOption
+from limitd.payload import MalformedPayload, UnsafeArgument
+from limitd.registry import registry
+
+__all__ = [
+    "Client",
+    "Enqueuer",
+    "InvalidJobOption",
+    "Job",
+    "JobSpec",
+    "MalformedPayload",
+    "UnsafeArgument",
+    "__version__",
+    "current_payload",
+    "default_client",
+    "job",
+    "registry",
+    "set_default_client",
+]

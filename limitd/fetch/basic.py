@@ -1,0 +1,79 @@
+"""Basic fetch: BRPOP over the capsule's queues in this fetch's order.
+
+The job leaves Redis when it is fetched, so a process killed with SIGKILL loses what it
+was running (the limit fetch keeps an in-progress list instead). On a graceful stop the
+capsule hands unfinished units back with :meth:`BasicFetch.bulk_requeue`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import redis as redis_py
+
+from limitd import keys
+from limitd.fetch.order import QueueOrder
+from limitd.redis import retry_on_failover
+
+# BRPOP returns at least this often so a stopping processor notices promptly.
+BLOCK_SECONDS = 1.0
+
+
+@dataclass
+class UnitOfWork:
+    """One fetched job. The processor calls exactly one of ``acknowledge`` (the job was
+    handled, whatever its outcome) or ``requeue`` (give it back untouched)."""
+
+    queue: str
+    job: bytes
+    fetch: BasicFetch
+
+    def acknowledge(self) -> None:
+        """Nothing to do: BRPOP already removed the job."""
+
+    def requeue(self) -> None:
+        self.fetch.bulk_requeue([self])
+
+
+class BasicFetch:
+    """Fetches for one capsule."""
+
+    def __init__(
+        self, redis: redis_py.Redis, order: QueueOrder, block_seconds: float = BLOCK_SECONDS
+    ) -> None:
+        self.redis = redis
+        self.order = order
+        self.block_seconds = block_seconds
+
+    def retrieve_work(self) -> UnitOfWork | None:
+        """Wait up to ``block_seconds`` for a job from the first non-empty queue."""
+        queue_keys = [keys.queue(name) for name in self.order.next_order()]
+        found = retry_on_failover(
+            self.redis, lambda: self.redis.brpop(queue_keys, timeout=self.block_seconds)
+        )
+        if found is None:
+            return None
+        key, job = found
+        return UnitOfWork(keys.queue_name(key.decode()), job, self)
+
+    def try_retrieve(self) -> UnitOfWork | None:
+        """Take a job without waiting, or None if every queue is empty (drain mode)."""
+        for name in self.order.next_order():
+            job = self.redis.rpop(keys.queue(name))
+            if job is not None:
+                return UnitOfWork(name, job, self)
+        return None
+
+    def bulk_requeue(self, units: Iterable[UnitOfWork]) -> None:
+        """Put jobs back at the end their queue is read from, so they run next."""
+        by_queue: dict[str, list[bytes]] = defaultdict(list)
+        for unit in units:
+            by_queue[unit.queue].append(unit.job)
+        if not by_queue:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        for queue, jobs in by_queue.items():
+            pipe.rpush(keys.queue(queue), *jobs)
+        pipe.execute()

@@ -1,0 +1,266 @@
+"""Defining jobs and enqueueing them.
+
+Two styles, one model. The primary style is a decorated function::
+
+    @limitd.job(queue="webhooks", retry=5)
+    def send_webhook(tenant_id, url): ...
+
+    send_webhook.perform_async(42, "https://example.com/hook")
+
+Classes suit jobs with hooks or state, and map Ruby Sidekiq class names::
+
+    class HardJob(limitd.Job, name="HardJob", queue="critical"):
+        def perform(self, a, b): ...
+        def retry_in(self, count, exc, payload): return 10 * (count + 1)
+
+Both produce a :class:`JobSpec` (what the server needs to run the job) registered under
+its wire name, and both enqueue through an :class:`Enqueuer`.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import datetime as dt
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from limitd import clock, options
+from limitd.payload import Payload
+from limitd.registry import registry
+
+if TYPE_CHECKING:
+    from limitd.client import Client
+
+RetryInHook = Callable[[int, BaseException, Payload], Any]
+ExhaustedHook = Callable[[Payload, BaseException], Any]
+
+DEFAULT_QUEUE = "default"
+
+options.declare("queue", options.non_empty_str, owner="limitd.job")
+
+_current_payload: contextvars.ContextVar[Payload | None] = contextvars.ContextVar(
+    "limitd_current_payload", default=None
+)
+
+
+def current_payload() -> Payload | None:
+    """The payload of the job running in this thread, or None outside a job. Lets job code
+    read its own jid, retry_count or batch id without changing its signature."""
+    return _current_payload.get()
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """Everything the client and the server know about one job definition."""
+
+    name: str
+    origin: str
+    run: Callable[[Payload], Any]
+    options: dict[str, Any] = field(default_factory=dict)
+    retry_in: RetryInHook | None = None
+    retries_exhausted: ExhaustedHook | None = None
+
+    @property
+    def queue(self) -> str:
+        return str(self.options.get("queue", DEFAULT_QUEUE))
+
+
+def define(
+    name: str,
+    origin: str,
+    run: Callable[[Payload], Any],
+    job_options: dict[str, Any],
+    *,
+    retry_in: RetryInHook | None = None,
+    retries_exhausted: ExhaustedHook | None = None,
+) -> JobSpec:
+    """Validate options, build the spec and register it under its wire name."""
+    spec = JobSpec(
+        name=name,
+        origin=origin,
+        run=run,
+        options=options.validate(name, job_options),
+        retry_in=retry_in,
+        retries_exhausted=retries_exhausted,
+    )
+    registry.register(spec)
+    return spec
+
+
+class Enqueuer:
+    """Pushes one job with a fixed set of options. ``.set()`` returns a copy with more
+    options, so ``send.set(queue="low").perform_async(1)`` leaves ``send`` unchanged."""
+
+    def __init__(
+        self, spec: JobSpec, overrides: dict[str, Any] | None = None, client: Client | None = None
+    ) -> None:
+        self._spec = spec
+        self._overrides = overrides or {}
+        self._client = client
+
+    def set(self, *, client: Client | None = None, **job_options: Any) -> Enqueuer:
+        """A configured enqueuer: the options are checked like definition options."""
+        merged = {**self._overrides, **options.validate(self._spec.name, job_options)}
+        return Enqueuer(self._spec, merged, client or self._client)
+
+    def perform_async(self, *args: Any) -> str | None:
+        """Enqueue now. Returns the jid, or None if a client middleware stopped the push."""
+        return self._push(list(args), at=None)
+
+    def perform_in(self, interval: float | dt.timedelta, *args: Any) -> str | None:
+        """Run after ``interval`` seconds (or a timedelta)."""
+        if isinstance(interval, dt.timedelta):
+            interval = interval.total_seconds()
+        return self._push(list(args), at=clock.now() + float(interval))
+
+    def perform_at(self, when: float | dt.datetime, *args: Any) -> str | None:
+        """Run at an epoch time in seconds or a datetime (naive means local time)."""
+        at = when.timestamp() if isinstance(when, dt.datetime) else float(when)
+        return self._push(list(args), at=at)
+
+    def perform_bulk(
+        self, args_list: Sequence[Sequence[Any]], batch_size: int = 1000
+    ) -> list[str | None]:
+        """Enqueue many jobs of this class, one LPUSH per ``batch_size`` jobs."""
+        item = self._item([])
+        return self._get_client().push_bulk(
+            item, [list(a) for a in args_list], batch_size=batch_size, spec=self._spec
+        )
+
+    def _push(self, args: list[Any], at: float | None) -> str | None:
+        item = self._item(args)
+        if at is not None and at > clock.now():
+            item["at"] = at
+        return self._get_client().push(item, spec=self._spec)
+
+    def _item(self, args: list[Any]) -> Payload:
+        return {**self._spec.options, **self._overrides, "class": self._spec.name, "args": args}
+
+    def _get_client(self) -> Client:
+        if self._client is not None:
+            return self._client
+        from limitd.client import default_client
+
+        return default_client()
+
+
+class JobFunction(Enqueuer):
+    """What ``@limitd.job`` returns: still callable as the plain function (handy in
+    tests and for running inline), plus the enqueue methods."""
+
+    def __init__(self, fn: Callable[..., Any], spec: JobSpec) -> None:
+        super().__init__(spec)
+        self.fn = fn
+        self.spec = spec
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<limitd job {self.spec.name}>"
+
+
+def job(
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    retry_in: RetryInHook | None = None,
+    retries_exhausted: ExhaustedHook | None = None,
+    **job_options: Any,
+) -> Any:
+    """Decorator that turns a function into a job; usable bare or with options."""
+
+    def decorate(target: Callable[..., Any]) -> JobFunction:
+        origin = f"{target.__module__}.{target.__qualname__}"
+        spec = define(
+            name or origin,
+            origin,
+            lambda payload: target(*payload["args"]),
+            job_options,
+            retry_in=retry_in,
+            retries_exhausted=retries_exhausted,
+        )
+        return JobFunction(target, spec)
+
+    return decorate(fn) if fn is not None else decorate
+
+
+class Job:
+    """Base class for class-style jobs: options go in the class statement, ``perform``
+    receives the arguments, and the optional ``retry_in`` / ``retries_exhausted``
+    methods are the retry hooks. A fresh instance runs each job, with ``jid`` and
+    ``payload`` set before ``perform``."""
+
+    spec: ClassVar[JobSpec]
+    jid: str
+    payload: Payload
+
+    def __init_subclass__(
+        cls, name: str | None = None, abstract: bool = False, **job_options: Any
+    ) -> None:
+        super().__init_subclass__()
+        if abstract:
+            return
+        if not callable(getattr(cls, "perform", None)):
+            raise TypeError(f"job class {cls.__qualname__} must define perform(self, ...)")
+        origin = f"{cls.__module__}.{cls.__qualname__}"
+        cls.spec = define(
+            name or origin,
+            origin,
+            functools.partial(_run_instance, cls),
+            job_options,
+            retry_in=_hook(cls, "retry_in"),
+            retries_exhausted=_hook(cls, "retries_exhausted"),
+        )
+
+    @classmethod
+    def set(cls, **job_options: Any) -> Enqueuer:
+        return Enqueuer(cls.spec).set(**job_options)
+
+    @classmethod
+    def perform_async(cls, *args: Any) -> str | None:
+        return Enqueuer(cls.spec).perform_async(*args)
+
+    @classmethod
+    def perform_in(cls, interval: float | dt.timedelta, *args: Any) -> str | None:
+        return Enqueuer(cls.spec).perform_in(interval, *args)
+
+    @classmethod
+    def perform_at(cls, when: float | dt.datetime, *args: Any) -> str | None:
+        return Enqueuer(cls.spec).perform_at(when, *args)
+
+    @classmethod
+    def perform_bulk(
+        cls, args_list: Sequence[Sequence[Any]], batch_size: int = 1000
+    ) -> list[str | None]:
+        return Enqueuer(cls.spec).perform_bulk(args_list, batch_size=batch_size)
+
+
+def _run_instance(cls: type[Job], payload: Payload) -> Any:
+    instance = cls()
+    instance.jid = payload.get("jid", "")
+    instance.payload = payload
+    return instance.perform(*payload["args"])  # type: ignore[attr-defined]
+
+
+def _hook(cls: type[Job], method: str) -> Callable[..., Any] | None:
+    """Class hooks are plain methods; each call gets a fresh instance."""
+    if not callable(getattr(cls, method, None)):
+        return None
+
+    def call_on_fresh_instance(*args: Any) -> Any:
+        return getattr(cls(), method)(*args)
+
+    return call_on_fresh_instance
+
+
+def running(payload: Payload) -> contextvars.Token[Payload | None]:
+    """Mark ``payload`` as the job running in this context (see :func:`current_payload`)."""
+    return _current_payload.set(payload)
+
+
+def finished(token: contextvars.Token[Payload | None]) -> None:
+    _current_payload.reset(token)

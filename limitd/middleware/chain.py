@@ -1,0 +1,104 @@
+"""Middleware chains: the client chain wraps every push, the server chain wraps every
+perform.
+
+A middleware is any callable object. Each one receives the job and a ``call_next``
+function and decides what happens: change the payload and call on, run code before and
+after ``call_next``, or stop the job by not calling it.
+
+Client middleware::
+
+    def __call__(self, spec, payload, redis, call_next):
+        payload["queue"] = "low"          # may change the payload or its queue
+        return call_next(payload)         # returning None halts the push
+
+Server middleware::
+
+    def __call__(self, spec, payload, queue, call_next):
+        return call_next()                # perform (and the rest of the chain)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from limitd.payload import Payload
+
+if TYPE_CHECKING:
+    from limitd.job import JobSpec
+
+PushNext = Callable[[Payload], "Payload | None"]
+ClientMiddleware = Callable[["JobSpec | None", Payload, Any, PushNext], "Payload | None"]
+ServerMiddleware = Callable[["JobSpec", Payload, str, Callable[[], Any]], Any]
+
+
+class Chain:
+    """An ordered list of middleware instances, with Sidekiq's ordering verbs."""
+
+    def __init__(self, entries: list[Any] | None = None) -> None:
+        self._entries: list[Any] = list(entries or [])
+
+    def add(self, middleware: Any) -> None:
+        """Append (runs last, innermost)."""
+        self._entries.append(middleware)
+
+    def prepend(self, middleware: Any) -> None:
+        """Insert first (runs first, outermost)."""
+        self._entries.insert(0, middleware)
+
+    def insert_before(self, existing: type, middleware: Any) -> None:
+        self._entries.insert(self._index_of(existing), middleware)
+
+    def insert_after(self, existing: type, middleware: Any) -> None:
+        self._entries.insert(self._index_of(existing) + 1, middleware)
+
+    def remove(self, kind: type) -> None:
+        self._entries = [m for m in self._entries if not isinstance(m, kind)]
+
+    def __contains__(self, kind: type) -> bool:
+        return any(isinstance(m, kind) for m in self._entries)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(list(self._entries))
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def copy(self) -> Chain:
+        return type(self)(self._entries)
+
+    def _index_of(self, kind: type) -> int:
+        for index, middleware in enumerate(self._entries):
+            if isinstance(middleware, kind):
+                return index
+        raise ValueError(f"no {kind.__name__} middleware in this chain")
+
+
+class ClientChain(Chain):
+    def invoke(
+        self, spec: JobSpec | None, payload: Payload, redis: Any, push: PushNext
+    ) -> Payload | None:
+        """Run ``payload`` through every middleware, then ``push`` it."""
+        entries = list(self._entries)
+
+        def step(index: int, current: Payload) -> Payload | None:
+            if index == len(entries):
+                return push(current)
+            return entries[index](spec, current, redis, lambda p: step(index + 1, p))
+
+        return step(0, payload)
+
+
+class ServerChain(Chain):
+    def invoke(
+        self, spec: JobSpec, payload: Payload, queue: str, perform: Callable[[], Any]
+    ) -> Any:
+        """Run every middleware around ``perform``."""
+        entries = list(self._entries)
+
+        def step(index: int) -> Any:
+            if index == len(entries):
+                return perform()
+            return entries[index](spec, payload, queue, lambda: step(index + 1))
+
+        return step(0)

@@ -1,0 +1,93 @@
+"""Declared job options.
+
+Every option a job may carry is declared once by the code that understands it (the core
+declares ``queue`` and the retry options; each middleware declares its own). Defining a
+job with an option nobody declared is an error at definition time, so a misspelled
+``retyr=3`` fails at import instead of being silently ignored for months.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+Normalizer = Callable[[Any], Any]
+
+
+class InvalidJobOption(ValueError):
+    """A job was defined or configured with an unknown or ill-typed option."""
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One declared option: who owns it and how to check and normalise its value.
+
+    ``normalize`` returns the value to put in the payload, or raises ValueError whose
+    message says what was expected."""
+
+    name: str
+    owner: str
+    normalize: Normalizer
+
+
+_DECLARED: dict[str, OptionSpec] = {}
+
+
+def declare(name: str, normalize: Normalizer, owner: str) -> None:
+    """Declare an option. Declaring the same name from two owners is a programming error."""
+    existing = _DECLARED.get(name)
+    if existing is not None and existing.owner != owner:
+        raise InvalidJobOption(
+            f"job option {name!r} is already declared by {existing.owner}, not {owner}"
+        )
+    _DECLARED[name] = OptionSpec(name, owner, normalize)
+
+
+def declared() -> dict[str, OptionSpec]:
+    """A copy of the declared options, by name."""
+    return dict(_DECLARED)
+
+
+def validate(job_name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """Check and normalise ``options`` for ``job_name``; errors name the job and option."""
+    normalized: dict[str, Any] = {}
+    for name, value in options.items():
+        spec = _DECLARED.get(name)
+        if spec is None:
+            known = ", ".join(sorted(_DECLARED))
+            raise InvalidJobOption(
+                f"job {job_name}: unknown option {name!r} (known options: {known})"
+            )
+        try:
+            normalized[name] = spec.normalize(value)
+        except (TypeError, ValueError) as exc:
+            raise InvalidJobOption(
+                f"job {job_name}: option {name!r}={value!r} is invalid: {exc}"
+            ) from exc
+    return normalized
+
+
+# Normalisers shared by several options.
+
+
+def non_empty_str(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError("expected a non-empty string")
+    return value
+
+
+def boolean(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError("expected true or false")
+    return value
+
+
+def seconds(value: Any) -> float:
+    """A positive duration given as seconds or a ``timedelta``; stored as float seconds."""
+    if isinstance(value, dt.timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError("expected a positive number of seconds or a timedelta")
+    return float(value)

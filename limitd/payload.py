@@ -1,0 +1,138 @@
+"""The job payload: a JSON object in Sidekiq's format.
+
+Fields limitd writes: ``class``, ``args``, ``queue``, ``jid`` (24 hex chars),
+``created_at``, ``enqueued_at``, ``retry`` and, after a failure, ``retry_count``,
+``failed_at``, ``retried_at``, ``error_class``, ``error_message``. Unknown fields are
+kept untouched, so features (and Ruby Sidekiq) can add their own.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import secrets
+import warnings
+from typing import Any
+
+Payload = dict[str, Any]
+
+STRICT_ARGS_MODES = ("raise", "warn", "off")
+_MILLISECONDS_THRESHOLD = 100_000_000_000  # epoch seconds reach this in the year 5138
+
+
+class MalformedPayload(ValueError):
+    """A queued job that cannot be run whatever happens next: it goes straight to the
+    dead set with this reason instead of being retried."""
+
+
+class UnsafeArgument(TypeError):
+    """A job argument that JSON cannot carry faithfully (it would not come back equal)."""
+
+
+def new_jid() -> str:
+    """A random job id in Sidekiq's format: 12 random bytes as 24 hex characters."""
+    return secrets.token_hex(12)
+
+
+def to_seconds(value: Any) -> float | None:
+    """Read a timestamp written as float seconds (Sidekiq <= 7, limitd) or integer
+    milliseconds (Sidekiq 8)."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, int) and value >= _MILLISECONDS_THRESHOLD:
+        return value / 1000.0
+    if isinstance(value, (int, float)):
+        return float(value)
+    return None
+
+
+def dumps(payload: Payload) -> str:
+    """Compact JSON, as Sidekiq writes it."""
+    return json.dumps(payload, separators=(",", ":"), allow_nan=False)
+
+
+def parse(raw: bytes | str) -> Payload:
+    """Decode a payload fetched from Redis, or say precisely why it cannot be run."""
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+        data = json.loads(text)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise MalformedPayload(f"payload is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise MalformedPayload(f"payload is a JSON {type(data).__name__}, not an object")
+    if not isinstance(data.get("class"), str) or not data["class"]:
+        raise MalformedPayload("payload has no 'class' string")
+    if not isinstance(data.get("args"), list):
+        raise MalformedPayload("payload has no 'args' list")
+    return data
+
+
+def find_unsafe(value: Any, path: str = "args") -> tuple[str, Any] | None:
+    """The first value under ``value`` that does not survive a JSON round trip, with its
+    path (``args[1]['when']``), or None. Tuples, sets, datetimes, objects, non-string
+    keys and NaN/infinity are all unsafe: the job would see something else."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (path, value)
+    if type(value) is list:
+        children = ((f"{path}[{index}]", item) for index, item in enumerate(value))
+    elif type(value) is dict:
+        bad_key = next((key for key in value if not isinstance(key, str)), None)
+        if bad_key is not None:
+            return (f"{path} key {bad_key!r}", bad_key)
+        children = ((f"{path}[{key!r}]", item) for key, item in value.items())
+    else:
+        return (path, value)
+    for child_path, item in children:
+        found = find_unsafe(item, child_path)
+        if found:
+            return found
+    return None
+
+
+def check_args(job_name: str, args: list[Any], mode: str = "raise") -> None:
+    """Enforce the strict-arguments policy (``raise``, ``warn`` or ``off``)."""
+    if mode == "off":
+        return
+    found = find_unsafe(args)
+    if found is None:
+        return
+    path, value = found
+    message = (
+        f"arguments of job {job_name} must be plain JSON types (None, bool, int, finite "
+        f"float, str, list, dict with str keys): {path} is {value!r} of type "
+        f"{type(value).__name__}"
+    )
+    if mode == "raise":
+        raise UnsafeArgument(message)
+    warnings.warn(message, stacklevel=4)
+
+
+def dead_entry_for_malformed(raw: bytes | str, queue: str, reason: str, now: float) -> str:
+    """What the dead set keeps for a job that could not be parsed: the original object
+    with the reason added when it is a JSON object, otherwise an envelope that carries
+    the raw text, so an operator can see and repair it. Nothing is dropped."""
+    text = raw.decode("utf-8", "backslashreplace") if isinstance(raw, bytes) else raw
+    error = {
+        "error_class": "limitd.MalformedPayload",
+        "error_message": reason,
+        "failed_at": now,
+        "queue": queue,
+    }
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        return dumps({**data, **error})
+    return dumps(
+        {
+            "class": "limitd.MalformedPayload",
+            "args": [],
+            "jid": new_jid(),
+            "retry": False,
+            "raw": text,
+            **error,
+        }
+    )

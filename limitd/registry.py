@@ -1,0 +1,46 @@
+"""Jobs known to this process, by wire name.
+
+The server resolves a payload's ``class`` only here, never by importing a module the
+payload names: a job runs only if the code the worker was told to load defined it.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from limitd.job import JobSpec
+
+
+class DuplicateJobName(ValueError):
+    """Two different jobs claim the same wire name."""
+
+
+class JobRegistry:
+    """Thread-safe map of wire name -> job spec."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, JobSpec] = {}
+        self._lock = threading.Lock()
+
+    def register(self, spec: JobSpec) -> None:
+        """Add a job. Re-defining the same code object (a module re-import) replaces the
+        old entry; a different job under an existing name is an error."""
+        with self._lock:
+            current = self._jobs.get(spec.name)
+            if current is not None and current.origin != spec.origin:
+                raise DuplicateJobName(
+                    f"job name {spec.name!r} is used by both {current.origin} and "
+                    f"{spec.origin}; give one of them an explicit name="
+                )
+            self._jobs[spec.name] = spec
+
+    def resolve(self, name: str) -> JobSpec | None:
+        return self._jobs.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self._jobs)
+
+
+registry = JobRegistry()

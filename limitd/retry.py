@@ -1,0 +1,189 @@
+"""What happens to a job that raised: the retry set with backoff, or the dead set.
+
+Follows Sidekiq's rules so jobs move between limitd and Sidekiq unchanged:
+
+- ``retry``: True (25 retries), a number of retries, or False (no retry, not kept);
+- the first failure sets ``failed_at`` and ``retry_count = 0``; later ones set
+  ``retried_at`` and add one; the job is retried while ``retry_count`` < max retries, or,
+  when ``retry_for`` is set, while ``failed_at + retry_for`` is still in the future;
+- the delay is ``count**4 + 15 + rand(10) * (count + 1)`` seconds, unless the job's
+  ``retry_in`` hook returns a positive number (used as is), ``"discard"`` or ``"kill"``;
+- exhausted jobs go to the dead set (unless ``dead: false`` or ``retries_exhausted``
+  returns ``"discard"``), which is trimmed by age and size in the same transaction, and
+  the death handlers are called.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import redis as redis_py
+
+from limitd import clock, keys, options
+from limitd.payload import Payload, dumps, to_seconds
+
+if TYPE_CHECKING:
+    from limitd.job import JobSpec
+
+log = logging.getLogger("limitd.retry")
+
+DEFAULT_MAX_RETRIES = 25
+MAX_ERROR_MESSAGE = 10_000
+
+DeathHandler = Callable[[Payload, BaseException], Any]
+
+
+def _retry_option(value: Any) -> bool | int:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value >= 0:
+        return value
+    raise ValueError("expected true, false or a number of retries >= 0")
+
+
+options.declare("retry", _retry_option, owner="limitd.retry")
+options.declare("retry_queue", options.non_empty_str, owner="limitd.retry")
+options.declare("retry_for", options.seconds, owner="limitd.retry")
+options.declare("dead", options.boolean, owner="limitd.retry")
+
+
+@dataclass(frozen=True)
+class DeadSetPolicy:
+    """How long the dead set keeps jobs, and how many at most."""
+
+    timeout_seconds: float = 180 * 86_400
+    max_jobs: int = 10_000
+
+
+def error_class_name(exc: BaseException) -> str:
+    kind = type(exc)
+    if kind.__module__ == "builtins":
+        return kind.__qualname__
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def record_error(payload: Payload, exc: BaseException) -> None:
+    payload["error_class"] = error_class_name(exc)
+    payload["error_message"] = str(exc)[:MAX_ERROR_MESSAGE]
+
+
+def backoff_seconds(count: int, rng: random.Random) -> float:
+    """Sidekiq's default: grows as count**4, jittered so failures do not return together."""
+    return float(count**4 + 15 + rng.randrange(10) * (count + 1))
+
+
+def max_retries(setting: Any) -> int:
+    if setting is True:
+        return DEFAULT_MAX_RETRIES
+    if isinstance(setting, int) and not isinstance(setting, bool):
+        return setting
+    return 0
+
+
+class RetryHandler:
+    """Decides and records the fate of a failed job. Returns the outcome as a word:
+    ``retry``, ``dead`` or ``discarded``."""
+
+    def __init__(
+        self,
+        redis: redis_py.Redis,
+        dead_policy: DeadSetPolicy | None = None,
+        death_handlers: Sequence[DeathHandler] = (),
+        rng: random.Random | None = None,
+    ) -> None:
+        self.redis = redis
+        self.dead_policy = dead_policy or DeadSetPolicy()
+        self.death_handlers = list(death_handlers)
+        self.rng = rng or random.Random()
+
+    def job_failed(
+        self, spec: JobSpec | None, payload: Payload, queue: str, exc: BaseException
+    ) -> str:
+        setting = payload.get("retry", spec.options.get("retry", True) if spec else True)
+        if setting is False:
+            self._call_death_handlers(payload, exc)
+            return "discarded"
+        payload["queue"] = payload.get("retry_queue") or queue
+        record_error(payload, exc)
+        count = _count_failure(payload, clock.now())
+        if self._exhausted(payload, count, setting):
+            return self.retries_exhausted(spec, payload, exc)
+        decision = self._delay(spec, count, exc, payload)
+        if decision == "discard":
+            return "discarded"
+        if decision == "kill":
+            return self.retries_exhausted(spec, payload, exc)
+        self.redis.zadd(keys.RETRY, {dumps(payload): clock.now() + float(decision)})
+        return "retry"
+
+    def retries_exhausted(self, spec: JobSpec | None, payload: Payload, exc: BaseException) -> str:
+        hook = spec.retries_exhausted if spec else None
+        if hook is not None and _call_hook(hook, payload, payload, exc) == "discard":
+            return "discarded"
+        kept = payload.get("dead") is not False
+        if kept:
+            self.bury(payload)
+        self._call_death_handlers(payload, exc)
+        return "dead" if kept else "discarded"
+
+    def bury(self, payload: Payload | str) -> None:
+        """Add to the dead set and trim it by age and size, atomically."""
+        now = clock.now()
+        body = payload if isinstance(payload, str) else dumps(payload)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.zadd(keys.DEAD, {body: now})
+        pipe.zremrangebyscore(keys.DEAD, "-inf", now - self.dead_policy.timeout_seconds)
+        pipe.zremrangebyrank(keys.DEAD, 0, -(self.dead_policy.max_jobs + 1))
+        pipe.execute()
+
+    @staticmethod
+    def _exhausted(payload: Payload, count: int, setting: Any) -> bool:
+        retry_for = payload.get("retry_for")
+        if retry_for is None:
+            return count >= max_retries(setting)
+        first_failure = to_seconds(payload.get("failed_at")) or clock.now()
+        return first_failure + float(retry_for) < clock.now()
+
+    def _delay(
+        self, spec: JobSpec | None, count: int, exc: BaseException, payload: Payload
+    ) -> float | str:
+        hook = spec.retry_in if spec else None
+        if hook is not None:
+            chosen = _call_hook(hook, payload, count, exc, payload)
+            if chosen in ("discard", "kill"):
+                return str(chosen)
+            if isinstance(chosen, (int, float)) and not isinstance(chosen, bool) and chosen > 0:
+                return float(chosen)
+        return backoff_seconds(count, self.rng)
+
+    def _call_death_handlers(self, payload: Payload, exc: BaseException) -> None:
+        for handler in self.death_handlers:
+            _call_hook(handler, payload, payload, exc)
+
+
+def _count_failure(payload: Payload, now: float) -> int:
+    if "retry_count" in payload:
+        payload["retried_at"] = now
+        payload["retry_count"] = int(payload["retry_count"]) + 1
+    else:
+        payload["failed_at"] = now
+        payload["retry_count"] = 0
+    return int(payload["retry_count"])
+
+
+def _call_hook(hook: Callable[..., Any], payload: Payload, *args: Any) -> Any:
+    """Run user code inside failure handling: its own error must not lose the job."""
+    try:
+        return hook(*args)
+    except Exception:
+        log.exception(
+            "hook %s failed jid=%s class=%s",
+            getattr(hook, "__name__", hook),
+            payload.get("jid"),
+            payload.get("class"),
+        )
+        return None

@@ -1,0 +1,222 @@
+"""A capsule: N processor threads sharing one fetch, plus the poller and the heartbeat.
+
+This is the unit the supervisor runs in each child process; tests and scripts can also
+run it in-process. Lifecycle (Sidekiq's verbs): ``start``; ``quiet`` (finish current
+jobs, take no new ones); ``stop(timeout)`` (quiet, wait until one monotonic deadline,
+then give unfinished jobs back to their queues *before* abandoning their threads: it is
+worse to lose a job than to run it twice); ``drain`` (run in the calling thread until
+the queues are empty: deterministic, for tests and one-off scripts).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import socket
+import threading
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import redis as redis_py
+
+from limitd import __version__, clock
+from limitd.fetch.basic import BasicFetch
+from limitd.fetch.order import QueueOrder, QueueSpec
+from limitd.middleware.chain import ServerChain
+from limitd.redis import connect
+from limitd.retry import DeadSetPolicy, DeathHandler, RetryHandler
+from limitd.supervisor.executor import JobExecutor
+from limitd.supervisor.heartbeat import Heartbeat, WorkItem, new_identity
+from limitd.supervisor.poller import ScheduledPoller
+from limitd.supervisor.processor import Processor
+from limitd.supervisor.stats import JobStats
+
+log = logging.getLogger("limitd.capsule")
+
+KILL_GRACE_SECONDS = 3.0
+JOIN_POLL_SECONDS = 0.05
+
+
+@dataclass
+class CapsuleConfig:
+    """Settings of one capsule. The YAML loader builds these; code may too."""
+
+    name: str = "default"
+    queues: Sequence[QueueSpec] = ("default",)
+    concurrency: int = 10
+    timeout: float = 25.0
+    require: Sequence[str] = ()
+    tag: str = ""
+    dead_set: DeadSetPolicy = field(default_factory=DeadSetPolicy)
+    death_handlers: Sequence[DeathHandler] = ()
+    poll_interval_average: float | None = None
+    average_scheduled_poll_interval: float = 5.0
+    heartbeat_interval: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.concurrency, int) or self.concurrency < 1:
+            raise ValueError(
+                f"capsule {self.name}: concurrency must be an integer >= 1, "
+                f"got {self.concurrency!r}"
+            )
+        if self.timeout < 0:
+            raise ValueError(f"capsule {self.name}: timeout must be >= 0 seconds")
+
+
+class Capsule:
+    def __init__(
+        self,
+        config: CapsuleConfig | None = None,
+        *,
+        redis: redis_py.Redis | None = None,
+        middleware: ServerChain | None = None,
+    ) -> None:
+        self.config = config or CapsuleConfig()
+        import_app(self.config.require)
+        self.redis = (
+            redis if redis is not None else connect(max_connections=self.config.concurrency + 8)
+        )
+        self.order = QueueOrder(self.config.queues)
+        self.fetch = BasicFetch(self.redis, self.order)
+        self.stats = JobStats()
+        retry = RetryHandler(self.redis, self.config.dead_set, self.config.death_handlers)
+        self.executor = JobExecutor(retry, middleware, self.stats)
+        self.poller = ScheduledPoller(
+            self.redis,
+            poll_interval_average=self.config.poll_interval_average,
+            average_scheduled_poll_interval=self.config.average_scheduled_poll_interval,
+        )
+        self.identity = new_identity()
+        self.heartbeat = Heartbeat(
+            self.redis,
+            self.identity,
+            self._info(),
+            self.work,
+            self.stats,
+            interval=self.config.heartbeat_interval,
+        )
+        self._processors: set[Processor] = set()
+        self._lock = threading.Lock()
+        self._stopping = False
+
+    def start(self) -> None:
+        self.heartbeat.start()
+        with self._lock:
+            for index in range(self.config.concurrency):
+                self._spawn(index)
+        self.poller.start()
+        log.info(
+            "capsule %s started: %d threads, queues %s (%s)",
+            self.config.name,
+            self.config.concurrency,
+            ", ".join(self.order.names),
+            self.order.mode,
+        )
+
+    def quiet(self) -> None:
+        """Finish what runs, start nothing new (TSTP)."""
+        with self._lock:
+            self._stopping = True
+            processors = list(self._processors)
+        for processor in processors:
+            processor.terminate()
+        self.poller.terminate()
+        self.heartbeat.quiet = True
+
+    def stop(self, timeout: float | None = None) -> int:
+        """Stop within ``timeout`` seconds (default: the capsule's). Returns how many
+        unfinished jobs were requeued."""
+        deadline = clock.monotonic() + (self.config.timeout if timeout is None else timeout)
+        self.quiet()
+        self._wait_for_processors(deadline)
+        requeued = self._hard_shutdown()
+        self.poller.join(1.0)
+        self.heartbeat.stop()
+        log.info("capsule %s stopped (%d jobs requeued)", self.config.name, requeued)
+        return requeued
+
+    def drain(self, *, scheduled: bool = False) -> Counter[str]:
+        """Run jobs in this thread until every queue of the capsule is empty; with
+        ``scheduled``, also move due scheduled and retry jobs first and after each job.
+        Returns the count of each outcome."""
+        outcomes: Counter[str] = Counter()
+        while True:
+            if scheduled:
+                self.poller.enqueue_due()
+            unit = self.fetch.try_retrieve()
+            if unit is None:
+                break
+            outcomes[self.executor.execute(unit)] += 1
+        self.stats.flush(self.redis)
+        return outcomes
+
+    def busy(self) -> int:
+        return len(self.work())
+
+    def work(self) -> list[WorkItem]:
+        with self._lock:
+            processors = list(self._processors)
+        return [
+            WorkItem(str(p.ident), unit.queue, unit.job, p.current_since)
+            for p in processors
+            if (unit := p.current) is not None
+        ]
+
+    def _spawn(self, index: int) -> None:
+        processor = Processor(index, self.fetch, self.executor, self._processor_exited)
+        self._processors.add(processor)
+        processor.start()
+
+    def _processor_exited(self, processor: Processor) -> None:
+        """Processors leave the set themselves; one that died while the capsule runs is
+        replaced, so a crash in one job never shrinks the capsule."""
+        with self._lock:
+            self._processors.discard(processor)
+            if not self._stopping:
+                log.error("processor %d died unexpectedly; starting a new one", processor.index)
+                self._spawn(processor.index)
+
+    def _wait_for_processors(self, deadline: float) -> None:
+        while clock.monotonic() < deadline:
+            with self._lock:
+                if not self._processors:
+                    return
+            threading.Event().wait(JOIN_POLL_SECONDS)
+
+    def _hard_shutdown(self) -> int:
+        with self._lock:
+            remaining = list(self._processors)
+        units = [unit for p in remaining if (unit := p.current) is not None]
+        if units:
+            self.fetch.bulk_requeue(units)
+            log.warning("timeout reached: requeued %d unfinished jobs", len(units))
+        for processor in remaining:
+            processor.kill()
+        grace = clock.monotonic() + KILL_GRACE_SECONDS
+        for processor in remaining:
+            processor.join(max(0.0, grace - clock.monotonic()))
+        return len(units)
+
+    def _info(self) -> dict[str, object]:
+        return {
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "tag": self.config.tag,
+            "capsule": self.config.name,
+            "concurrency": self.config.concurrency,
+            "queues": self.order.names,
+            "weights": [self.order.weights],
+            "labels": [],
+            "version": __version__,
+        }
+
+
+def import_app(modules: Sequence[str]) -> None:
+    """Import the modules that define the app's jobs: the only jobs this worker runs."""
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ImportError(f"cannot import required module {module!r}: {exc}") from exc

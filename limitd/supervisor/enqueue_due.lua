@@ -1,0 +1,20 @@
+-- enqueue_due: move one due job from a sorted set (schedule or retry) to its queue.
+--
+-- KEYS[1]  the sorted set the job waits in (schedule | retry)
+-- KEYS[2]  the set of known queue names (queues)
+-- KEYS[3]  the job's queue list (queue:<name>)
+-- ARGV[1]  the member exactly as stored in KEYS[1]
+-- ARGV[2]  the payload to push (the member with a fresh enqueued_at)
+-- ARGV[3]  the queue name, for KEYS[2]
+--
+-- Returns 1 if this call moved the job, 0 if another poller took it first.
+--
+-- Why atomic: removing and pushing in two calls can lose the job (crash in between)
+-- or push it twice (two pollers both read it before either removed it). ZREM decides
+-- which poller owns the job; only that one pushes it.
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then
+  return 0
+end
+redis.call('SADD', KEYS[2], ARGV[3])
+redis.call('LPUSH', KEYS[3], ARGV[2])
+return 1

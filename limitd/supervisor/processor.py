@@ -1,0 +1,122 @@
+"""One processor: a thread that fetches a job, runs it, and starts over.
+
+Lifecycle verbs as in Sidekiq: ``start``; ``terminate`` (finish the current job, take no
+new one); ``kill`` (the job was already requeued by the capsule: raise
+:class:`Shutdown` inside the thread so it abandons the job without retrying it).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from collections.abc import Callable
+
+import redis as redis_py
+
+from limitd import clock
+from limitd.fetch.basic import BasicFetch, UnitOfWork
+from limitd.supervisor.executor import JobExecutor, Shutdown
+
+log = logging.getLogger("limitd.processor")
+
+FETCH_ERROR_PAUSE = 1.0
+
+
+class Processor:
+    def __init__(
+        self,
+        index: int,
+        fetch: BasicFetch,
+        executor: JobExecutor,
+        on_exit: Callable[[Processor], None],
+    ) -> None:
+        self.index = index
+        self.fetch = fetch
+        self.executor = executor
+        self.on_exit = on_exit
+        self.current: UnitOfWork | None = None
+        self.current_since = 0.0
+        self._done = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"limitd-processor-{index}", daemon=True
+        )
+
+    @property
+    def ident(self) -> int | None:
+        return self._thread.ident
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def terminate(self) -> None:
+        self._done.set()
+
+    def kill(self) -> None:
+        """Interrupt the job with Shutdown. Python delivers it at the thread's next
+        bytecode, so code blocked in C keeps running until it returns."""
+        self._done.set()
+        if self._thread.ident is not None and self._thread.is_alive():
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(self._thread.ident), ctypes.py_object(Shutdown)
+            )
+
+    def join(self, timeout: float | None = None) -> bool:
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _run(self) -> None:
+        try:
+            while not self._done.is_set():
+                self._process_one()
+        except Shutdown:
+            log.info("processor %d shut down with its job requeued", self.index)
+        finally:
+            self.current = None
+            self.on_exit(self)
+
+    def _process_one(self) -> None:
+        try:
+            unit = self.fetch.retrieve_work()
+        except redis_py.RedisError as exc:
+            log.warning("fetch failed, retrying in %.0fs: %s", FETCH_ERROR_PAUSE, exc)
+            self._done.wait(FETCH_ERROR_PAUSE)
+            return
+        if unit is None:
+            return
+        if self._done.is_set():
+            unit.requeue()  # stopped while waiting: this job is not ours to start
+            return
+        self.current_since = clock.now()
+        self.current = unit
+        try:
+            self.executor.execute(unit)
+        except Exception:
+            log.exception(
+                "could not record the outcome of a job from queue %s; "
+                "requeueing it so it is not lost",
+                unit.queue,
+            )
+            self._give_back(unit)
+        finally:
+            self.current = None
+
+    def _give_back(self, unit: UnitOfWork) -> None:
+        """Requeue after an internal error, waiting out a Redis outage: running a job
+        twice is better than losing it."""
+        while True:
+            try:
+                unit.requeue()
+                return
+            except redis_py.RedisError as exc:
+                log.error("requeue failed, retrying in %.0fs: %s", FETCH_ERROR_PAUSE, exc)
+                if self._done.wait(FETCH_ERROR_PAUSE):
+                    log.critical(
+                        "stopping with a job not requeued: queue=%s job=%r",
+                        unit.queue,
+                        unit.job[:500],
+                    )
+                    return
