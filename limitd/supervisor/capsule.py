@@ -124,6 +124,7 @@ class Capsule:
             processor.terminate()
         self.poller.terminate()
         self.heartbeat.quiet = True
+        self.heartbeat.beat_soon()
 
     def stop(self, timeout: float | None = None) -> int:
         """Stop within ``timeout`` seconds (default: the capsule's). Returns how many
@@ -151,6 +152,11 @@ class Capsule:
             outcomes[self.executor.execute(unit)] += 1
         self.stats.flush(self.redis)
         return outcomes
+
+    def processor_count(self) -> int:
+        """Processor threads still running (0 once a quiet capsule has finished)."""
+        with self._lock:
+            return len(self._processors)
 
     def busy(self) -> int:
         return len(self.work())

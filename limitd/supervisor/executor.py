@@ -77,7 +77,7 @@ class JobExecutor:
                 )
             self.chain.invoke(spec, payload, queue, lambda: spec.run(payload))
             return "done"
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # a job calling sys.exit() has failed
             log.warning(
                 "fail jid=%s class=%s queue=%s error=%s: %s",
                 payload.get("jid"),

@@ -62,6 +62,7 @@ class Heartbeat:
         self.interval = interval
         self.quiet = False
         self._done = threading.Event()
+        self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="limitd-heartbeat", daemon=True)
 
     def start(self) -> None:
@@ -94,6 +95,7 @@ class Heartbeat:
     def stop(self) -> None:
         """Last flush, then remove the record: a stopped process is not a dead one."""
         self._done.set()
+        self._wake.set()
         if self._thread.ident is not None:
             self._thread.join(5)
         try:
@@ -105,9 +107,16 @@ class Heartbeat:
         except redis_py.RedisError as exc:
             log.error("could not clear process record %s: %s", self.identity, exc)
 
+    def beat_soon(self) -> None:
+        """Beat now rather than at the next interval (e.g. to publish ``quiet``)."""
+        self._wake.set()
+
     def _run(self) -> None:
-        while not self._done.wait(self.interval):
-            self._safe_beat()
+        while not self._done.is_set():
+            self._wake.wait(self.interval)
+            self._wake.clear()
+            if not self._done.is_set():
+                self._safe_beat()
 
     def _safe_beat(self) -> None:
         try:

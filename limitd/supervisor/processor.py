@@ -74,6 +74,8 @@ class Processor:
                 self._process_one()
         except Shutdown:
             log.info("processor %d shut down with its job requeued", self.index)
+        except BaseException:
+            log.critical("processor %d died", self.index, exc_info=True)
         finally:
             self.current = None
             self.on_exit(self)
@@ -94,6 +96,8 @@ class Processor:
         self.current = unit
         try:
             self.executor.execute(unit)
+        except Shutdown:
+            raise
         except Exception:
             log.exception(
                 "could not record the outcome of a job from queue %s; "
@@ -101,6 +105,9 @@ class Processor:
                 unit.queue,
             )
             self._give_back(unit)
+        except BaseException:
+            self._give_back(unit)
+            raise  # the thread ends; the capsule starts a replacement
         finally:
             self.current = None
 

@@ -1,0 +1,167 @@
+"""The client: middleware chain, argument checks, bulk routing and failover."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+import redis as redis_py
+
+import limitd
+from limitd.embedded import RedisServer
+from limitd.middleware import ClientChain
+from tests.failover_proxy import FailoverProxy
+
+
+@limitd.job(name="client_test.Ping")
+def ping(n: int) -> None: ...
+
+
+class Reroute:
+    """Sends odd numbers to the 'odd' queue."""
+
+    def __call__(self, spec, payload, redis, call_next):  # type: ignore[no-untyped-def]
+        if payload["args"] and payload["args"][0] % 2:
+            payload["queue"] = "odd"
+        return call_next(payload)
+
+
+class HaltNegative:
+    def __call__(self, spec, payload, redis, call_next):  # type: ignore[no-untyped-def]
+        if payload["args"][0] < 0:
+            return None
+        return call_next(payload)
+
+
+class Record:
+    def __init__(self, name: str, log: list[str]) -> None:
+        self.name, self.log = name, log
+
+    def __call__(self, spec, payload, redis, call_next):  # type: ignore[no-untyped-def]
+        self.log.append(f"{self.name}>")
+        result = call_next(payload)
+        # Runs after the push: the job is already in Redis.
+        self.log.append(f"<{self.name}:{redis.llen('queue:' + payload['queue'])}")
+        return result
+
+
+@pytest.fixture
+def client(redis: redis_py.Redis) -> Iterator[limitd.Client]:
+    chain = ClientChain()
+    client = limitd.Client(redis, middleware=chain)
+    limitd.set_default_client(client)
+    yield client
+
+
+def test_middleware_can_change_the_queue(client: limitd.Client, redis: redis_py.Redis) -> None:
+    client.middleware.add(Reroute())
+    ping.perform_async(1)
+    ping.perform_async(2)
+    assert json.loads(redis.lindex("queue:odd", 0))["queue"] == "odd"
+    assert redis.llen("queue:default") == 1
+    assert redis.smembers("queues") == {b"odd", b"default"}
+
+
+def test_halted_push_returns_none_and_writes_nothing(
+    client: limitd.Client, redis: redis_py.Redis
+) -> None:
+    client.middleware.add(HaltNegative())
+    assert ping.perform_async(-1) is None
+    assert ping.perform_in(60, -1) is None
+    assert redis.dbsize() == 0
+    assert ping.perform_async(1) is not None
+
+
+def test_chain_order_and_ordering_verbs(client: limitd.Client) -> None:
+    log: list[str] = []
+
+    class A(Record): ...
+
+    class B(Record): ...
+
+    class C(Record): ...
+
+    chain = client.middleware
+    chain.add(A("a", log))
+    chain.add(C("c", log))
+    chain.insert_before(C, B("b", log))
+    chain.prepend(Record("first", log))
+    ping.perform_async(2)
+    assert log == ["first>", "a>", "b>", "c>", "<c:1", "<b:1", "<a:1", "<first:1"]
+    chain.remove(B)
+    chain.insert_after(A, Record("after-a", log))
+    log.clear()
+    ping.perform_async(2)
+    assert [entry for entry in log if entry.endswith(">")] == ["first>", "a>", "after-a>", "c>"]
+    assert B not in chain
+    with pytest.raises(ValueError, match="no B middleware"):
+        chain.insert_before(B, Record("x", log))
+
+
+def test_bulk_runs_middleware_per_job(client: limitd.Client, redis: redis_py.Redis) -> None:
+    client.middleware.add(HaltNegative())
+    client.middleware.add(Reroute())
+    jids = ping.perform_bulk([[1], [2], [-3], [4], [5]], batch_size=2)
+    assert jids[2] is None
+    assert all(jids[i] for i in (0, 1, 3, 4))
+    assert redis.llen("queue:odd") == 2
+    assert redis.llen("queue:default") == 2
+
+
+def test_strict_args_modes(redis: redis_py.Redis) -> None:
+    with pytest.raises(limitd.UnsafeArgument, match=r"args\[0\] is \(1, 2\)"):
+        limitd.Client(redis).push({"class": "client_test.Ping", "args": [(1, 2)]})
+    with pytest.warns(UserWarning, match="client_test.Ping"):
+        limitd.Client(redis, strict_args="warn").push(
+            {"class": "client_test.Ping", "args": [(1, 2)]}
+        )
+    limitd.Client(redis, strict_args="off").push({"class": "client_test.Ping", "args": [(1, 2)]})
+    assert redis.llen("queue:default") == 2
+    with pytest.raises(ValueError, match="strict_args"):
+        limitd.Client(redis, strict_args="loud")
+
+
+def test_push_rejects_payloads_no_server_could_run(redis: redis_py.Redis) -> None:
+    client = limitd.Client(redis)
+    with pytest.raises(ValueError, match="'class'"):
+        client.push({"args": []})
+    with pytest.raises(ValueError, match="'args' must be a list"):
+        client.push({"class": "X", "args": "nope"})
+
+
+@pytest.fixture
+def replica(redis_server: RedisServer) -> Iterator[RedisServer]:
+    """A server that answers writes with READONLY, like a demoted primary."""
+    server = RedisServer()
+    server.start()
+    with server.client() as conn:
+        conn.replicaof("127.0.0.1", redis_server.port)
+    yield server
+    server.stop()
+
+
+def test_failover_reconnects_and_retries_once(
+    redis: redis_py.Redis, redis_server: RedisServer, replica: RedisServer
+) -> None:
+    proxy = FailoverProxy(lambda n: replica.port if n == 0 else redis_server.port)
+    client = limitd.Client(redis_py.Redis(port=proxy.port))
+    try:
+        jid = client.push({"class": "client_test.Ping", "args": [1]})
+    finally:
+        client.redis.close()
+        proxy.close()
+    assert proxy.connections == 2
+    assert [json.loads(j)["jid"] for j in redis.lrange("queue:default", 0, -1)] == [jid]
+
+
+def test_failover_retry_happens_only_once(redis: redis_py.Redis, replica: RedisServer) -> None:
+    proxy = FailoverProxy(lambda n: replica.port)
+    client = limitd.Client(redis_py.Redis(port=proxy.port))
+    try:
+        with pytest.raises(redis_py.ReadOnlyError):
+            client.push({"class": "client_test.Ping", "args": [1]})
+    finally:
+        client.redis.close()
+        proxy.close()
+    assert proxy.connections == 2
