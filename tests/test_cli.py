@@ -1,0 +1,145 @@
+"""``limitd start`` / ``limitd enqueue`` as real subprocesses, with real signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis as redis_py
+
+from limitd.embedded import RedisServer
+from tests.helpers import wait_for
+
+APP = textwrap.dedent("""
+    import pathlib, threading, limitd
+
+    OUT = pathlib.Path(__file__).with_name("ran.txt")
+    release = threading.Event()
+
+    @limitd.job(name="cli_app.Record")
+    def record(text):
+        with OUT.open("a") as f:
+            f.write(text + "\\n")
+
+    @limitd.job(name="cli_app.Forever")
+    def forever():
+        record("started")
+        while not release.wait(0.01):
+            pass
+""")
+
+
+@pytest.fixture
+def app_dir(tmp_path: Path) -> Path:
+    (tmp_path / "cli_app.py").write_text(APP)
+    return tmp_path
+
+
+def limitd_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "limitd.cli", *args]
+
+
+@pytest.fixture
+def worker(
+    app_dir: Path, redis_server: RedisServer, redis: redis_py.Redis
+) -> Iterator[subprocess.Popen[str]]:
+    env = {**os.environ, "LIMITD_REDIS_URL": redis_server.url}
+    with (app_dir / "worker.log").open("w") as log:
+        proc = subprocess.Popen(
+            limitd_cmd("start", "-r", "cli_app", "-c", "2", "-t", "1"),
+            cwd=app_dir,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    wait_for(lambda: redis.scard("processes") == 1, message="worker heartbeat")
+    yield proc
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def ran(app_dir: Path) -> list[str]:
+    path = app_dir / "ran.txt"
+    return path.read_text().split() if path.exists() else []
+
+
+def test_enqueue_then_worker_runs_it(
+    worker: subprocess.Popen[str], app_dir: Path, redis_server: RedisServer
+) -> None:
+    out = subprocess.run(
+        limitd_cmd("--redis", redis_server.url, "enqueue", "cli_app.Record", '["hello"]'),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert len(out.stdout.strip()) == 24
+    wait_for(lambda: ran(app_dir) == ["hello"], message="the job to run")
+
+
+def test_term_requeues_a_job_past_the_timeout(
+    worker: subprocess.Popen[str], app_dir: Path, redis: redis_py.Redis
+) -> None:
+    redis.lpush(
+        "queue:default", json.dumps({"class": "cli_app.Forever", "args": [], "jid": "f" * 24})
+    )
+    wait_for(lambda: ran(app_dir) == ["started"], message="the long job to start")
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=10) == 0
+    [job] = redis.lrange("queue:default", 0, -1)
+    assert json.loads(job)["jid"] == "f" * 24
+    assert redis.scard("processes") == 0
+
+
+def test_tstp_quiets_and_ttin_dumps_stacks(
+    worker: subprocess.Popen[str], app_dir: Path, redis: redis_py.Redis
+) -> None:
+    identity = redis.smembers("processes").pop()
+    worker.send_signal(signal.SIGTSTP)
+    wait_for(
+        lambda: redis.hget(identity, "quiet") == b"true",
+        timeout=15,
+        message="quiet flag in the process record",
+    )
+    worker.send_signal(signal.SIGTTIN)
+    log = app_dir / "worker.log"
+    wait_for(lambda: "thread limitd-heartbeat" in log.read_text(), message="stack dump")
+    worker.send_signal(signal.SIGINT)
+    assert worker.wait(timeout=10) == 0
+    assert "received TSTP" in log.read_text()
+
+
+def test_missing_module_is_a_config_error(tmp_path: Path) -> None:
+    out = subprocess.run(
+        limitd_cmd("start", "-r", "no_such_module_here"),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 78
+    assert "cannot import required module 'no_such_module_here'" in out.stderr
+
+
+def test_enqueue_rejects_bad_arguments(redis_server: RedisServer) -> None:
+    out = subprocess.run(
+        limitd_cmd("--redis", redis_server.url, "enqueue", "X", "{1"),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 64
+    assert "JSON list" in out.stderr
+
+
+def test_version() -> None:
+    out = subprocess.run(limitd_cmd("--version"), capture_output=True, text=True, check=True)
+    assert out.stdout.startswith("limitd ")

@@ -1,0 +1,157 @@
+"""Wire compatibility with Ruby Sidekiq, checked against the real thing.
+
+Needs ``ruby`` and the Sidekiq gem (Debian: ``apt-get install ruby-sidekiq``; CI installs
+it). Skipped without them, unless LIMITD_REQUIRE_SIDEKIQ=1 makes their absence a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis as redis_py
+
+import limitd
+from limitd.embedded import RedisServer
+from limitd.supervisor import Capsule, CapsuleConfig
+from tests.helpers import wait_for
+
+HAVE_SIDEKIQ = bool(shutil.which("ruby") and shutil.which("sidekiq"))
+if not HAVE_SIDEKIQ and os.environ.get("LIMITD_REQUIRE_SIDEKIQ") == "1":
+    raise RuntimeError("LIMITD_REQUIRE_SIDEKIQ=1 but ruby/sidekiq are not installed")
+pytestmark = pytest.mark.skipif(not HAVE_SIDEKIQ, reason="ruby and sidekiq not installed")
+
+RUBY_APP = textwrap.dedent("""
+    require "sidekiq"
+    require "json"
+
+    class HardJob
+      include Sidekiq::Worker
+      sidekiq_options queue: "critical", retry: 3
+    end
+
+    class RubyEcho
+      include Sidekiq::Worker
+      def perform(*args)
+        Sidekiq.redis { |c| c.rpush("ruby_ran", JSON.generate(args)) }
+      end
+    end
+
+    class RubyFails
+      include Sidekiq::Worker
+      def perform(*)
+        raise ArgumentError, "raised in ruby"
+      end
+    end
+""")
+
+received: list[list[object]] = []
+
+
+class HardJob(limitd.Job, name="HardJob", queue="critical"):
+    def perform(self, name: str, count: int) -> None:
+        received.append([name, count])
+
+
+@limitd.job(name="interop.PythonFails", retry=2)
+def python_fails() -> None:
+    raise KeyError("raised in python")
+
+
+@pytest.fixture
+def ruby_app(tmp_path: Path, redis_server: RedisServer) -> Path:
+    (tmp_path / "app.rb").write_text(RUBY_APP)
+    return tmp_path
+
+
+def ruby(app: Path, code: str, server: RedisServer) -> str:
+    script = (
+        f'require "./app"\nSidekiq.configure_client {{ |c| c.redis = {{ url: '
+        f'"{server.url}" }} }}\n{code}'
+    )
+    out = subprocess.run(
+        ["ruby", "-e", script], cwd=app, capture_output=True, text=True, timeout=60, check=True
+    )
+    return out.stdout
+
+
+@pytest.fixture
+def sidekiq(
+    ruby_app: Path, redis_server: RedisServer, redis: redis_py.Redis
+) -> Iterator[subprocess.Popen[bytes]]:
+    env = {**os.environ, "REDIS_URL": redis_server.url}
+    proc = subprocess.Popen(
+        ["sidekiq", "-r", "./app.rb", "-q", "ruby", "-c", "2"],
+        cwd=ruby_app,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    yield proc
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+
+
+def test_ruby_client_jobs_run_in_limitd(
+    ruby_app: Path, redis_server: RedisServer, redis: redis_py.Redis
+) -> None:
+    received.clear()
+    jids = ruby(
+        ruby_app,
+        'puts HardJob.perform_async("bob", 5)\nputs HardJob.perform_in(3600, "later", 7)',
+        redis_server,
+    ).split()
+    capsule = Capsule(CapsuleConfig(queues=["critical"]), redis=redis)
+    assert capsule.drain() == {"done": 1}
+    assert received == [["bob", 5]]
+    assert capsule.poller.enqueue_due(now=limitd.clock.now() + 7200) == 1
+    assert capsule.drain() == {"done": 1}
+    assert received == [["bob", 5], ["later", 7]]
+    assert len(jids) == 2
+
+
+def test_limitd_jobs_run_in_ruby_sidekiq(
+    sidekiq: subprocess.Popen[bytes], redis: redis_py.Redis
+) -> None:
+    limitd.Client(redis).push(
+        {"class": "RubyEcho", "queue": "ruby", "args": [1, "two", {"k": [3.5, None, True]}]}
+    )
+    wait_for(lambda: redis.llen("ruby_ran") == 1, timeout=30, message="sidekiq to run it")
+    assert json.loads(redis.lindex("ruby_ran", 0)) == [1, "two", {"k": [3.5, None, True]}]
+
+
+def test_ruby_retries_are_readable_by_limitd(
+    sidekiq: subprocess.Popen[bytes], redis: redis_py.Redis
+) -> None:
+    jid = limitd.Client(redis).push({"class": "RubyFails", "queue": "ruby", "args": [], "retry": 2})
+    wait_for(lambda: redis.zcard("retry") == 1, timeout=30, message="sidekiq to fail it")
+    from limitd.payload import parse, to_seconds
+
+    entry = parse(redis.zrange("retry", 0, 0)[0])
+    assert entry["jid"] == jid
+    assert entry["retry_count"] == 0
+    assert entry["error_class"] == "ArgumentError"
+    assert to_seconds(entry["failed_at"]) is not None
+
+
+def test_limitd_retries_are_readable_by_ruby(
+    ruby_app: Path, redis_server: RedisServer, redis: redis_py.Redis
+) -> None:
+    jid = python_fails.perform_async()
+    Capsule(CapsuleConfig(), redis=redis).drain()
+    out = ruby(
+        ruby_app,
+        'require "sidekiq/api"\n'
+        "Sidekiq::RetrySet.new.each { |e| puts [e.jid, e.klass, "
+        'e["retry_count"], e["error_class"], e.queue].join(" ") }\n'
+        "puts Sidekiq::Stats.new.processed",
+        redis_server,
+    )
+    assert out.split("\n")[:2] == [f"{jid} interop.PythonFails 0 KeyError default", "1"]
