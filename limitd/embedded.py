@@ -99,8 +99,13 @@ class RedisServer:
         return args
 
     def start(self) -> None:
+        # Its own session: a Ctrl-C meant for limitd must not kill Redis before limitd
+        # has put unfinished jobs back; limitd stops it last.
         self.process = subprocess.Popen(
-            self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            self.command(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
         self._wait_ready()
 
