@@ -192,18 +192,22 @@ class Capsule:
             threading.Event().wait(JOIN_POLL_SECONDS)
 
     def _hard_shutdown(self) -> int:
+        """Requeue the jobs still running, then interrupt only the threads running them.
+        Idle threads are left to notice the stop when their fetch returns: one that
+        fetches a job (even one just requeued) hands it back itself, whereas interrupting
+        it could land between its fetch and that hand-back and lose the job."""
         with self._lock:
             remaining = list(self._processors)
-        units = [unit for p in remaining if (unit := p.current) is not None]
-        if units:
-            self.fetch.bulk_requeue(units)
-            log.warning("timeout reached: requeued %d unfinished jobs", len(units))
-        for processor in remaining:
+        running = [(p, unit) for p in remaining if (unit := p.current) is not None]
+        if running:
+            self.fetch.bulk_requeue([unit for _, unit in running])
+            log.warning("timeout reached: requeued %d unfinished jobs", len(running))
+        for processor, _ in running:
             processor.kill()
-        grace = clock.monotonic() + KILL_GRACE_SECONDS
+        grace = clock.monotonic() + max(KILL_GRACE_SECONDS, self.fetch.block_seconds + 1)
         for processor in remaining:
             processor.join(max(0.0, grace - clock.monotonic()))
-        return len(units)
+        return len(running)
 
     def _info(self) -> dict[str, object]:
         return {
