@@ -17,14 +17,19 @@ import redis as redis_py
 
 from limitd import clock, keys
 from limitd.middleware.chain import ClientChain
-from limitd.payload import STRICT_ARGS_MODES, Payload, check_args, dumps, new_jid
+from limitd.payload import (
+    DEFAULT_QUEUE,
+    STRICT_ARGS_MODES,
+    Payload,
+    check_args,
+    dumps,
+    new_jid,
+)
 from limitd.redis import connect, retry_on_failover
 from limitd.registry import registry
 
 if TYPE_CHECKING:
     from limitd.job import JobSpec
-
-DEFAULT_QUEUE = "default"
 
 
 class Client:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from limitd import clock, options
-from limitd.payload import Payload
+from limitd.payload import DEFAULT_QUEUE, Payload
 from limitd.registry import registry
 
 if TYPE_CHECKING:
@@ -36,7 +36,6 @@ if TYPE_CHECKING:
 RetryInHook = Callable[[int, BaseException, Payload], Any]
 ExhaustedHook = Callable[[Payload, BaseException], Any]
 
-DEFAULT_QUEUE = "default"
 
 options.declare("queue", options.non_empty_str, owner="limitd.job")
 

@@ -17,6 +17,7 @@ from typing import Any
 Payload = dict[str, Any]
 
 STRICT_ARGS_MODES = ("raise", "warn", "off")
+DEFAULT_QUEUE = "default"
 _MILLISECONDS_THRESHOLD = 100_000_000_000  # epoch seconds reach this in the year 5138
 
 

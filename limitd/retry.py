@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import redis as redis_py
+from redis.client import Pipeline
 
 from limitd import clock, keys, options
 from limitd.payload import Payload, dumps, to_seconds
@@ -57,6 +58,15 @@ class DeadSetPolicy:
 
     timeout_seconds: float = 180 * 86_400
     max_jobs: int = 10_000
+
+
+def trim_dead(redis: Any, now: float, policy: DeadSetPolicy) -> None:
+    """Drop dead jobs older than the policy allows and the oldest beyond its size, in one
+    MULTI. Given a pipeline, adds the commands to it and executes it."""
+    pipe = redis if isinstance(redis, Pipeline) else redis.pipeline(transaction=True)
+    pipe.zremrangebyscore(keys.DEAD, "-inf", now - policy.timeout_seconds)
+    pipe.zremrangebyrank(keys.DEAD, 0, -(policy.max_jobs + 1))
+    pipe.execute()
 
 
 def error_class_name(exc: BaseException) -> str:
@@ -136,9 +146,7 @@ class RetryHandler:
         body = payload if isinstance(payload, str) else dumps(payload)
         pipe = self.redis.pipeline(transaction=True)
         pipe.zadd(keys.DEAD, {body: now})
-        pipe.zremrangebyscore(keys.DEAD, "-inf", now - self.dead_policy.timeout_seconds)
-        pipe.zremrangebyrank(keys.DEAD, 0, -(self.dead_policy.max_jobs + 1))
-        pipe.execute()
+        trim_dead(pipe, now, self.dead_policy)
 
     @staticmethod
     def _exhausted(payload: Payload, count: int, setting: Any) -> bool:

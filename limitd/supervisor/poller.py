@@ -1,6 +1,6 @@
 """The scheduled poller: moves due jobs from ``schedule`` and ``retry`` to their queues.
 
-Each job moves in one atomic Lua call (see ``enqueue_due.lua``). Pollers of many
+Each job moves in one atomic Lua call (see ``limitd/sorted_set_moves.py``). Pollers of many
 processes do not coordinate; instead each sleeps a random interval whose average grows
 with the number of live processes, so that together they poll about every
 ``average_scheduled_poll_interval`` seconds (Sidekiq's scheme). At start the poller
@@ -18,14 +18,12 @@ from typing import TypeVar
 import redis as redis_py
 
 from limitd import clock, keys
-from limitd.payload import MalformedPayload, dead_entry_for_malformed, dumps, parse
-from limitd.redis import LuaScript
+from limitd.payload import MalformedPayload, dead_entry_for_malformed, parse
+from limitd.retry import DeadSetPolicy, trim_dead
+from limitd.sorted_set_moves import bury_member, enqueue_member
 
 log = logging.getLogger("limitd.poller")
 T = TypeVar("T")
-
-ENQUEUE_DUE = LuaScript(__package__, "enqueue_due.lua")
-BURY_DUE = LuaScript(__package__, "bury_due.lua")
 
 SORTED_SETS = (keys.RETRY, keys.SCHEDULE)
 PEEK = 100
@@ -100,20 +98,16 @@ class ScheduledPoller:
                 break
         return moved
 
-    def _move(self, zset: str, member: bytes, now: float) -> int:
+    def _move(self, zset: str, member: bytes, now: float) -> bool:
         try:
             payload = parse(member)
-            queue = str(payload.get("queue") or "default")
         except MalformedPayload as exc:
-            entry = dead_entry_for_malformed(member, "", str(exc), now)
             log.error("unreadable job in %s sent to the dead set: %s", zset, exc)
-            return int(BURY_DUE(self.redis, [zset, keys.DEAD], [member, entry, now]))
-        payload["enqueued_at"] = now
-        return int(
-            ENQUEUE_DUE(
-                self.redis, [zset, keys.QUEUES, keys.queue(queue)], [member, dumps(payload), queue]
-            )
-        )
+            entry = dead_entry_for_malformed(member, "", str(exc), now)
+            buried = bury_member(self.redis, zset, member, entry, now)
+            trim_dead(self.redis, now, DeadSetPolicy())
+            return buried
+        return enqueue_member(self.redis, zset, member, payload, now)
 
     def _run(self) -> None:
         self._wait(self._initial_wait())

@@ -1,0 +1,36 @@
+"""Atomic moves of a job out of a sorted set (``schedule``, ``retry``, ``dead``).
+
+The poller uses them for due jobs, the admin API for "retry now" and "kill". Each move
+is one Lua call whose ZREM decides who owns the member, so a job moved by two pollers,
+or retried by two operators at once, is pushed once and never lost in between.
+"""
+
+from __future__ import annotations
+
+import redis as redis_py
+
+from limitd import keys
+from limitd.payload import DEFAULT_QUEUE, Payload, dumps
+from limitd.redis import LuaScript
+
+ENQUEUE_MEMBER = LuaScript(__package__ or "limitd", "enqueue_member.lua")
+BURY_MEMBER = LuaScript(__package__ or "limitd", "bury_member.lua")
+
+
+def enqueue_member(
+    redis: redis_py.Redis, zset: str, member: bytes, payload: Payload, now: float
+) -> bool:
+    """Push ``payload`` (parsed from ``member``) to its queue with ``enqueued_at = now``.
+    False when the member had already left ``zset``."""
+    queue = str(payload.get("queue") or DEFAULT_QUEUE)
+    body = dumps({**payload, "enqueued_at": now})
+    moved = ENQUEUE_MEMBER(redis, [zset, keys.QUEUES, keys.queue(queue)], [member, body, queue])
+    return bool(moved)
+
+
+def bury_member(
+    redis: redis_py.Redis, zset: str, member: bytes, entry: bytes | str, now: float
+) -> bool:
+    """Move ``member`` to the dead set as ``entry``, scored ``now``. False when the
+    member had already left ``zset``. The caller trims the dead set."""
+    return bool(BURY_MEMBER(redis, [zset, keys.DEAD], [member, entry, now]))
