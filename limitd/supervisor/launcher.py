@@ -31,8 +31,8 @@ class Launcher:
 
     def run(self) -> int:
         """Start the capsule and serve signals until told to stop. Returns the exit code."""
-        for signum in HANDLED_SIGNALS:
-            signal.signal(signum, self._record)
+        for handled in HANDLED_SIGNALS:
+            signal.signal(handled, self._record)
         self.capsule.start()
         while True:
             signum = self._signals.get()

@@ -13,7 +13,7 @@ import logging
 import random
 import threading
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import redis as redis_py
 
@@ -90,7 +90,7 @@ class ScheduledPoller:
     def _drain_set(self, zset: str, now: float) -> int:
         moved = 0
         while not self._done.is_set():
-            due = self.redis.zrangebyscore(zset, "-inf", now, start=0, num=PEEK)
+            due = cast("list[bytes]", self.redis.zrangebyscore(zset, "-inf", now, 0, PEEK))
             if not due:
                 break
             moved += sum(self._move(zset, member, now) for member in due)
