@@ -1,8 +1,9 @@
 """Pushing jobs into Redis: normalise the payload, run the client middleware chain,
 check the arguments, then write.
 
-An immediate job is ``SADD queues <q>`` + ``LPUSH queue:<q> <json>`` in one round trip; a
-scheduled job is ``ZADD schedule <at> <json>``. A bulk push writes one LPUSH per queue per
+An immediate job is ``SADD queues <q>`` + ``LPUSH queue:<q> <json>`` + ``PUBLISH
+limitd:wake <q>`` (which wakes idle capsules) in one round trip; a scheduled job is
+``ZADD schedule <at> <json>``. A bulk push writes one LPUSH per queue per
 chunk. After a Redis failover (READONLY, NOREPLICAS, UNBLOCKED) the push reconnects and
 is tried once more, as Sidekiq does.
 """
@@ -112,6 +113,7 @@ class Client:
         for queue, bodies in immediate.items():
             pipe.sadd(keys.QUEUES, queue)
             pipe.lpush(keys.queue(queue), *bodies)
+            pipe.publish(keys.WAKE_CHANNEL, queue)  # idle capsules start it at once
         pipe.execute()
 
 

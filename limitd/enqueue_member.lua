@@ -6,6 +6,7 @@
 -- ARGV[1]  the member exactly as stored in KEYS[1]
 -- ARGV[2]  the payload to push (the member with a fresh enqueued_at)
 -- ARGV[3]  the queue name, for KEYS[2]
+-- ARGV[4]  the wake-up channel (limitd:wake): idle capsules fetch the job at once
 --
 -- Returns 1 if this call moved the job, 0 if another poller or operator took it first.
 --
@@ -17,4 +18,5 @@ if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then
 end
 redis.call('SADD', KEYS[2], ARGV[3])
 redis.call('LPUSH', KEYS[3], ARGV[2])
+redis.call('PUBLISH', ARGV[4], ARGV[3])
 return 1

@@ -38,3 +38,29 @@ def daily_stat(stat_key: str, day: str) -> str:
 def process_work(identity: str) -> str:
     """Hash of what each processor thread of a process is running (Sidekiq's ``:work``)."""
     return f"{identity}:work"
+
+
+# Limit fetch (everything under the limitd: prefix). Per-queue settings and counts are
+# fields of a few hashes, so a fetch over 200 queues passes a handful of fixed keys plus
+# two keys per queue (its list and this capsule's in-progress list).
+LIMITS = LIMITD_PREFIX + "limits"  # hash: queue -> global limit ("none" = cleared)
+PROCESS_LIMITS = LIMITD_PREFIX + "process_limits"  # hash: queue -> per-capsule limit
+PAUSED = LIMITD_PREFIX + "paused"  # set of paused queue names
+BUSY = LIMITD_PREFIX + "busy"  # hash: queue -> jobs in progress, all capsules
+CAPSULES = LIMITD_PREFIX + "capsules"  # set of capsule ids that may hold jobs
+WAKE_CHANNEL = LIMITD_PREFIX + "wake"  # pub/sub: a queue name whose jobs may be fetchable
+
+
+def capsule_heartbeat(capsule_id: str) -> str:
+    """Liveness key of a capsule, with a TTL: while it exists the capsule is not reaped."""
+    return f"{LIMITD_PREFIX}capsule:{capsule_id}:heartbeat"
+
+
+def capsule_queues(capsule_id: str) -> str:
+    """Set of queues a capsule has taken jobs from: where its in-progress lists are."""
+    return f"{LIMITD_PREFIX}capsule:{capsule_id}:queues"
+
+
+def in_progress(capsule_id: str, queue_name: str) -> str:
+    """List of jobs of one queue that one capsule is running (newest at the left)."""
+    return f"{LIMITD_PREFIX}capsule:{capsule_id}:inprogress:{queue_name}"

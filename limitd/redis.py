@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from importlib import resources
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import redis
 from redis.commands.core import Script
@@ -58,6 +58,12 @@ class LuaScript:
     def __call__(self, conn: Any, keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> Any:
         """Run on ``conn`` (a client or a pipeline)."""
         return self._script(keys=list(keys), args=list(args), client=conn)
+
+
+def set_members(conn: redis.Redis, key: str) -> list[str]:
+    """A set of names (queues, capsule ids), decoded and sorted."""
+    members = cast("set[bytes]", conn.smembers(key))
+    return sorted(member.decode("utf-8", "replace") for member in members)
 
 
 _FAILOVER_MARKERS = ("READONLY", "NOREPLICAS", "UNBLOCKED")

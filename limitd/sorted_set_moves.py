@@ -24,7 +24,9 @@ def enqueue_member(
     False when the member had already left ``zset``."""
     queue = str(payload.get("queue") or DEFAULT_QUEUE)
     body = dumps({**payload, "enqueued_at": now})
-    moved = ENQUEUE_MEMBER(redis, [zset, keys.QUEUES, keys.queue(queue)], [member, body, queue])
+    moved = ENQUEUE_MEMBER(
+        redis, [zset, keys.QUEUES, keys.queue(queue)], [member, body, queue, keys.WAKE_CHANNEL]
+    )
     return bool(moved)
 
 

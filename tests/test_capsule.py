@@ -114,7 +114,7 @@ def test_quiet_takes_no_new_jobs(started: Capsule, redis: redis_py.Redis) -> Non
     counted.perform_async()
     assert redis.llen("queue:default") == 1
     assert running["done"] == 1
-    assert started.heartbeat.quiet
+    assert started.record.quiet
 
 
 class Crash(BaseException):

@@ -34,7 +34,7 @@ def test_process_record_shows_what_runs(redis: redis_py.Redis) -> None:
         assert 0 < redis.ttl(identity) <= 60
         jid = hold.perform_async()
         wait_for(lambda: capsule.busy() == 1, message="job to start")
-        capsule.heartbeat.beat()
+        capsule.beat()
         assert redis.hget(identity, "busy") == b"1"
         [work] = [json.loads(w) for w in redis.hvals(f"{identity}:work")]
         assert work["queue"] == "default"

@@ -1,5 +1,6 @@
-"""The server side: capsules of processor threads, the poller and the heartbeat."""
+"""The server side: capsules of processor threads, the poller, heartbeat and reaper."""
 
-from limitd.supervisor.capsule import Capsule, CapsuleConfig
+from limitd.config import CapsuleConfig
+from limitd.supervisor.capsule import Capsule
 
 __all__ = ["Capsule", "CapsuleConfig"]

@@ -6,6 +6,10 @@ jobs, take no new ones); ``stop(timeout)`` (quiet, wait until one monotonic dead
 then give unfinished jobs back to their queues *before* abandoning their threads: it is
 worse to lose a job than to run it twice); ``drain`` (run in the calling thread until
 the queues are empty: deterministic, for tests and one-off scripts).
+
+Every heartbeat writes the Sidekiq process record, marks the capsule alive, re-applies
+configured limits where Redis has none (after a flush, say), reaps capsules that stopped
+beating, and flushes the job counters.
 """
 
 from __future__ import annotations
@@ -17,18 +21,21 @@ import socket
 import threading
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import redis as redis_py
 
 from limitd import __version__, clock
+from limitd.config import CapsuleConfig
 from limitd.fetch.basic import BasicFetch
-from limitd.fetch.order import QueueOrder, QueueSpec
+from limitd.fetch.limit import LimitFetch
+from limitd.fetch.order import QueueOrder
+from limitd.fetch.wakeup import IdleGate, WakeupListener
 from limitd.middleware.chain import ServerChain
 from limitd.redis import connect
-from limitd.retry import DeadSetPolicy, DeathHandler, RetryHandler
+from limitd.retry import RetryHandler
+from limitd.supervisor import liveness
 from limitd.supervisor.executor import JobExecutor
-from limitd.supervisor.heartbeat import Heartbeat, WorkItem, new_identity
+from limitd.supervisor.heartbeat import Heartbeat, ProcessRecord, WorkItem, new_identity
 from limitd.supervisor.poller import ScheduledPoller
 from limitd.supervisor.processor import Processor
 from limitd.supervisor.stats import JobStats
@@ -37,32 +44,6 @@ log = logging.getLogger("limitd.capsule")
 
 KILL_GRACE_SECONDS = 3.0
 JOIN_POLL_SECONDS = 0.05
-
-
-@dataclass
-class CapsuleConfig:
-    """Settings of one capsule. The YAML loader builds these; code may too."""
-
-    name: str = "default"
-    queues: Sequence[QueueSpec] = ("default",)
-    concurrency: int = 10
-    timeout: float = 25.0
-    require: Sequence[str] = ()
-    tag: str = ""
-    dead_set: DeadSetPolicy = field(default_factory=DeadSetPolicy)
-    death_handlers: Sequence[DeathHandler] = ()
-    poll_interval_average: float | None = None
-    average_scheduled_poll_interval: float = 5.0
-    heartbeat_interval: float = 10.0
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.concurrency, int) or self.concurrency < 1:
-            raise ValueError(
-                f"capsule {self.name}: concurrency must be an integer >= 1, "
-                f"got {self.concurrency!r}"
-            )
-        if self.timeout < 0:
-            raise ValueError(f"capsule {self.name}: timeout must be >= 0 seconds")
 
 
 class Capsule:
@@ -78,8 +59,10 @@ class Capsule:
         self.redis = (
             redis if redis is not None else connect(max_connections=self.config.concurrency + 8)
         )
+        self.id = self.config.capsule_id
         self.order = QueueOrder(self.config.queues)
-        self.fetch = BasicFetch(self.redis, self.order)
+        self.gate = IdleGate(self.config.poll_range)
+        self.fetch = self._build_fetch()
         self.stats = JobStats()
         retry = RetryHandler(self.redis, self.config.dead_set, self.config.death_handlers)
         self.executor = JobExecutor(retry, middleware, self.stats)
@@ -89,31 +72,48 @@ class Capsule:
             average_scheduled_poll_interval=self.config.average_scheduled_poll_interval,
         )
         self.identity = new_identity()
-        self.heartbeat = Heartbeat(
-            self.redis,
+        self.record = ProcessRecord(
             self.identity,
             self._info(),
             self.work,
-            self.stats,
-            interval=self.config.heartbeat_interval,
+            ttl=liveness.EXPIRY_PERIODS * self.config.heartbeat_period,
         )
+        self.heartbeat = Heartbeat(self.beat, self.config.heartbeat_period)
+        self.wakeup = WakeupListener(self.redis, self._on_wake)
         self._processors: set[Processor] = set()
         self._lock = threading.Lock()
         self._stopping = False
 
+    @property
+    def limited(self) -> bool:
+        return isinstance(self.fetch, LimitFetch)
+
     def start(self) -> None:
         self.heartbeat.start()
+        if self.limited:
+            self.wakeup.start()
         with self._lock:
             for index in range(self.config.concurrency):
                 self._spawn(index)
         self.poller.start()
         log.info(
-            "capsule %s started: %d threads, queues %s (%s)",
+            "capsule %s (%s) started: %d threads, queues %s (%s), %s fetch",
             self.config.name,
+            self.id,
             self.config.concurrency,
             ", ".join(self.order.names),
             self.order.mode,
+            self.config.fetch,
         )
+
+    def beat(self) -> None:
+        """One heartbeat: see the module docstring."""
+        self.record.write(self.redis)
+        if self.limited:
+            liveness.vouch(self.redis, [self.id], self.config.heartbeat_period)
+            self.config.limit_settings.apply_defaults(self.redis)
+            liveness.reap_dead(self.redis)
+        self.stats.flush(self.redis)
 
     def quiet(self) -> None:
         """Finish what runs, start nothing new (TSTP)."""
@@ -122,8 +122,9 @@ class Capsule:
             processors = list(self._processors)
         for processor in processors:
             processor.terminate()
+        self.gate.close()
         self.poller.terminate()
-        self.heartbeat.quiet = True
+        self.record.quiet = True
         self.heartbeat.beat_soon()
 
     def stop(self, timeout: float | None = None) -> int:
@@ -133,15 +134,17 @@ class Capsule:
         self.quiet()
         self._wait_for_processors(deadline)
         requeued = self._hard_shutdown()
+        self.wakeup.stop()
         self.poller.join(1.0)
         self.heartbeat.stop()
+        self._retire()
         log.info("capsule %s stopped (%d jobs requeued)", self.config.name, requeued)
         return requeued
 
     def drain(self, *, scheduled: bool = False) -> Counter[str]:
-        """Run jobs in this thread until every queue of the capsule is empty; with
-        ``scheduled``, also move due scheduled and retry jobs first and after each job.
-        Returns the count of each outcome."""
+        """Run jobs in this thread until every queue of the capsule is empty (or holds
+        only jobs its limits forbid); with ``scheduled``, also move due scheduled and
+        retry jobs first and after each job. Returns the count of each outcome."""
         outcomes: Counter[str] = Counter()
         while True:
             if scheduled:
@@ -170,8 +173,29 @@ class Capsule:
             if (unit := p.current) is not None
         ]
 
+    def _build_fetch(self) -> LimitFetch | BasicFetch:
+        if self.config.fetch == "basic":
+            return BasicFetch(self.redis, self.order)
+        return LimitFetch(
+            self.redis,
+            self.order,
+            self.id,
+            gate=self.gate,
+            blocking=self.config.blocking,
+            dynamic=self.config.dynamic,
+        )
+
+    def _on_wake(self, queue: str) -> None:
+        fetch = self.fetch
+        if isinstance(fetch, LimitFetch) and fetch.wants(queue):
+            if queue and queue not in self.order.weights:
+                fetch.refresh_dynamic()
+            self.gate.wake()
+
     def _spawn(self, index: int) -> None:
-        processor = Processor(index, self.fetch, self.executor, self._processor_exited)
+        processor = Processor(
+            index, self.fetch, self.executor, self._processor_exited, capsule=self.config.name
+        )
         self._processors.add(processor)
         processor.start()
 
@@ -209,12 +233,26 @@ class Capsule:
             processor.join(max(0.0, grace - clock.monotonic()))
         return len(running)
 
+    def _retire(self) -> None:
+        """Last words in Redis: counters, no process record, no liveness. Whatever the
+        capsule still holds (a requeue that failed) is returned by reaping itself."""
+        try:
+            self.stats.flush(self.redis)
+            self.record.clear(self.redis)
+            if self.limited:
+                leftover = liveness.retire(self.redis, self.id)
+                if leftover:
+                    log.warning("returned %d jobs left in progress", leftover)
+        except redis_py.RedisError as exc:
+            log.error("could not retire capsule %s cleanly: %s", self.id, exc)
+
     def _info(self) -> dict[str, object]:
         return {
             "hostname": socket.gethostname(),
             "pid": os.getpid(),
             "tag": self.config.tag,
             "capsule": self.config.name,
+            "capsule_id": self.id,
             "concurrency": self.config.concurrency,
             "queues": self.order.names,
             "weights": [self.order.weights],

@@ -1,10 +1,10 @@
-"""The process record Sidekiq's tools read, refreshed on every beat.
+"""The heartbeat thread, and the Sidekiq-format process record it refreshes.
 
-Keys (Sidekiq's format): ``processes`` (set of identities); ``<identity>`` (hash: ``info``
-JSON, ``busy``, ``beat``, ``quiet``; expires after 60 s without a beat); and
-``<identity>:work`` (hash: thread id -> JSON of the job that thread runs). The beat also
-flushes the job counters. A process that dies stops beating, its hash expires, and the
-poller's cleanup removes it from ``processes``.
+Record keys (Sidekiq's format): ``processes`` (set of identities); ``<identity>`` (hash:
+``info`` JSON, ``busy``, ``beat``, ``quiet``; expires unless refreshed); and
+``<identity>:work`` (hash: thread id -> JSON of the job that thread runs). A process that
+dies stops beating, its hash expires, and the poller's cleanup drops it from
+``processes``.
 """
 
 from __future__ import annotations
@@ -21,11 +21,10 @@ from dataclasses import dataclass
 import redis as redis_py
 
 from limitd import clock, keys
-from limitd.supervisor.stats import JobStats
 
 log = logging.getLogger("limitd.heartbeat")
 
-RECORD_TTL = 60
+MIN_RECORD_TTL = 60
 
 
 @dataclass(frozen=True)
@@ -43,37 +42,27 @@ def new_identity() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(6)}"
 
 
-class Heartbeat:
+class ProcessRecord:
+    """The process as Sidekiq's web UI and API see it."""
+
     def __init__(
         self,
-        redis: redis_py.Redis,
         identity: str,
         info: dict[str, object],
         work: Callable[[], list[WorkItem]],
-        stats: JobStats,
-        *,
-        interval: float = 10.0,
+        ttl: float = MIN_RECORD_TTL,
     ) -> None:
-        self.redis = redis
         self.identity = identity
         self.info = {**info, "identity": identity, "started_at": clock.now()}
         self.work = work
-        self.stats = stats
-        self.interval = interval
+        self.ttl = max(MIN_RECORD_TTL, int(ttl))
         self.quiet = False
-        self._done = threading.Event()
-        self._wake = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="limitd-heartbeat", daemon=True)
 
-    def start(self) -> None:
-        self._safe_beat()
-        self._thread.start()
-
-    def beat(self) -> None:
-        """Write the process record and flush counters, in one round trip."""
+    def write(self, redis: redis_py.Redis) -> None:
+        """Refresh the record, in one round trip."""
         work = self.work()
         work_key = keys.process_work(self.identity)
-        pipe = self.redis.pipeline(transaction=True)
+        pipe = redis.pipeline(transaction=True)
         pipe.sadd(keys.PROCESSES, self.identity)
         pipe.hset(
             self.identity,
@@ -84,36 +73,49 @@ class Heartbeat:
                 "quiet": "true" if self.quiet else "false",
             },
         )
-        pipe.expire(self.identity, RECORD_TTL)
+        pipe.expire(self.identity, self.ttl)
         pipe.delete(work_key)
         if work:
             pipe.hset(work_key, mapping={item.thread: _work_json(item) for item in work})
-            pipe.expire(work_key, RECORD_TTL)
+            pipe.expire(work_key, self.ttl)
         pipe.execute()
-        self.stats.flush(self.redis)
+
+    def clear(self, redis: redis_py.Redis) -> None:
+        """Remove the record: a stopped process is not a dead one."""
+        pipe = redis.pipeline(transaction=True)
+        pipe.srem(keys.PROCESSES, self.identity)
+        pipe.delete(self.identity, keys.process_work(self.identity))
+        pipe.execute()
+
+
+class Heartbeat:
+    """Calls ``beat`` every ``period`` seconds on its own thread (and once at start), and
+    again as soon as ``beat_soon`` asks. A failing beat is logged and retried at the next
+    period: the heartbeat never stops while work drains."""
+
+    def __init__(self, beat: Callable[[], None], period: float) -> None:
+        self.beat = beat
+        self.period = period
+        self._done = threading.Event()
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="limitd-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self._safe_beat()
+        self._thread.start()
+
+    def beat_soon(self) -> None:
+        self._wake.set()
 
     def stop(self) -> None:
-        """Last flush, then remove the record: a stopped process is not a dead one."""
         self._done.set()
         self._wake.set()
         if self._thread.ident is not None:
             self._thread.join(5)
-        try:
-            self.stats.flush(self.redis)
-            pipe = self.redis.pipeline(transaction=True)
-            pipe.srem(keys.PROCESSES, self.identity)
-            pipe.delete(self.identity, keys.process_work(self.identity))
-            pipe.execute()
-        except redis_py.RedisError as exc:
-            log.error("could not clear process record %s: %s", self.identity, exc)
-
-    def beat_soon(self) -> None:
-        """Beat now rather than at the next interval (e.g. to publish ``quiet``)."""
-        self._wake.set()
 
     def _run(self) -> None:
         while not self._done.is_set():
-            self._wake.wait(self.interval)
+            self._wake.wait(self.period)
             self._wake.clear()
             if not self._done.is_set():
                 self._safe_beat()

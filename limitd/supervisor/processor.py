@@ -15,7 +15,7 @@ from collections.abc import Callable
 import redis as redis_py
 
 from limitd import clock
-from limitd.fetch.basic import BasicFetch, UnitOfWork
+from limitd.fetch import Fetch, UnitOfWork
 from limitd.supervisor.executor import JobExecutor, Shutdown
 
 log = logging.getLogger("limitd.processor")
@@ -27,9 +27,10 @@ class Processor:
     def __init__(
         self,
         index: int,
-        fetch: BasicFetch,
+        fetch: Fetch,
         executor: JobExecutor,
         on_exit: Callable[[Processor], None],
+        capsule: str = "default",
     ) -> None:
         self.index = index
         self.fetch = fetch
@@ -39,7 +40,7 @@ class Processor:
         self.current_since = 0.0
         self._done = threading.Event()
         self._thread = threading.Thread(
-            target=self._run, name=f"limitd-processor-{index}", daemon=True
+            target=self._run, name=f"limitd-{capsule}-processor-{index}", daemon=True
         )
 
     @property

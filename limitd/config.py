@@ -1,0 +1,84 @@
+"""Validated, typed settings. (Loading YAML files into them comes with the supervisor.)"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from limitd.fetch.limits import LimitSettings, check_limit
+from limitd.fetch.order import QueueOrder, QueueSpec
+from limitd.retry import DeadSetPolicy, DeathHandler
+
+FETCHES = ("limit", "basic")
+
+
+@dataclass
+class CapsuleConfig:
+    """Settings of one capsule: its queues and threads, limits, and timings.
+
+    ``fetch="limit"`` (the default) is the limit-aware, reliable fetch; ``"basic"`` is
+    Sidekiq's plain BRPOP (no limits, jobs lost on SIGKILL), kept for comparison.
+    ``capsule_id`` is set by a supervisor that vouches for the capsule; otherwise each
+    capsule gets a random one."""
+
+    name: str = "default"
+    queues: Sequence[QueueSpec] = ("default",)
+    concurrency: int = 10
+    timeout: float = 25.0
+    require: Sequence[str] = ()
+    tag: str = ""
+    limits: Mapping[str, int] = field(default_factory=dict)
+    process_limits: Mapping[str, int] = field(default_factory=dict)
+    blocking: Sequence[str] = ()
+    dynamic: bool = False
+    fetch: str = "limit"
+    heartbeat_period: float = 15.0
+    poll_range: tuple[float, float] = (0.4, 0.5)
+    dead_set: DeadSetPolicy = field(default_factory=DeadSetPolicy)
+    death_handlers: Sequence[DeathHandler] = ()
+    poll_interval_average: float | None = None
+    average_scheduled_poll_interval: float = 5.0
+    capsule_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def __post_init__(self) -> None:
+        where = f"capsule {self.name}"
+        if (
+            isinstance(self.concurrency, bool)
+            or not isinstance(self.concurrency, int)
+            or self.concurrency < 1
+        ):
+            raise ValueError(
+                f"{where}: concurrency must be an integer >= 1, got {self.concurrency!r}"
+            )
+        if self.timeout < 0:
+            raise ValueError(f"{where}: timeout must be >= 0 seconds")
+        if self.fetch not in FETCHES:
+            raise ValueError(f"{where}: fetch must be one of {FETCHES}, got {self.fetch!r}")
+        if self.heartbeat_period <= 0:
+            raise ValueError(f"{where}: heartbeat_period must be > 0 seconds")
+        low, high = self.poll_range
+        if not 0 < low <= high:
+            raise ValueError(f"{where}: poll_range must be two seconds values, 0 < low <= high")
+        self._check_limits(where)
+
+    def _check_limits(self, where: str) -> None:
+        listed = set(QueueOrder(self.queues).names)
+        for kind, values in (("limits", self.limits), ("process_limits", self.process_limits)):
+            for queue, value in values.items():
+                check_limit(value, f"{where}: {kind}.{queue}")
+                if queue not in listed and not self.dynamic:
+                    raise ValueError(
+                        f"{where}: {kind}.{queue}: queue {queue!r} is not in "
+                        f"this capsule's queues {sorted(listed)}"
+                    )
+        unknown = set(self.blocking) - listed
+        if unknown:
+            raise ValueError(
+                f"{where}: blocking queues {sorted(unknown)} are not in this "
+                f"capsule's queues {sorted(listed)}"
+            )
+
+    @property
+    def limit_settings(self) -> LimitSettings:
+        return LimitSettings(dict(self.limits), dict(self.process_limits))

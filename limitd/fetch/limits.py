@@ -1,0 +1,133 @@
+"""Queue limits, pause and busy counts as stored in Redis, for the server and the API.
+
+Limits live in two hashes (``limitd:limits`` for all capsules together,
+``limitd:process_limits`` per capsule). A limit cleared at run time is stored as
+``none`` rather than deleted, so capsules re-applying their configured defaults (which
+they do only where no value exists) do not bring it back. Resetting a queue to its
+configured limit deletes the value: the next capsule heartbeat writes the default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import cast
+
+import redis as redis_py
+
+from limitd import keys
+from limitd.redis import set_members
+
+NO_LIMIT = "none"
+
+
+@dataclass(frozen=True)
+class LimitSettings:
+    """Limits from configuration: defaults that runtime changes override."""
+
+    limits: Mapping[str, int] = field(default_factory=dict)
+    process_limits: Mapping[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for kind, values in (("limits", self.limits), ("process_limits", self.process_limits)):
+            for queue, value in values.items():
+                check_limit(value, f"{kind}.{queue}")
+
+    def apply_defaults(self, redis: redis_py.Redis) -> None:
+        """Write each configured limit unless Redis already has a value (a runtime change,
+        or the same default). Idempotent: run at start and on every heartbeat, it also
+        restores the limits after Redis lost its data."""
+        if not self.limits and not self.process_limits:
+            return
+        pipe = redis.pipeline(transaction=False)
+        for queue, value in self.limits.items():
+            pipe.hsetnx(keys.LIMITS, queue, value)
+        for queue, value in self.process_limits.items():
+            pipe.hsetnx(keys.PROCESS_LIMITS, queue, value)
+        pipe.execute()
+
+
+def check_limit(value: object, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{where}: a limit must be an integer >= 0, got {value!r}")
+    return value
+
+
+def _hash(process: bool) -> str:
+    return keys.PROCESS_LIMITS if process else keys.LIMITS
+
+
+def get_limit(redis: redis_py.Redis, queue: str, *, process: bool = False) -> int | None:
+    """The limit in force, or None when the queue has none."""
+    raw = redis.hget(_hash(process), queue)
+    try:
+        return int(raw) if raw is not None else None
+    except ValueError:
+        return None
+
+
+def set_limit(redis: redis_py.Redis, queue: str, value: int, *, process: bool = False) -> None:
+    """Change a limit now; running capsules apply it on their next fetch."""
+    pipe = redis.pipeline(transaction=True)
+    pipe.hset(_hash(process), queue, check_limit(value, queue))
+    pipe.publish(keys.WAKE_CHANNEL, queue)  # a raised limit may make jobs fetchable
+    pipe.execute()
+
+
+def clear_limit(redis: redis_py.Redis, queue: str, *, process: bool = False) -> None:
+    """Remove the limit, and keep it removed even if configuration sets one."""
+    pipe = redis.pipeline(transaction=True)
+    pipe.hset(_hash(process), queue, NO_LIMIT)
+    pipe.publish(keys.WAKE_CHANNEL, queue)
+    pipe.execute()
+
+
+def reset_limit(redis: redis_py.Redis, queue: str, *, process: bool = False) -> None:
+    """Forget the runtime value: capsules write their configured default at their next
+    heartbeat (or leave the queue unlimited if they configure none)."""
+    redis.hdel(_hash(process), queue)
+
+
+def pause(redis: redis_py.Redis, queue: str) -> None:
+    """Stop fetching from ``queue``; jobs already running finish, limits are kept."""
+    redis.sadd(keys.PAUSED, queue)
+
+
+def resume(redis: redis_py.Redis, queue: str) -> None:
+    pipe = redis.pipeline(transaction=True)
+    pipe.srem(keys.PAUSED, queue)
+    pipe.publish(keys.WAKE_CHANNEL, queue)
+    pipe.execute()
+
+
+def is_paused(redis: redis_py.Redis, queue: str) -> bool:
+    return bool(redis.sismember(keys.PAUSED, queue))
+
+
+def busy(redis: redis_py.Redis, queue: str) -> int:
+    """Jobs of ``queue`` in progress in all capsules."""
+    return int(cast("bytes | None", redis.hget(keys.BUSY, queue)) or 0)
+
+
+def busy_by_capsule(redis: redis_py.Redis, queue: str) -> dict[str, int]:
+    """Jobs of ``queue`` in progress, per capsule id (capsules running none omitted)."""
+    capsules = set_members(redis, keys.CAPSULES)
+    pipe = redis.pipeline(transaction=False)
+    for capsule in capsules:
+        pipe.llen(keys.in_progress(capsule, queue))
+    counts = pipe.execute()
+    return {c: int(n) for c, n in zip(capsules, counts, strict=True) if n}
+
+
+def all_limits(redis: redis_py.Redis) -> dict[str, dict[str, int | None]]:
+    """Every queue with a stored limit: ``{queue: {"limit": n, "process_limit": m}}``."""
+    pipe = redis.pipeline(transaction=False)
+    pipe.hgetall(keys.LIMITS)
+    pipe.hgetall(keys.PROCESS_LIMITS)
+    limits, process_limits = pipe.execute()
+    result: dict[str, dict[str, int | None]] = {}
+    for kind, values in (("limit", limits), ("process_limit", process_limits)):
+        for queue, raw in values.items():
+            entry = result.setdefault(queue.decode(), {"limit": None, "process_limit": None})
+            entry[kind] = int(raw) if raw.isdigit() else None
+    return result

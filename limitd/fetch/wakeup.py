@@ -1,0 +1,123 @@
+"""Waking idle fetchers the moment work may be available, without polling Redis.
+
+A limit-aware fetch is a Lua call, so it cannot block like BRPOP. Instead, producers
+publish the queue name on ``limitd:wake`` when they push (and acks publish when they free
+a slot of a limited queue with a backlog); each capsule subscribes once and wakes one
+idle processor per message. A processor that gets a job after waking wakes one more, so
+a burst ramps up to every thread without waking all of them for a single job. While
+idle, one processor per capsule also re-checks every ``poll_range`` seconds: jobs
+pushed by clients that do not publish (Ruby Sidekiq) still start within that delay.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections.abc import Callable
+
+import redis as redis_py
+
+from limitd import keys
+
+log = logging.getLogger("limitd.wakeup")
+
+LONG_WAIT = 60.0  # followers re-check this often even if every signal were lost
+RECONNECT_PAUSE = 1.0
+LISTEN_SLICE = 0.25
+
+
+class IdleGate:
+    """Where a capsule's idle processors wait. ``wait`` returns on a wake-up, on the poll
+    timeout (for the one waiter that polls), or on ``close``."""
+
+    def __init__(
+        self,
+        poll_range: tuple[float, float] = (0.4, 0.5),
+        max_pending: int = 64,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.poll_range = poll_range
+        self.max_pending = max_pending
+        self._rng = rng or random.Random()
+        self._cond = threading.Condition()
+        self._pending = 0
+        self._waiting = 0
+        self._poller_waiting = False
+        self._closed = False
+
+    def wait(self) -> None:
+        """Block until there may be work. Called after a fetch found none."""
+        with self._cond:
+            polls = not self._poller_waiting
+            self._poller_waiting = self._poller_waiting or polls
+            self._waiting += 1
+            timeout = self._rng.uniform(*self.poll_range) if polls else LONG_WAIT
+            try:
+                self._cond.wait_for(lambda: self._pending > 0 or self._closed, timeout)
+                if self._pending > 0:
+                    self._pending -= 1
+            finally:
+                self._waiting -= 1
+                if polls:
+                    self._poller_waiting = False
+
+    def wake(self, count: int = 1) -> None:
+        """Let up to ``count`` waiters (or the next ones to wait) try a fetch."""
+        with self._cond:
+            self._pending = min(self._pending + count, self.max_pending)
+            self._cond.notify(count)
+
+    def wake_one_more(self) -> None:
+        """After a successful fetch: if others are idle, there may be more work."""
+        with self._cond:
+            if self._waiting > self._pending:
+                self._pending += 1
+                self._cond.notify(1)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+
+class WakeupListener:
+    """One pub/sub subscription per capsule; calls ``on_wake(queue)`` for each message."""
+
+    def __init__(self, redis: redis_py.Redis, on_wake: Callable[[str], None]) -> None:
+        self.redis = redis
+        self.on_wake = on_wake
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="limitd-wakeup", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """The listener notices within ``LISTEN_SLICE`` seconds (reading a subscription
+        sends no command, so short slices cost Redis nothing)."""
+        self._done.set()
+        if self._thread.ident is not None:
+            self._thread.join(2)
+
+    def _run(self) -> None:
+        while not self._done.is_set():
+            try:
+                self._listen()
+            except (redis_py.RedisError, OSError, ValueError, AttributeError) as exc:
+                if self._done.is_set():
+                    return
+                log.warning("wake-up subscription lost, reconnecting: %s", exc)
+                self._done.wait(RECONNECT_PAUSE)
+
+    def _listen(self) -> None:
+        pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+        try:
+            pubsub.subscribe(keys.WAKE_CHANNEL)
+            self.on_wake("")  # anything pushed while we were not subscribed
+            while not self._done.is_set():
+                message = pubsub.get_message(timeout=LISTEN_SLICE)
+                if message and message["type"] == "message":
+                    self.on_wake(message["data"].decode("utf-8", "replace"))
+        finally:
+            pubsub.close()

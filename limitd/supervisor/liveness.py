@@ -1,0 +1,84 @@
+"""Which capsules are alive, and recovering the jobs of those that are not.
+
+A capsule is alive while its heartbeat key exists. The key is written by the capsule's
+own heartbeat thread *and* by its supervisor, a separate process that writes it for
+every child whose process still exists: a child stalled by a job holding the GIL (or
+stopped by SIGSTOP) keeps its key, so it is never reaped while it lives. The key
+expires ``4 x heartbeat_period`` after the last write.
+
+The reaper runs on every heartbeat of every capsule: it finds capsules whose key is
+gone and, in one Lua call each (``reap_capsule.lua``), returns their in-progress jobs to
+the front of their queues and frees their busy slots.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import redis as redis_py
+
+from limitd import keys
+from limitd.redis import LuaScript, set_members
+
+log = logging.getLogger("limitd.liveness")
+
+REAP_CAPSULE = LuaScript(__package__ or "limitd.supervisor", "reap_capsule.lua")
+EXPIRY_PERIODS = 4
+STILL_ALIVE = -1
+QUEUES_CHANGED = -2
+
+
+def vouch(redis: redis_py.Redis, capsule_ids: list[str], heartbeat_period: float) -> None:
+    """Mark capsules alive for ``4 x heartbeat_period`` seconds, in one round trip."""
+    ttl = max(1, math.ceil(EXPIRY_PERIODS * heartbeat_period))
+    pipe = redis.pipeline(transaction=False)
+    for capsule_id in capsule_ids:
+        pipe.sadd(keys.CAPSULES, capsule_id)
+        pipe.set(keys.capsule_heartbeat(capsule_id), "1", ex=ttl)
+    pipe.execute()
+
+
+def retire(redis: redis_py.Redis, capsule_id: str) -> int:
+    """A capsule that stopped: drop its heartbeat and reap it at once, which returns any
+    job it could not requeue itself. Returns how many jobs that was."""
+    redis.delete(keys.capsule_heartbeat(capsule_id))
+    return max(0, reap(redis, capsule_id))
+
+
+def reap(redis: redis_py.Redis, capsule_id: str) -> int:
+    """Requeue a dead capsule's jobs and free its slots; see ``reap_capsule.lua``."""
+    for _ in range(3):
+        names = set_members(redis, keys.capsule_queues(capsule_id))
+        script_keys = [
+            keys.capsule_heartbeat(capsule_id),
+            keys.CAPSULES,
+            keys.BUSY,
+            keys.capsule_queues(capsule_id),
+        ]
+        for name in names:
+            script_keys += [keys.queue(name), keys.in_progress(capsule_id, name)]
+        moved = int(REAP_CAPSULE(redis, script_keys, [capsule_id, *names, keys.WAKE_CHANNEL]))
+        if moved != QUEUES_CHANGED:
+            return moved
+    return QUEUES_CHANGED
+
+
+def reap_dead(redis: redis_py.Redis) -> dict[str, int]:
+    """Reap every registered capsule whose heartbeat expired; returns jobs requeued per
+    capsule reaped. Safe to run from many processes at once."""
+    capsule_ids = set_members(redis, keys.CAPSULES)
+    if not capsule_ids:
+        return {}
+    pipe = redis.pipeline(transaction=False)
+    for capsule_id in capsule_ids:
+        pipe.exists(keys.capsule_heartbeat(capsule_id))
+    alive = pipe.execute()
+    reaped: dict[str, int] = {}
+    for capsule_id, exists in zip(capsule_ids, alive, strict=True):
+        if not exists:
+            moved = reap(redis, capsule_id)
+            if moved >= 0:
+                reaped[capsule_id] = moved
+                log.warning("capsule %s stopped beating: requeued its %d jobs", capsule_id, moved)
+    return reaped

@@ -1,0 +1,278 @@
+"""The limit fetch's Lua scripts, hit directly through real Redis: limits, pause,
+blocking, order, release and its fencing, and reaping (including racing reapers)."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from collections import Counter
+
+import pytest
+import redis as redis_py
+
+from limitd import keys
+from limitd.fetch import LimitFetch, QueueOrder
+from limitd.fetch import limits as queue_limits
+from limitd.fetch.limits import LimitSettings
+from limitd.supervisor import liveness
+
+
+def push(redis: redis_py.Redis, queue: str, count: int, tag: str = "") -> list[bytes]:
+    jobs = [
+        json.dumps({"class": "X", "args": [f"{tag}{i}"], "queue": queue}).encode()
+        for i in range(count)
+    ]
+    redis.lpush(keys.queue(queue), *jobs)
+    return jobs
+
+
+def fetcher(redis: redis_py.Redis, queues: list, capsule: str = "c1", **options) -> LimitFetch:
+    return LimitFetch(redis, QueueOrder(queues), capsule, **options)
+
+
+def take_all(fetch: LimitFetch) -> list:
+    taken = []
+    while (unit := fetch.try_retrieve()) is not None:
+        taken.append(unit)
+    return taken
+
+
+def test_unlimited_queue_behaves_like_a_normal_queue(redis: redis_py.Redis) -> None:
+    jobs = push(redis, "q", 3)
+    units = take_all(fetcher(redis, ["q"]))
+    assert [u.job for u in units] == jobs  # FIFO
+    assert queue_limits.busy(redis, "q") == 3
+    assert redis.lrange(keys.in_progress("c1", "q"), 0, -1) == jobs[::-1]
+
+
+def test_global_limit_counts_every_capsule(redis: redis_py.Redis) -> None:
+    push(redis, "q", 10)
+    queue_limits.set_limit(redis, "q", 3)
+    first = take_all(fetcher(redis, ["q"], "c1"))
+    second = take_all(fetcher(redis, ["q"], "c2"))
+    assert (len(first), len(second)) == (3, 0)
+    first[0].acknowledge()
+    assert len(take_all(fetcher(redis, ["q"], "c2"))) == 1
+    assert queue_limits.busy(redis, "q") == 3
+    assert queue_limits.busy_by_capsule(redis, "q") == {}  # no capsule registered yet
+    liveness.vouch(redis, ["c1", "c2"], 15)
+    assert queue_limits.busy_by_capsule(redis, "q") == {"c1": 2, "c2": 1}
+
+
+def test_limit_zero_takes_nothing(redis: redis_py.Redis) -> None:
+    push(redis, "q", 2)
+    queue_limits.set_limit(redis, "q", 0)
+    assert take_all(fetcher(redis, ["q"])) == []
+    assert redis.llen(keys.queue("q")) == 2
+
+
+def test_process_limit_is_per_capsule(redis: redis_py.Redis) -> None:
+    push(redis, "q", 10)
+    queue_limits.set_limit(redis, "q", 2, process=True)
+    assert len(take_all(fetcher(redis, ["q"], "c1"))) == 2
+    assert len(take_all(fetcher(redis, ["q"], "c2"))) == 2
+    assert queue_limits.busy(redis, "q") == 4
+
+
+def test_both_limits_hold(redis: redis_py.Redis) -> None:
+    push(redis, "q", 10)
+    queue_limits.set_limit(redis, "q", 3)
+    queue_limits.set_limit(redis, "q", 2, process=True)
+    counts = [len(take_all(fetcher(redis, ["q"], c))) for c in ("c1", "c2", "c3")]
+    assert counts == [2, 1, 0]
+
+
+def test_pause_skips_the_queue_and_keeps_its_limit(redis: redis_py.Redis) -> None:
+    push(redis, "q", 5)
+    queue_limits.set_limit(redis, "q", 2)
+    queue_limits.pause(redis, "q")
+    assert take_all(fetcher(redis, ["q"])) == []
+    queue_limits.resume(redis, "q")
+    assert queue_limits.get_limit(redis, "q") == 2
+    assert len(take_all(fetcher(redis, ["q"]))) == 2
+
+
+def test_strict_order_skips_a_queue_at_its_limit(redis: redis_py.Redis) -> None:
+    push(redis, "high", 5)
+    push(redis, "low", 5)
+    queue_limits.set_limit(redis, "high", 2)
+    taken = [u.queue for u in take_all(fetcher(redis, ["high", "low"]))]
+    assert taken == ["high", "high", "low", "low", "low", "low", "low"]
+
+
+def test_blocking_queue_holds_back_lower_queues(redis: redis_py.Redis) -> None:
+    push(redis, "high", 5)
+    push(redis, "low", 5)
+    queue_limits.set_limit(redis, "high", 2)
+    fetch = fetcher(redis, ["high", "low"], blocking=["high"])
+    assert [u.queue for u in take_all(fetch)] == ["high", "high"]
+    redis.delete(keys.queue("high"))  # no job waiting: it no longer blocks
+    assert {u.queue for u in take_all(fetch)} == {"low"}
+
+
+def test_weighted_order_still_holds_with_a_limited_queue(redis: redis_py.Redis) -> None:
+    """With 'limited' always at its limit, the other two keep their 4:1 ratio."""
+    push(redis, "limited", 50)
+    push(redis, "a", 1500)
+    push(redis, "b", 1500)
+    queue_limits.set_limit(redis, "limited", 0)
+    order = QueueOrder([["limited", 10], ["a", 4], ["b", 1]], rng=random.Random(5))
+    fetch = LimitFetch(redis, order, "c1")
+    seen = Counter(fetch.try_retrieve().queue for _ in range(1000))  # type: ignore[union-attr]
+    assert seen["limited"] == 0
+    share = seen["a"] / 1000
+    assert abs(share - 0.8) < 4 * (0.8 * 0.2 / 1000) ** 0.5, seen
+
+
+def test_dynamic_fetch_takes_queues_it_was_not_configured_for(redis: redis_py.Redis) -> None:
+    push(redis, "configured", 1)
+    push(redis, "discovered", 2)
+    redis.sadd(keys.QUEUES, "configured", "discovered")
+    queue_limits.set_limit(redis, "discovered", 1)
+    assert [u.queue for u in take_all(fetcher(redis, ["configured"]))] == ["configured"]
+    taken = take_all(fetcher(redis, ["configured"], "c2", dynamic=True))
+    assert [u.queue for u in taken] == ["discovered"]
+
+
+def test_requeue_frees_the_slot_and_puts_the_job_first(redis: redis_py.Redis) -> None:
+    jobs = push(redis, "q", 3)
+    queue_limits.set_limit(redis, "q", 1)
+    fetch = fetcher(redis, ["q"])
+    unit = fetch.try_retrieve()
+    assert unit is not None
+    assert fetch.try_retrieve() is None
+    unit.requeue()
+    assert queue_limits.busy(redis, "q") == 0
+    assert redis.lindex(keys.queue("q"), -1) == jobs[0]
+    again = fetch.try_retrieve()
+    assert again is not None
+    assert again.job == jobs[0]
+
+
+def test_release_is_fenced_by_ownership(redis: redis_py.Redis) -> None:
+    """A capsule reaped while stalled acks late: its ack frees nothing it no longer
+    holds, and its requeue pushes no duplicate."""
+    push(redis, "q", 2)
+    queue_limits.set_limit(redis, "q", 1)
+    stalled = fetcher(redis, ["q"], "stalled")
+    held = stalled.try_retrieve()
+    assert held is not None
+    liveness.vouch(redis, ["stalled"], 15)
+    redis.delete(keys.capsule_heartbeat("stalled"))  # its heartbeat expired
+    assert liveness.reap_dead(redis) == {"stalled": 1}
+    other = fetcher(redis, ["q"], "other")
+    taken = other.try_retrieve()
+    assert taken is not None
+    assert taken.job == held.job  # the reaped job runs next
+    assert queue_limits.busy(redis, "q") == 1
+    assert stalled.release(held, requeue=False) is False
+    assert stalled.release(held, requeue=True) is False
+    assert queue_limits.busy(redis, "q") == 1
+    assert redis.llen(keys.queue("q")) == 1
+    assert other.release(taken, requeue=False) is True
+    assert queue_limits.busy(redis, "q") == 0
+
+
+def test_busy_never_goes_negative(redis: redis_py.Redis) -> None:
+    push(redis, "q", 1)
+    fetch = fetcher(redis, ["q"])
+    unit = fetch.try_retrieve()
+    assert unit is not None
+    redis.hset(keys.BUSY, "q", 0)  # e.g. counts lost while the job ran
+    assert fetch.release(unit, requeue=False) is True
+    assert queue_limits.busy(redis, "q") == 0
+
+
+def test_reaping_returns_jobs_in_their_original_order(redis: redis_py.Redis) -> None:
+    jobs = push(redis, "q", 5)
+    fetch = fetcher(redis, ["q"], "dead")
+    assert len(take_all(fetch)) == 5
+    liveness.vouch(redis, ["dead"], 15)
+    assert liveness.reap(redis, "dead") == liveness.STILL_ALIVE
+    redis.delete(keys.capsule_heartbeat("dead"))
+    assert liveness.reap_dead(redis) == {"dead": 5}
+    assert [u.job for u in take_all(fetcher(redis, ["q"], "new"))] == jobs
+    assert redis.sismember(keys.CAPSULES, "dead") == 0
+    assert not redis.exists(keys.capsule_queues("dead"))
+
+
+def test_racing_reapers_requeue_each_job_once(redis: redis_py.Redis) -> None:
+    for capsule in ("d1", "d2", "d3"):
+        push(redis, "q", 40, tag=capsule)
+        assert len(take_all(fetcher(redis, ["q"], capsule))) == 40
+    redis.sadd(keys.CAPSULES, "d1", "d2", "d3")
+    results: list[dict[str, int]] = []
+    clients = [redis_py.Redis(connection_pool=redis.connection_pool) for _ in range(6)]
+    threads = [
+        threading.Thread(target=lambda c=c: results.append(liveness.reap_dead(c))) for c in clients
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sum(sum(r.values()) for r in results) == 120
+    requeued = redis.lrange(keys.queue("q"), 0, -1)
+    assert len(requeued) == len(set(requeued)) == 120
+    assert queue_limits.busy(redis, "q") == 0
+
+
+def test_reap_retries_when_the_capsule_took_a_new_queue(redis: redis_py.Redis) -> None:
+    push(redis, "a", 1)
+    push(redis, "b", 1)
+    assert len(take_all(fetcher(redis, ["a", "b"], "gone"))) == 2
+    script_keys = [
+        keys.capsule_heartbeat("gone"),
+        keys.CAPSULES,
+        keys.BUSY,
+        keys.capsule_queues("gone"),
+        keys.queue("a"),
+        keys.in_progress("gone", "a"),
+    ]
+    stale = liveness.REAP_CAPSULE(redis, script_keys, ["gone", "a", keys.WAKE_CHANNEL])
+    assert stale == liveness.QUEUES_CHANGED
+    assert liveness.reap(redis, "gone") == 2
+
+
+def test_configured_limits_never_overwrite_runtime_changes(redis: redis_py.Redis) -> None:
+    settings = LimitSettings(limits={"q": 5, "r": 2}, process_limits={"q": 1})
+    settings.apply_defaults(redis)
+    assert queue_limits.get_limit(redis, "q") == 5
+    queue_limits.set_limit(redis, "q", 9)
+    queue_limits.clear_limit(redis, "r")
+    settings.apply_defaults(redis)
+    assert queue_limits.get_limit(redis, "q") == 9
+    assert queue_limits.get_limit(redis, "r") is None
+    queue_limits.reset_limit(redis, "r")
+    settings.apply_defaults(redis)
+    assert queue_limits.get_limit(redis, "r") == 2
+    assert queue_limits.get_limit(redis, "q", process=True) == 1
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "3", True, None])
+def test_bad_limits_are_rejected(bad: object) -> None:
+    with pytest.raises(ValueError, match=r"limits\.q"):
+        LimitSettings(limits={"q": bad})  # type: ignore[dict-item]
+
+
+def test_fetch_cost_does_not_depend_on_jobs_in_progress(redis: redis_py.Redis) -> None:
+    """The fetch script reads counters, never a list: with 2,000 jobs in progress it runs
+    the same commands as with none (counted by INFO commandstats)."""
+
+    def commands_for_one_fetch() -> Counter[str]:
+        before = redis.info("commandstats")
+        assert fetch.try_retrieve() is not None
+        after = redis.info("commandstats")
+        calls = {k: after[k]["calls"] - before.get(k, {"calls": 0})["calls"] for k in after}
+        return Counter({k: n for k, n in calls.items() if n > 0 and k != "cmdstat_info"})
+
+    push(redis, "q", 2500)
+    queue_limits.set_limit(redis, "q", 10_000)
+    queue_limits.set_limit(redis, "q", 10_000, process=True)
+    fetch = fetcher(redis, ["q"])
+    empty = commands_for_one_fetch()
+    for _ in range(2000):
+        fetch.try_retrieve()
+    assert commands_for_one_fetch() == empty
+    assert "cmdstat_lrange" not in empty
+    assert "cmdstat_lpos" not in empty
