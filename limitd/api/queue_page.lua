@@ -1,4 +1,4 @@
--- api_queue_page: the next page of a queue for the admin API's iterator (oldest first).
+-- queue_page: the next page of a queue for the admin API's iterator (oldest first).
 --
 -- KEYS[1]   the queue list (queue:<name>): producers LPUSH, fetchers take from the right
 -- ARGV[1]   page size

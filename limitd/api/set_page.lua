@@ -1,4 +1,4 @@
--- api_set_page: the next page of a sorted set (schedule, retry, dead) for the admin
+-- set_page: the next page of a sorted set (schedule, retry, dead) for the admin
 -- API's iterator, highest score (newest) first.
 --
 -- KEYS[1]   the sorted set

@@ -1,0 +1,52 @@
+"""The admin API: what operators (and the CLI) read and steer at run time.
+
+Queues (their jobs, limits, pause flag and busy slots), the ``schedule`` / ``retry`` /
+``dead`` sorted sets, the limit-fetch capsules and the global counters, read straight
+from Sidekiq's data model and limitd's ``limitd:`` keys, so the same calls work on jobs
+a Ruby client pushed. The server never imports this package: nothing here is on a
+running job's path::
+
+    from limitd.api import Queue, RetrySet, Stats
+
+    for entry in RetrySet():
+        if entry.error_class == "TimeoutError":
+            entry.retry()
+    Queue("webhooks").limit = 5
+    print(Queue("default").latency(), Stats().enqueued)
+
+One module per part: ``records`` (the job record shared by all), ``queues``,
+``sorted_sets``, ``capsules`` and ``stats``.
+"""
+
+from limitd.api.capsules import Capsule, Capsules
+from limitd.api.queues import Queue, QueueEntry
+from limitd.api.records import PAGE_SIZE, JobRecord
+from limitd.api.sorted_sets import (
+    DeadSet,
+    PendingEntry,
+    PendingSet,
+    RetrySet,
+    ScheduledSet,
+    SortedEntry,
+    SortedSet,
+)
+from limitd.api.stats import QueueStatus, Stats, queue_overview
+
+__all__ = [
+    "PAGE_SIZE",
+    "Capsule",
+    "Capsules",
+    "DeadSet",
+    "JobRecord",
+    "PendingEntry",
+    "PendingSet",
+    "Queue",
+    "QueueEntry",
+    "QueueStatus",
+    "RetrySet",
+    "ScheduledSet",
+    "SortedEntry",
+    "SortedSet",
+    "Stats",
+    "queue_overview",
+]

@@ -1,0 +1,174 @@
+"""Queues for the admin API: the jobs waiting in one, and the knobs that steer it.
+
+The jobs are read straight from Sidekiq's ``queue:<name>`` list. Limits, pause and busy
+counts go through ``limitd.fetch.limits``, the module the limit fetcher itself uses, so
+the admin API and the servers can never disagree on how they are stored::
+
+    from limitd.api import Queue
+
+    q = Queue("webhooks")
+    q.limit = 5          # at most 5 webhooks at once, across all capsules
+    q.pause()            # running jobs finish, nothing new starts; the limit stays
+    print(q.size(), q.latency(), q.busy(), q.busy_by_capsule())
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import redis as redis_py
+
+from limitd import keys
+from limitd.api.records import PAGE_SIZE, JobRecord, _connection, _Seen, _text
+from limitd.fetch import limits
+from limitd.redis import LuaScript
+
+QUEUE_PAGE = LuaScript("limitd.api", "queue_page.lua")
+
+
+class QueueEntry(JobRecord):
+    """A job waiting in a queue list."""
+
+    def __init__(self, raw: bytes, source: Queue, seen: _Seen | None = None) -> None:
+        super().__init__(raw, seen)
+        self.source = source
+
+    def delete(self) -> bool:
+        """Remove this job (LREM of its exact bytes). False when a fetcher or another
+        operator took it first."""
+        removed = self.source.redis.lrem(self.source.key, 1, self.raw)  # type: ignore[arg-type]
+        return self._removed(bool(removed))
+
+
+class Queue:
+    """One queue, ``queue:<name>``: a list that producers LPUSH and fetchers take from
+    the right, so the oldest job sits at index -1."""
+
+    page_size: int = PAGE_SIZE
+
+    def __init__(self, name: str, redis: redis_py.Redis | None = None) -> None:
+        self.name = name
+        self.key = keys.queue(name)
+        self.redis = _connection(redis)
+
+    @classmethod
+    def all(cls, redis: redis_py.Redis | None = None) -> list[Queue]:
+        """Every queue named in ``queues``, sorted by name."""
+        conn = _connection(redis)
+        return [cls(name, conn) for name in sorted(map(_text, conn.smembers(keys.QUEUES)))]
+
+    def size(self) -> int:
+        return int(self.redis.llen(self.key))
+
+    def latency(self) -> float:
+        """Age in seconds of the oldest job, the one fetched next; 0.0 when empty."""
+        raw: bytes | None = self.redis.lindex(self.key, -1)  # type: ignore[assignment]
+        return 0.0 if raw is None else JobRecord(raw).latency()
+
+    def __iter__(self) -> Iterator[QueueEntry]:
+        """Jobs oldest first (fetch order), a page at a time. A job queued throughout is
+        yielded once, whatever the caller deletes and fetchers take meanwhile; jobs
+        pushed meanwhile come last. Only another operator deleting every job of the page
+        just read can make older ones repeat (never skip)."""
+        seen = _Seen(self.page_size)
+        for page in self._pages(seen):
+            yield from (QueueEntry(raw, self, seen) for raw in page)
+
+    def find_job(self, jid: str) -> QueueEntry | None:
+        """The queued job with this jid, or None. Scans the list: O(size)."""
+        needle = jid.encode()
+        for page in self._pages(_Seen(self.page_size)):
+            for raw in page:
+                if needle in raw and (entry := QueueEntry(raw, self)).jid == jid:
+                    return entry
+        return None
+
+    def clear(self) -> int:
+        """Drop the queue and its name from ``queues`` in one MULTI; returns how many
+        jobs were removed. Its limits and pause flag stay: they steer jobs pushed later."""
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.llen(self.key)
+        pipe.delete(self.key)
+        pipe.srem(keys.QUEUES, self.name)
+        return int(pipe.execute()[0])
+
+    # Limits: how many jobs of this queue may run at once, across all capsules (limit)
+    # and within one capsule (process_limit). None means unlimited.
+
+    @property
+    def limit(self) -> int | None:
+        """The limit for all capsules together; None when the queue has none."""
+        return limits.get_limit(self.redis, self.name)
+
+    @limit.setter
+    def limit(self, value: int | None) -> None:
+        """Set it now (running capsules apply it on their next fetch); None clears it."""
+        self._set_limit(value, process=False)
+
+    @property
+    def process_limit(self) -> int | None:
+        """The limit within each capsule; None when the queue has none."""
+        return limits.get_limit(self.redis, self.name, process=True)
+
+    @process_limit.setter
+    def process_limit(self, value: int | None) -> None:
+        self._set_limit(value, process=True)
+
+    def clear_limit(self, *, process: bool = False) -> None:
+        """Make the queue unlimited, and keep it so even where configuration sets a
+        limit: capsules write their configured limits only where Redis has no value."""
+        limits.clear_limit(self.redis, self.name, process=process)
+
+    def reset_limit(self, *, process: bool = False) -> None:
+        """Undo run-time changes: the configured limit (if any) comes back at the next
+        capsule heartbeat."""
+        limits.reset_limit(self.redis, self.name, process=process)
+
+    def _set_limit(self, value: int | None, *, process: bool) -> None:
+        if value is None:
+            self.clear_limit(process=process)
+            return
+        where = f"queue {self.name!r} {'process_limit' if process else 'limit'}"
+        limits.set_limit(self.redis, self.name, limits.check_limit(value, where), process=process)
+
+    # Pause and busy slots.
+
+    def pause(self) -> None:
+        """Stop fetching from this queue: jobs already running finish, jobs keep
+        arriving, the limits stay as they are."""
+        limits.pause(self.redis, self.name)
+
+    def resume(self) -> None:
+        """Fetch again, waking idle fetchers at once."""
+        limits.resume(self.redis, self.name)
+
+    @property
+    def paused(self) -> bool:
+        return limits.is_paused(self.redis, self.name)
+
+    def busy(self) -> int:
+        """Jobs of this queue in progress across all capsules: the figure its ``limit``
+        is checked against."""
+        return limits.busy(self.redis, self.name)
+
+    def busy_by_capsule(self) -> dict[str, int]:
+        """Jobs of this queue in progress per capsule id, from each capsule's
+        in-progress list (capsules running none are left out)."""
+        return limits.busy_by_capsule(self.redis, self.name)
+
+    def _pages(self, seen: _Seen) -> Iterator[list[bytes]]:
+        """Pages oldest first; ``queue_page.lua`` finds where each one resumes."""
+        walked = 0
+        while True:
+            args = [self.page_size, walked, *seen.anchors()]
+            offset, page = QUEUE_PAGE(self.redis, [self.key], args)
+            if not page:
+                return
+            walked = int(offset) + len(page)
+            page.reverse()
+            for raw in page:
+                seen.add(raw)
+            yield page
+
+    def __repr__(self) -> str:
+        return f"Queue({self.name!r})"

@@ -1,0 +1,124 @@
+"""Figures an operator watches: global counters and set sizes (``Stats``), and one row
+per queue with its size, latency, limits, busy slots and pause flag
+(``queue_overview``, what ``limitd queues`` prints).
+
+Both are snapshots read in a fixed number of round trips, however many queues there
+are: a dashboard refreshing every second must not cost one round trip per queue.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import redis as redis_py
+
+from limitd import keys
+from limitd.api.records import JobRecord, _connection, _text
+from limitd.fetch import limits
+
+
+class Stats:
+    """A snapshot of the figures an operator watches, read when built and on
+    ``refresh()``: two round trips, one MULTI for counters and set sizes, then the
+    lengths of the queues it named (key names are built here, never in Lua)."""
+
+    processed: int
+    failed: int
+    scheduled_size: int
+    retry_size: int
+    dead_size: int
+    processes_size: int
+    queues: dict[str, int]
+
+    def __init__(self, redis: redis_py.Redis | None = None) -> None:
+        self.redis = _connection(redis)
+        self.refresh()
+
+    @property
+    def enqueued(self) -> int:
+        """Jobs waiting in all queues together."""
+        return sum(self.queues.values())
+
+    def refresh(self) -> None:
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.get(keys.STAT_PROCESSED)
+        pipe.get(keys.STAT_FAILED)
+        pipe.zcard(keys.SCHEDULE)
+        pipe.zcard(keys.RETRY)
+        pipe.zcard(keys.DEAD)
+        pipe.scard(keys.PROCESSES)
+        pipe.smembers(keys.QUEUES)
+        processed, failed, scheduled, retries, dead, processes, names = pipe.execute()
+        self.processed, self.failed = int(processed or 0), int(failed or 0)
+        self.scheduled_size, self.retry_size, self.dead_size = scheduled, retries, dead
+        self.processes_size = processes
+        self.queues = self._queue_sizes(sorted(map(_text, names)))
+
+    def _queue_sizes(self, names: list[str]) -> dict[str, int]:
+        pipe = self.redis.pipeline(transaction=False)
+        for name in names:
+            pipe.llen(keys.queue(name))
+        return dict(zip(names, map(int, pipe.execute()), strict=True))
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueStatus:
+    """One queue at a glance. ``busy`` counts its jobs in progress in all capsules,
+    the figure ``limit`` is checked against; a limit of None means unlimited."""
+
+    name: str
+    size: int
+    latency: float
+    limit: int | None
+    process_limit: int | None
+    busy: int
+    paused: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        """The row as plain data, for JSON output."""
+        return dataclasses.asdict(self)
+
+
+def queue_overview(redis: redis_py.Redis | None = None) -> list[QueueStatus]:
+    """Every queue an operator can steer, sorted by name: those named in ``queues`` and
+    those with a stored limit, a pause flag or jobs in progress (an idle limited queue
+    may have no list yet). Three round trips whatever the number of queues."""
+    conn = _connection(redis)
+    stored_limits = limits.all_limits(conn)
+    pipe = conn.pipeline(transaction=False)
+    pipe.smembers(keys.QUEUES)
+    pipe.smembers(keys.PAUSED)
+    pipe.hgetall(keys.BUSY)
+    listed, paused_raw, busy_raw = pipe.execute()
+    paused = set(map(_text, paused_raw))
+    busy = {_text(queue): int(count) for queue, count in busy_raw.items()}
+    names = set(map(_text, listed)) | stored_limits.keys() | paused
+    names |= {queue for queue, count in busy.items() if count}
+    sizes = _sizes_and_latencies(conn, sorted(names))
+    unlimited: dict[str, int | None] = {"limit": None, "process_limit": None}
+    return [
+        QueueStatus(
+            name=name,
+            size=size,
+            latency=latency,
+            limit=stored_limits.get(name, unlimited)["limit"],
+            process_limit=stored_limits.get(name, unlimited)["process_limit"],
+            busy=busy.get(name, 0),
+            paused=name in paused,
+        )
+        for name, (size, latency) in sizes.items()
+    ]
+
+
+def _sizes_and_latencies(conn: redis_py.Redis, names: list[str]) -> dict[str, tuple[int, float]]:
+    """Length and oldest-job age of each queue, in one pipeline."""
+    pipe = conn.pipeline(transaction=False)
+    for name in names:
+        pipe.llen(keys.queue(name))
+        pipe.lindex(keys.queue(name), -1)
+    replies = pipe.execute()
+    result: dict[str, tuple[int, float]] = {}
+    for name, size, oldest in zip(names, replies[0::2], replies[1::2], strict=True):
+        result[name] = (int(size), 0.0 if oldest is None else JobRecord(oldest).latency())
+    return result
