@@ -18,8 +18,12 @@ from pathlib import Path
 
 from limitd import __version__
 from limitd.client import Client, set_default_client
+from limitd.config import CapsuleConfig
 from limitd.embedded import RedisServer
 from limitd.redis import configured_url, connect
+from limitd.supervisor.capsule import Capsule, import_app
+from limitd.supervisor.launcher import Launcher
+from limitd.supervisor.supervisor import Supervisor
 
 EMBEDDED_DIR = Path(".limitd")
 EMBEDDED_URL_FILE = EMBEDDED_DIR / "redis.url"
@@ -76,6 +80,52 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds to finish jobs on TERM before requeueing them (25)",
     )
     start.add_argument("--tag", default="", help="label shown in process lists")
+    start.add_argument(
+        "-p",
+        "--processes",
+        type=int,
+        default=1,
+        help="capsule processes to fork, each with its own threads (1)",
+    )
+    start.add_argument(
+        "--limit",
+        action="append",
+        default=[],
+        metavar="QUEUE=N",
+        help="jobs of QUEUE running at once in all processes (repeatable)",
+    )
+    start.add_argument(
+        "--process-limit",
+        action="append",
+        default=[],
+        metavar="QUEUE=N",
+        help="jobs of QUEUE running at once in each process (repeatable)",
+    )
+    start.add_argument(
+        "--blocking",
+        action="append",
+        default=[],
+        metavar="QUEUE",
+        help="QUEUE at its limit with jobs waiting holds back later queues",
+    )
+    start.add_argument(
+        "--dynamic",
+        action="store_true",
+        help="also fetch queues that exist in Redis but are not listed",
+    )
+    start.add_argument(
+        "--heartbeat-period",
+        type=float,
+        default=15.0,
+        metavar="SECONDS",
+        help="liveness beat; a silent capsule is reaped after 4 periods (15)",
+    )
+    start.add_argument(
+        "--fetch",
+        choices=("limit", "basic"),
+        default="limit",
+        help="limit-aware reliable fetch (default) or plain BRPOP",
+    )
     start.set_defaults(command=cmd_start)
 
     enqueue = commands.add_parser("enqueue", help="push one job")
@@ -95,36 +145,64 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    from limitd.supervisor.capsule import Capsule, CapsuleConfig, import_app
-    from limitd.supervisor.launcher import Launcher
-
     sys.path.insert(0, os.getcwd())
     try:
         import_app(args.require)
-        config = CapsuleConfig(
-            queues=args.queue or ["default"],
-            concurrency=args.concurrency,
-            timeout=args.timeout,
-            tag=args.tag,
-        )
+        config = capsule_config(args)
     except (ImportError, ValueError) as exc:
         print(f"limitd: {exc}", file=sys.stderr)
         return EX_CONFIG
     url = configured_url(args.redis)
     server = None if url else start_embedded_redis()
+    url = url or server.url  # type: ignore[union-attr]
     try:
-        redis = connect(url or server.url)  # type: ignore[union-attr]
-        set_default_client(Client(redis))  # jobs that enqueue jobs use the same Redis
-        return Launcher(Capsule(config, redis=redis)).run()
+        supervisor = Supervisor(
+            [(config, args.processes)],
+            connect(url),
+            lambda child_config: run_capsule(child_config, url),
+        )
+        return supervisor.run()
     finally:
         if server is not None:
             server.stop()
             EMBEDDED_URL_FILE.unlink(missing_ok=True)
 
 
-def cmd_enqueue(args: argparse.Namespace) -> int:
-    from limitd.supervisor.capsule import import_app
+def capsule_config(args: argparse.Namespace) -> CapsuleConfig:
+    if args.processes < 1:
+        raise ValueError(f"--processes must be >= 1, got {args.processes}")
+    return CapsuleConfig(
+        queues=args.queue or ["default"],
+        concurrency=args.concurrency,
+        timeout=args.timeout,
+        tag=args.tag,
+        fetch=args.fetch,
+        limits=parse_limits(args.limit, "--limit"),
+        process_limits=parse_limits(args.process_limit, "--process-limit"),
+        blocking=args.blocking,
+        dynamic=args.dynamic,
+        heartbeat_period=args.heartbeat_period,
+    )
 
+
+def parse_limits(values: list[str], flag: str) -> dict[str, int]:
+    limits: dict[str, int] = {}
+    for value in values:
+        queue, sep, number = value.partition("=")
+        if not sep or not queue or not number.strip().isdigit():
+            raise ValueError(f"{flag} {value!r}: expected QUEUE=N with N an integer >= 0")
+        limits[queue] = int(number)
+    return limits
+
+
+def run_capsule(config: CapsuleConfig, url: str) -> int:
+    """A supervisor's child: its own connections (never the parent's), one capsule."""
+    redis = connect(url, max_connections=config.concurrency + 8)
+    set_default_client(Client(redis))  # jobs that enqueue jobs use the same Redis
+    return Launcher(Capsule(config, redis=redis)).run()
+
+
+def cmd_enqueue(args: argparse.Namespace) -> int:
     sys.path.insert(0, os.getcwd())
     import_app(args.require)
     try:

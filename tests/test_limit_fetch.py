@@ -55,9 +55,8 @@ def test_global_limit_counts_every_capsule(redis: redis_py.Redis) -> None:
     first[0].acknowledge()
     assert len(take_all(fetcher(redis, ["q"], "c2"))) == 1
     assert queue_limits.busy(redis, "q") == 3
-    assert queue_limits.busy_by_capsule(redis, "q") == {}  # no capsule registered yet
-    liveness.vouch(redis, ["c1", "c2"], 15)
     assert queue_limits.busy_by_capsule(redis, "q") == {"c1": 2, "c2": 1}
+    assert redis.smembers(keys.CAPSULES) == {b"c1", b"c2"}, "a fetch registers its capsule"
 
 
 def test_limit_zero_takes_nothing(redis: redis_py.Redis) -> None:

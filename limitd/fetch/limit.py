@@ -69,6 +69,7 @@ class LimitFetch:
             keys.PAUSED,
             keys.BUSY,
             keys.capsule_queues(capsule_id),
+            keys.CAPSULES,
         ]
         self._queue_keys: dict[str, tuple[str, str]] = {}
         self._extra_queues: list[str] = []
@@ -93,7 +94,7 @@ class LimitFetch:
         """One atomic fetch attempt over this fetch's queue order, without waiting."""
         names = self.queue_names()
         queue_keys: list[str] = list(self._fixed_keys)
-        args: list[str] = []
+        args: list[str] = [self.capsule_id]
         for name in names:
             queue_keys.extend(self._keys_for(name))
             args += [name, "1" if name in self.blocking else "0"]

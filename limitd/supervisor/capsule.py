@@ -127,13 +127,14 @@ class Capsule:
         self.record.quiet = True
         self.heartbeat.beat_soon()
 
-    def stop(self, timeout: float | None = None) -> int:
-        """Stop within ``timeout`` seconds (default: the capsule's). Returns how many
-        unfinished jobs were requeued."""
+    def stop(self, timeout: float | None = None, *, grace: float = KILL_GRACE_SECONDS) -> int:
+        """Stop within ``timeout`` seconds (default: the capsule's), then give threads
+        still running a requeued job up to ``grace`` seconds to unwind (their late acks
+        are harmless: see ``limit_release.lua``). Returns how many jobs were requeued."""
         deadline = clock.monotonic() + (self.config.timeout if timeout is None else timeout)
         self.quiet()
         self._wait_for_processors(deadline)
-        requeued = self._hard_shutdown()
+        requeued = self._hard_shutdown(grace)
         self.wakeup.stop()
         self.poller.join(1.0)
         self.heartbeat.stop()
@@ -215,7 +216,7 @@ class Capsule:
                     return
             threading.Event().wait(JOIN_POLL_SECONDS)
 
-    def _hard_shutdown(self) -> int:
+    def _hard_shutdown(self, grace: float) -> int:
         """Requeue the jobs still running, then interrupt only the threads running them.
         Idle threads are left to notice the stop when their fetch returns: one that
         fetches a job (even one just requeued) hands it back itself, whereas interrupting
@@ -228,9 +229,14 @@ class Capsule:
             log.warning("timeout reached: requeued %d unfinished jobs", len(running))
         for processor, _ in running:
             processor.kill()
-        grace = clock.monotonic() + max(KILL_GRACE_SECONDS, self.fetch.block_seconds + 1)
+        # Idle threads leave within one fetch; those interrupted need their job's next
+        # bytecode, which a job blocked in C code delays.
+        idle_until = clock.monotonic() + self.fetch.block_seconds + 1
+        killed_until = clock.monotonic() + grace
+        killed = {p for p, _ in running}
         for processor in remaining:
-            processor.join(max(0.0, grace - clock.monotonic()))
+            until = killed_until if processor in killed else idle_until
+            processor.join(max(0.0, until - clock.monotonic()))
         return len(running)
 
     def _retire(self) -> None:

@@ -1,49 +1,48 @@
 """Runs one capsule in the foreground of this process until a signal stops it.
 
 Signals as in Sidekiq: TERM and INT stop gracefully (quiet, wait up to the capsule's
-timeout, requeue what still runs); TSTP quiets; TTIN logs every thread's stack. Handlers
-only record the signal number; the main loop acts on it, so no lock is ever taken inside
-a signal handler.
+timeout, requeue what still runs); TSTP quiets; TTIN logs every thread's stack. USR1
+means the supervisor died: requeue everything now and exit, since nobody vouches for
+this process any more. Handlers only record the signal (see ``signals.py``).
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import signal
 import sys
 import threading
 import traceback
-from types import FrameType
 
 from limitd.supervisor.capsule import Capsule
+from limitd.supervisor.signals import ORPHANED, STOP, SignalQueue
 
 log = logging.getLogger("limitd.launcher")
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-HANDLED_SIGNALS = (*STOP_SIGNALS, signal.SIGTSTP, signal.SIGTTIN)
+HANDLED_SIGNALS = (*STOP, ORPHANED, signal.SIGTSTP, signal.SIGTTIN)
 
 
 class Launcher:
     def __init__(self, capsule: Capsule) -> None:
         self.capsule = capsule
-        self._signals: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self._signals = SignalQueue()
 
     def run(self) -> int:
         """Start the capsule and serve signals until told to stop. Returns the exit code."""
-        for handled in HANDLED_SIGNALS:
-            signal.signal(handled, self._record)
+        self._signals.install(HANDLED_SIGNALS)
         self.capsule.start()
         while True:
             signum = self._signals.get()
-            if signum in STOP_SIGNALS:
+            if signum in STOP:
                 log.info("received %s: stopping", signal.Signals(signum).name)
                 self.capsule.stop()
                 return 0
-            self._handle(signum)
-
-    def _record(self, signum: int, frame: FrameType | None) -> None:
-        self._signals.put(signum)  # SimpleQueue.put is safe to call from a handler
+            if signum == ORPHANED:
+                log.error("supervisor gone: requeueing running jobs and exiting")
+                self.capsule.stop(timeout=0, grace=0)
+                return 0
+            if signum is not None:
+                self._handle(signum)
 
     def _handle(self, signum: int) -> None:
         if signum == signal.SIGTSTP:

@@ -1,0 +1,210 @@
+"""The supervisor: forks one child process per capsule copy and keeps them alive.
+
+It imports nothing of the app itself (the CLI did, before forking, so children share the
+app's memory copy-on-write), and it never runs jobs. Its main loop:
+
+- vouches for every live child every heartbeat period: a child stalled by a job holding
+  the GIL, or stopped by SIGSTOP, still exists, so its heartbeat key stays and it is
+  never reaped;
+- notices a child that died (SIGCHLD), reaps that child's capsule at once (its jobs go
+  back to the front of their queues, its slots are freed) and starts a new child, with
+  exponential backoff for a child that keeps crashing;
+- relays TSTP and TTIN, and on TERM/INT stops the children gracefully within their
+  timeout plus a grace period, then kills and reaps any that remain.
+
+Children get SIGUSR1 from the kernel if the supervisor dies, and exit at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import redis as redis_py
+
+from limitd import clock
+from limitd.config import CapsuleConfig
+from limitd.supervisor import liveness
+from limitd.supervisor.signals import STOP, SignalQueue, block, die_with_parent
+
+log = logging.getLogger("limitd.supervisor")
+
+RELAYED = (signal.SIGTSTP, signal.SIGTTIN, signal.SIGHUP)
+HANDLED = (*STOP, *RELAYED, signal.SIGCHLD)
+STOP_GRACE_SECONDS = 5.0
+MAX_BACKOFF_SECONDS = 60.0
+STABLE_SECONDS = 30.0  # a child that lived this long resets its crash backoff
+EX_SOFTWARE = 70
+
+ChildMain = Callable[[CapsuleConfig], int]
+
+
+@dataclass
+class Child:
+    """One capsule copy: the config it runs, and its current process, if any."""
+
+    slot: str
+    config: CapsuleConfig
+    pid: int = 0
+    started: float = 0.0
+    crashes: int = 0
+    restart_at: float = 0.0
+
+
+class Supervisor:
+    def __init__(
+        self,
+        configs: Sequence[tuple[CapsuleConfig, int]],
+        redis: redis_py.Redis,
+        child_main: ChildMain,
+    ) -> None:
+        """``configs``: each capsule config with its number of processes. ``child_main``
+        runs in a forked child with that child's config and returns its exit code."""
+        self.redis = redis
+        self.child_main = child_main
+        self.children = [
+            Child(f"{config.name}#{copy}", config)
+            for config, processes in configs
+            for copy in range(processes)
+        ]
+        self.heartbeat_period = min(c.config.heartbeat_period for c in self.children)
+        self.stop_timeout = max(c.config.timeout for c in self.children)
+        self._signals = SignalQueue()
+        self._stopping = False
+
+    def run(self) -> int:
+        block(HANDLED)
+        self._signals.install(HANDLED)
+        for child in self.children:
+            self._start(child)
+        next_vouch = clock.monotonic()
+        while not self._stopping:
+            if clock.monotonic() >= next_vouch:
+                self._vouch()
+                next_vouch = clock.monotonic() + self.heartbeat_period
+            signum = self._signals.get(timeout=self._next_wait(next_vouch))
+            self._handle(signum)
+            self._collect_exited()
+            self._restart_due()
+        return self._stop_children()
+
+    def _handle(self, signum: int | None) -> None:
+        if signum in STOP:
+            log.info(
+                "received %s: stopping %d children", signal.Signals(signum).name, len(self.children)
+            )
+            self._stopping = True
+        elif signum in RELAYED:
+            self._signal_children(signum)
+
+    def _start(self, child: Child) -> None:
+        child.config = dataclasses.replace(child.config, capsule_id=uuid.uuid4().hex)
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:  # the child
+            code = EX_SOFTWARE
+            try:
+                die_with_parent()
+                if os.getppid() == parent:  # else the supervisor died before prctl
+                    code = self.child_main(child.config)
+            except BaseException:
+                log.exception("capsule %s crashed", child.slot)
+            finally:
+                os._exit(code)
+        child.pid, child.started = pid, clock.monotonic()
+        log.info("started capsule %s (pid %d, id %s)", child.slot, pid, child.config.capsule_id)
+        self._vouch()
+
+    def _vouch(self) -> None:
+        live = [c.config.capsule_id for c in self.children if c.pid]
+        try:
+            liveness.vouch(self.redis, live, self.heartbeat_period)
+        except redis_py.RedisError as exc:
+            log.warning("could not vouch for children: %s", exc)
+
+    def _collect_exited(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            child = next((c for c in self.children if c.pid == pid), None)
+            if child is not None:
+                self._exited(child, status)
+
+    def _exited(self, child: Child, status: int) -> None:
+        child.pid = 0
+        self._reap(child)
+        if self._stopping:
+            return
+        lived = clock.monotonic() - child.started
+        child.crashes = 0 if lived >= STABLE_SECONDS else child.crashes + 1
+        delay = min(MAX_BACKOFF_SECONDS, 0.5 * 2 ** max(0, child.crashes - 1))
+        level = logging.ERROR if child.crashes >= 3 else logging.WARNING
+        log.log(
+            level,
+            "capsule %s exited (%s) after %.1fs; restarting in %.1fs (%d quick crashes in a row)",
+            child.slot,
+            _describe(status),
+            lived,
+            delay,
+            child.crashes,
+        )
+        child.restart_at = clock.monotonic() + delay
+
+    def _reap(self, child: Child) -> None:
+        """The process is gone for sure: return its jobs now, not after its key expires."""
+        try:
+            moved = liveness.retire(self.redis, child.config.capsule_id)
+            if moved:
+                log.warning("requeued %d jobs of capsule %s", moved, child.slot)
+        except redis_py.RedisError as exc:
+            log.error("could not reap capsule %s (its heartbeat will expire): %s", child.slot, exc)
+
+    def _restart_due(self) -> None:
+        now = clock.monotonic()
+        for child in self.children:
+            if not child.pid and not self._stopping and child.restart_at <= now:
+                self._start(child)
+
+    def _next_wait(self, next_vouch: float) -> float:
+        wake_at = [next_vouch] + [c.restart_at for c in self.children if not c.pid]
+        return max(0.01, min(wake_at) - clock.monotonic())
+
+    def _signal_children(self, signum: int) -> None:
+        for child in self.children:
+            if child.pid:
+                with contextlib.suppress(ProcessLookupError):  # exited, not yet collected
+                    os.kill(child.pid, signum)
+
+    def _stop_children(self) -> int:
+        """TERM the children, wait for their own graceful stop, then KILL and reap."""
+        self._signal_children(signal.SIGTERM)
+        deadline = clock.monotonic() + self.stop_timeout + STOP_GRACE_SECONDS
+        while any(c.pid for c in self.children) and clock.monotonic() < deadline:
+            self._signals.get(timeout=0.05)  # SIGCHLD wakes this early
+            self._vouch()
+            self._collect_exited()
+        for child in self.children:
+            if child.pid:
+                log.error("capsule %s did not stop in time: killing it", child.slot)
+                os.kill(child.pid, signal.SIGKILL)
+                os.waitpid(child.pid, 0)
+                child.pid = 0
+                self._reap(child)
+        log.info("supervisor stopped")
+        return 0
+
+
+def _describe(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        return f"killed by {signal.Signals(os.WTERMSIG(status)).name}"
+    return f"exit code {os.waitstatus_to_exitcode(status)}"
