@@ -14,8 +14,9 @@ from importlib import resources
 from typing import Any, TypeVar, cast
 
 import redis
+from redis.client import Pipeline
 from redis.commands.core import Script
-from redis.exceptions import ReadOnlyError, ResponseError
+from redis.exceptions import NoScriptError, ReadOnlyError, ResponseError
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 URL_ENV_VARS = ("LIMITD_REDIS_URL", "REDIS_URL")
@@ -51,13 +52,21 @@ class LuaScript:
     """One atomic operation, kept in a ``.lua`` file beside the module that runs it."""
 
     def __init__(self, package: str, filename: str) -> None:
-        source = resources.files(package).joinpath(filename).read_bytes()
+        self.source = resources.files(package).joinpath(filename).read_bytes()
         self.name = filename
-        self._script = Script(None, source)  # type: ignore[arg-type]
+        self._script = Script(None, self.source)  # type: ignore[arg-type]
 
     def __call__(self, conn: Any, keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> Any:
-        """Run on ``conn`` (a client or a pipeline)."""
-        return self._script(keys=list(keys), args=list(args), client=conn)
+        """Run on ``conn`` (a client or a pipeline). A client calls EVALSHA directly:
+        scripts sit on the hot path of every job, and redis-py's generic wrapper costs
+        more than the call itself."""
+        if isinstance(conn, Pipeline):
+            return self._script(keys=list(keys), args=list(args), client=conn)
+        try:
+            return conn.evalsha(self._script.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            conn.script_load(self.source)
+            return conn.evalsha(self._script.sha, len(keys), *keys, *args)
 
 
 def set_members(conn: redis.Redis, key: str) -> list[str]:

@@ -241,7 +241,9 @@ def test_redis_restart_mid_run_loses_and_leaks_nothing(tmp_path) -> None:  # typ
     server.start()
     conn = server.client()
     limitd.set_default_client(limitd.Client(conn))
-    capsules = run_capsules(conn, config("a", limits={"limited": 3}, poll_range=(0.05, 0.1)))
+    capsules = run_capsules(
+        conn, config("a", limits={"limited": 3}, poll_range=(0.05, 0.1), heartbeat_period=0.5)
+    )
     try:
         short.perform_bulk([[i] for i in range(300)])
         wait_for(lambda: len(meter.done) >= 50, message="some progress")

@@ -275,3 +275,21 @@ def test_fetch_cost_does_not_depend_on_jobs_in_progress(redis: redis_py.Redis) -
     assert commands_for_one_fetch() == empty
     assert "cmdstat_lrange" not in empty
     assert "cmdstat_lpos" not in empty
+
+
+def test_jobs_fetched_but_never_received_are_recovered(redis: redis_py.Redis) -> None:
+    """A fetch whose reply was lost leaves a job in progress that no thread runs: it is
+    requeued once it has been unclaimed on two heartbeats, and a held job never is."""
+    jobs = push(redis, "q", 2)
+    fetch = fetcher(redis, ["q"])
+    held = fetch.try_retrieve()
+    lost = fetch.try_retrieve()  # pretend this reply never arrived
+    assert held is not None
+    assert lost is not None
+    assert fetch.recover_orphans([held]) == 0, "first sighting: maybe a fetch in flight"
+    assert fetch.recover_orphans([held]) == 1
+    assert redis.lrange(keys.queue("q"), 0, -1) == [jobs[1]]
+    assert queue_limits.busy(redis, "q") == 1
+    assert fetch.recover_orphans([held]) == 0
+    assert fetch.recover_orphans([held]) == 0
+    assert redis.lrange(keys.in_progress("c1", "q"), 0, -1) == [jobs[0]]

@@ -4,6 +4,7 @@ counter per process and in total, with the peak kept by an atomic script)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -53,8 +54,9 @@ def app_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def start(app_dir: Path, redis_server: RedisServer,
-          redis: redis_py.Redis) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+def start(
+    app_dir: Path, redis_server: RedisServer, redis: redis_py.Redis
+) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
     """Starts ``limitd start`` with extra flags; stops whatever is left at the end."""
     procs: list[subprocess.Popen[bytes]] = []
 
@@ -62,9 +64,27 @@ def start(app_dir: Path, redis_server: RedisServer,
         env = {**os.environ, "LIMITD_REDIS_URL": redis_server.url}
         log = (app_dir / f"limitd-{len(procs)}.log").open("w")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "limitd.cli", "start", "-r", "meter_app", "-q", "limited",
-             "-c", "10", "-t", "2", *flags], cwd=app_dir, env=env, stdout=log,
-            stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "limitd.cli",
+                "start",
+                "-r",
+                "meter_app",
+                "-q",
+                "limited",
+                "-c",
+                "10",
+                "-t",
+                "2",
+                *flags,
+            ],
+            cwd=app_dir,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         log.close()
         procs.append(proc)
         return proc
@@ -77,14 +97,35 @@ def start(app_dir: Path, redis_server: RedisServer,
 
 
 def children(proc: subprocess.Popen[bytes]) -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True,
-                         check=False)
+    out = subprocess.run(
+        ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True, check=False
+    )
     return [int(pid) for pid in out.stdout.split()]
 
 
 def wait_capsules(redis: redis_py.Redis, count: int) -> None:
-    wait_for(lambda: redis.scard(keys.CAPSULES) == count, timeout=15,
-             message=f"{count} capsules registered")
+    wait_for(
+        lambda: redis.scard(keys.CAPSULES) == count,
+        timeout=15,
+        message=f"{count} capsules registered",
+    )
+
+
+def beat_counter(redis: redis_py.Redis, other_than: int) -> Callable[[], int]:
+    """Counts the heartbeats of the capsule process that is not ``other_than``, seen as
+    changes of the ``beat`` time in its Sidekiq process record."""
+    identity = next(
+        i
+        for i in redis.smembers(keys.PROCESSES)
+        if json.loads(redis.hget(i, "info"))["pid"] != other_than
+    )
+    seen: set[bytes] = set()
+
+    def count() -> int:
+        seen.add(redis.hget(identity, "beat"))
+        return len(seen) - 1
+
+    return count
 
 
 def peaks(redis: redis_py.Redis) -> dict[str, int]:
@@ -99,14 +140,23 @@ def in_progress_total(redis: redis_py.Redis) -> int:
     return sum(int(redis.llen(k)) for k in redis.scan_iter("limitd:capsule:*:inprogress:*"))
 
 
-@pytest.mark.parametrize(("flags", "global_peak", "process_peak"), [
-    (["--limit", "limited=3"], 3, None),
-    (["--process-limit", "limited=2"], 4, 2),
-    (["--limit", "limited=3", "--process-limit", "limited=2"], 3, 2),
-])
+@pytest.mark.parametrize(
+    ("flags", "global_peak", "process_peak"),
+    [
+        # A thread that settles a job takes the next in the same call, so under a
+        # global limit one process may keep every slot while the backlog lasts.
+        (["--limit", "limited=3"], 3, None),
+        (["--process-limit", "limited=2"], 4, 2),
+        # 3 slots, 2 per process: both processes must run jobs, one may stay at 1.
+        (["--limit", "limited=3", "--process-limit", "limited=2"], 3, 2),
+    ],
+)
 def test_limits_hold_across_two_processes(
-    start: Callable[..., subprocess.Popen[bytes]], redis: redis_py.Redis,
-    flags: list[str], global_peak: int, process_peak: int | None,
+    start: Callable[..., subprocess.Popen[bytes]],
+    redis: redis_py.Redis,
+    flags: list[str],
+    global_peak: int,
+    process_peak: int | None,
 ) -> None:
     supervisor = start("-p", "2", *flags)
     wait_capsules(redis, 2)
@@ -115,20 +165,22 @@ def test_limits_hold_across_two_processes(
     wait_for(lambda: done(redis) == 2000, timeout=120, message="2000 jobs")
     found = peaks(redis)
     assert found.pop("m:peak") == global_peak
-    assert len(found) == 2, "both processes ran jobs"
     if process_peak is not None:
-        assert set(found.values()) == {process_peak}
+        assert max(found.values()) == process_peak
+        assert sum(found.values()) >= global_peak, "every process kept to its limit"
     assert queue_limits.busy(redis, "limited") == 0
     supervisor.send_signal(signal.SIGTERM)
     assert supervisor.wait(timeout=15) == 0
 
 
-def test_sigkill_of_a_child_loses_no_job(start: Callable[..., subprocess.Popen[bytes]],
-                                         redis: redis_py.Redis) -> None:
+def test_sigkill_of_a_child_loses_no_job(
+    start: Callable[..., subprocess.Popen[bytes]], redis: redis_py.Redis
+) -> None:
     supervisor = start("-p", "2", "--limit", "limited=6", "--heartbeat-period", "1")
     wait_capsules(redis, 2)
-    limitd.Client(redis).push_bulk({"class": "meter.Work", "queue": "limited"},
-                                   [[i, 0.02] for i in range(500)])
+    limitd.Client(redis).push_bulk(
+        {"class": "meter.Work", "queue": "limited"}, [[i, 0.02] for i in range(500)]
+    )
     wait_for(lambda: done(redis) >= 100, timeout=30, message="work in progress")
     victim = children(supervisor)[0]
     os.kill(victim, signal.SIGKILL)
@@ -148,16 +200,20 @@ def test_crash_of_a_whole_host_is_recovered_by_the_other(
     doomed = start("--limit", "limited=4", "--heartbeat-period", str(period))
     wait_capsules(redis, 1)
     doomed_id = redis.smembers(keys.CAPSULES).pop().decode()
-    limitd.Client(redis).push_bulk({"class": "meter.Work", "queue": "limited"},
-                                   [[i, 0.5] for i in range(40)])
+    limitd.Client(redis).push_bulk(
+        {"class": "meter.Work", "queue": "limited"}, [[i, 0.5] for i in range(40)]
+    )
     wait_for(lambda: queue_limits.busy(redis, "limited") == 4, message="slots held")
     os.killpg(doomed.pid, signal.SIGKILL)
     doomed.wait()
     start("--limit", "limited=4", "--heartbeat-period", str(period))
     # 4 periods for the key to expire, then at most one period to the next reaper run;
     # the extra 3 s absorb the survivor's start-up.
-    wait_for(lambda: not redis.sismember(keys.CAPSULES, doomed_id),
-             timeout=4 * period + period + 3, message="the dead capsule reaped")
+    wait_for(
+        lambda: not redis.sismember(keys.CAPSULES, doomed_id),
+        timeout=4 * period + period + 3,
+        message="the dead capsule reaped",
+    )
     wait_for(lambda: done(redis) == 40, timeout=60, message="every job, at least once")
     wait_for(lambda: queue_limits.busy(redis, "limited") == 0, message="slots freed")
 
@@ -168,16 +224,19 @@ def test_a_stopped_child_is_vouched_for_and_the_limit_holds(
     period = 0.5
     supervisor = start("-p", "2", "--limit", "limited=3", "--heartbeat-period", str(period))
     wait_capsules(redis, 2)
-    limitd.Client(redis).push_bulk({"class": "meter.Work", "queue": "limited"},
-                                   [[i, 0.05] for i in range(300)])
+    limitd.Client(redis).push_bulk(
+        {"class": "meter.Work", "queue": "limited"}, [[i, 0.05] for i in range(300)]
+    )
     wait_for(lambda: done(redis) >= 30, timeout=30, message="work in progress")
     frozen = children(supervisor)[0]
     os.kill(frozen, signal.SIGSTOP)
     try:
-        # Well past the 2 s a silent capsule would be reaped after.
-        target = done(redis) + 60
-        wait_for(lambda: done(redis) >= target, timeout=30, message="the other child works")
+        # The other child beats (and reaps) every period: six of its beats are well
+        # past the 4 periods after which a silent capsule is reaped.
+        beats = beat_counter(redis, other_than=frozen)
+        wait_for(lambda: beats() >= 6, timeout=30, message="six beats of the other child")
         assert redis.scard(keys.CAPSULES) == 2, "the stopped child was not reaped"
+        assert queue_limits.busy(redis, "limited") <= 3
     finally:
         os.kill(frozen, signal.SIGCONT)
     wait_for(lambda: done(redis) == 300, timeout=60, message="every job")
@@ -192,15 +251,19 @@ def test_children_do_not_outlive_a_killed_supervisor(
     supervisor = start("-p", "2")
     wait_capsules(redis, 2)
     pids = children(supervisor)
-    limitd.Client(redis).push_bulk({"class": "meter.Work", "queue": "limited"},
-                                   [[i, 5] for i in range(4)])
+    limitd.Client(redis).push_bulk(
+        {"class": "meter.Work", "queue": "limited"}, [[i, 5] for i in range(4)]
+    )
     wait_for(lambda: queue_limits.busy(redis, "limited") == 4, message="jobs running")
     os.kill(supervisor.pid, signal.SIGKILL)
     supervisor.wait()
 
     def gone() -> bool:
-        return not any(os.path.exists(f"/proc/{pid}") and
-                       Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z" for pid in pids)
+        return not any(
+            os.path.exists(f"/proc/{pid}")
+            and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+            for pid in pids
+        )
 
     wait_for(gone, timeout=2, message="children to exit")
     assert redis.llen(keys.queue("limited")) == 4, "their jobs were requeued"

@@ -1,7 +1,9 @@
 """Taking jobs out of Redis: queue ordering and the fetch strategies.
 
-A fetch hands the processor a :class:`UnitOfWork` and later hears back through it
-(``acknowledge`` or ``requeue``): the processor never builds a Redis key.
+A fetch hands the processor a :class:`UnitOfWork` and later hears back about it: the
+processor gives the finished unit to its next ``retrieve_work`` call (which settles it in
+the same round trip), or calls the unit's ``acknowledge`` / ``requeue``. The processor
+never builds a Redis key.
 """
 
 from __future__ import annotations
@@ -22,9 +24,14 @@ class Fetch(Protocol):
         """The longest ``retrieve_work`` waits before returning None."""
         ...
 
-    def retrieve_work(self) -> UnitOfWork | None: ...
+    def retrieve_work(self, done: UnitOfWork | None = None) -> UnitOfWork | None:
+        """Acknowledge ``done`` (the unit the caller finished) and take the next job,
+        waiting at most ``block_seconds``."""
+        ...
 
-    def try_retrieve(self) -> UnitOfWork | None: ...
+    def try_retrieve(self, done: UnitOfWork | None = None) -> UnitOfWork | None:
+        """Acknowledge ``done`` and take a job if one is available now."""
+        ...
 
     def bulk_requeue(self, units: Iterable[UnitOfWork]) -> None: ...
 

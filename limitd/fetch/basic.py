@@ -48,8 +48,9 @@ class BasicFetch:
         self.order = order
         self.block_seconds = block_seconds
 
-    def retrieve_work(self) -> UnitOfWork | None:
-        """Wait up to ``block_seconds`` for a job from the first non-empty queue."""
+    def retrieve_work(self, done: UnitOfWork | None = None) -> UnitOfWork | None:
+        """Wait up to ``block_seconds`` for a job from the first non-empty queue.
+        ``done`` needs no settling: BRPOP removed it already."""
         queue_keys = [keys.queue(name) for name in self.order.next_order()]
         found = retry_on_failover(
             self.redis, lambda: self.redis.brpop(queue_keys, timeout=self.block_seconds)
@@ -59,7 +60,7 @@ class BasicFetch:
         key, job = cast("tuple[bytes, bytes]", found)
         return UnitOfWork(keys.queue_name(key.decode()), job, self)
 
-    def try_retrieve(self) -> UnitOfWork | None:
+    def try_retrieve(self, done: UnitOfWork | None = None) -> UnitOfWork | None:
         """Take a job without waiting, or None if every queue is empty (drain mode)."""
         for name in self.order.next_order():
             job = cast("bytes | None", self.redis.rpop(keys.queue(name)))

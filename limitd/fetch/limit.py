@@ -1,10 +1,10 @@
 """Limit fetch: the default fetch, aware of queue limits and reliable.
 
-One Lua call (``limit_fetch.lua``) picks the first eligible queue in this fetch's order,
-moves one job into this capsule's in-progress list and counts the busy slot. The job
-stays in Redis until :meth:`LimitUnitOfWork.acknowledge` (or ``requeue``) removes it in
-another single call (``limit_release.lua``), so a capsule killed with SIGKILL loses
-nothing: the reaper returns its in-progress jobs to their queues.
+One Lua call (``limit_fetch.lua``) settles the job the calling thread just finished and
+takes the next one: it picks the first eligible queue in this fetch's order, moves one
+job into this capsule's in-progress list and counts the busy slot. The job stays in
+Redis until it is settled (acknowledged or requeued), so a capsule killed with SIGKILL
+loses nothing: the reaper returns its in-progress jobs to their queues.
 
 A queue is skipped when it is paused, when this capsule runs ``process_limit`` jobs of
 it, or when all capsules together run ``limit``. A *blocking* queue that has jobs but is
@@ -13,10 +13,12 @@ at its limit stops the fetch there: queues after it wait too.
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import redis as redis_py
 
@@ -26,9 +28,11 @@ from limitd.fetch.order import QueueOrder
 from limitd.fetch.wakeup import IdleGate
 from limitd.redis import LuaScript, set_members
 
+log = logging.getLogger("limitd.fetch")
+
 LIMIT_FETCH = LuaScript(__package__ or "limitd.fetch", "limit_fetch.lua")
-LIMIT_RELEASE = LuaScript(__package__ or "limitd.fetch", "limit_release.lua")
 DYNAMIC_REFRESH_SECONDS = 5.0
+ACK, REQUEUE = b"ack", b"requeue"
 
 
 @dataclass
@@ -36,8 +40,8 @@ class LimitUnitOfWork(UnitOfWork):
     fetch: LimitFetch  # type: ignore[assignment]
 
     def acknowledge(self) -> None:
-        """Remove the job from the in-progress list and free its slot. A capsule that
-        was reaped meanwhile frees nothing: the job is no longer its own."""
+        """Remove the job from the in-progress list and free its slot now. (Processors
+        instead hand the finished unit to their next fetch: same effect, one call.)"""
         self.fetch.release(self, requeue=False)
 
     def requeue(self) -> None:
@@ -63,7 +67,7 @@ class LimitFetch:
         self.gate = gate or IdleGate()
         self.blocking = frozenset(blocking)
         self.dynamic = dynamic
-        self._fixed_keys = [
+        fixed = [
             keys.LIMITS,
             keys.PROCESS_LIMITS,
             keys.PAUSED,
@@ -71,37 +75,35 @@ class LimitFetch:
             keys.capsule_queues(capsule_id),
             keys.CAPSULES,
         ]
-        self._queue_keys: dict[str, tuple[str, str]] = {}
+        self._fixed_keys = [key.encode() for key in fixed]
+        self._id = capsule_id.encode()
+        self._channel = keys.WAKE_CHANNEL.encode()
+        self._per_queue: dict[str, tuple[bytes, bytes, bytes, bytes]] = {}
         self._extra_queues: list[str] = []
         self._extra_refreshed = float("-inf")
         self._lock = threading.Lock()
+        self._suspects: Counter[tuple[str, bytes]] = Counter()
 
     @property
     def block_seconds(self) -> float:
         return self.gate.poll_range[1]
 
-    def retrieve_work(self) -> LimitUnitOfWork | None:
-        """Take a job, or wait on the idle gate once and try again."""
-        unit = self.try_retrieve()
+    def retrieve_work(self, done: UnitOfWork | None = None) -> LimitUnitOfWork | None:
+        """Settle ``done`` and take a job; if there is none, wait on the idle gate until
+        there may be one (the caller then asks again)."""
+        unit = self.try_retrieve(done)
         if unit is None:
             self.gate.wait()
-            unit = self.try_retrieve()
-        if unit is not None:
+        else:
             self.gate.wake_one_more()
         return unit
 
-    def try_retrieve(self) -> LimitUnitOfWork | None:
-        """One atomic fetch attempt over this fetch's queue order, without waiting."""
-        names = self.queue_names()
-        queue_keys: list[str] = list(self._fixed_keys)
-        args: list[str] = [self.capsule_id]
-        for name in names:
-            queue_keys.extend(self._keys_for(name))
-            args += [name, "1" if name in self.blocking else "0"]
-        found = cast("list[bytes] | None", LIMIT_FETCH(self.redis, queue_keys, args))
-        if not found:
+    def try_retrieve(self, done: UnitOfWork | None = None) -> LimitUnitOfWork | None:
+        """Settle ``done`` and make one fetch attempt, without waiting."""
+        found = self._call(done, ACK, self.queue_names())
+        if len(found) < 3:
             return None
-        return LimitUnitOfWork(found[0].decode(), found[1], self)
+        return LimitUnitOfWork(found[1].decode(), found[2], self)
 
     def queue_names(self) -> list[str]:
         """This fetch's order; with ``dynamic``, queues known to Redis but not configured
@@ -116,8 +118,9 @@ class LimitFetch:
         return not queue or self.dynamic or queue in self.order.weights
 
     def release(self, unit: UnitOfWork, *, requeue: bool) -> bool:
-        """Ack or requeue one unit; False when it was no longer this capsule's."""
-        return bool(self._release(self.redis, unit, requeue))
+        """Acknowledge or requeue one unit now; False when it was no longer this
+        capsule's (it was reaped and requeued already)."""
+        return bool(self._call(unit, REQUEUE if requeue else ACK, [])[0])
 
     def bulk_requeue(self, units: Iterable[UnitOfWork]) -> None:
         """Requeue several units in one round trip (hard shutdown)."""
@@ -126,22 +129,67 @@ class LimitFetch:
             return
         pipe = self.redis.pipeline(transaction=False)
         for unit in batch:
-            self._release(pipe, unit, True)
+            self._call(unit, REQUEUE, [], conn=pipe)
         pipe.execute()
 
-    def _release(self, conn: object, unit: UnitOfWork, requeue: bool) -> object:
-        queue_key, in_progress = self._keys_for(unit.queue)
-        return LIMIT_RELEASE(
-            conn,
-            [in_progress, keys.BUSY, keys.LIMITS, queue_key],
-            [unit.job, unit.queue, "requeue" if requeue else "ack", keys.WAKE_CHANNEL],
-        )
+    def recover_orphans(self, held: Iterable[UnitOfWork]) -> int:
+        """Requeue in-progress entries that no thread of this capsule holds, once they
+        have been unclaimed on two consecutive calls (heartbeats).
 
-    def _keys_for(self, name: str) -> tuple[str, str]:
-        cached = self._queue_keys.get(name)
+        An entry is orphaned when Redis ran a fetch whose reply never arrived (the
+        connection broke, Redis restarted): the job is counted busy but nobody runs it.
+        A fetch in flight is claimed within milliseconds, so waiting one heartbeat tells
+        the two apart. Returns how many jobs were requeued."""
+        claimed = Counter((unit.queue, unit.job) for unit in held)
+        unclaimed: Counter[tuple[str, bytes]] = Counter()
+        for name in set_members(self.redis, keys.capsule_queues(self.capsule_id)):
+            entries = cast("list[bytes]", self.redis.lrange(self._queue(name)[1], 0, -1))
+            unclaimed.update((name, job) for job in entries)
+        unclaimed -= claimed
+        orphans = unclaimed & self._suspects
+        self._suspects = unclaimed - orphans
+        requeued = sum(
+            self.release(LimitUnitOfWork(name, job, self), requeue=True)
+            for (name, job), count in orphans.items()
+            for _ in range(count)
+        )
+        if requeued:
+            log.warning("requeued %d jobs this capsule held in Redis but no thread ran", requeued)
+        return requeued
+
+    def refresh_dynamic(self) -> None:
+        """Forget the cached queue list (a wake-up named a queue we do not know yet)."""
+        with self._lock:
+            self._extra_refreshed = float("-inf")
+
+    def _call(
+        self, settle: UnitOfWork | None, mode: bytes, names: list[str], conn: Any = None
+    ) -> list[Any]:
+        script_keys = list(self._fixed_keys)
+        args = [self._id, b"", b"", mode, self._channel]
+        if settle is None:
+            script_keys += self._fixed_keys[4:6]  # unused placeholders
+        else:
+            queue_key, in_progress_key, name, _ = self._queue(settle.queue)
+            script_keys += [in_progress_key, queue_key]
+            args[1:3] = [settle.job, name]
+        for queue_name in names:
+            queue_key, in_progress_key, name, blocking = self._queue(queue_name)
+            script_keys += [queue_key, in_progress_key]
+            args += [name, blocking]
+        return cast("list[Any]", LIMIT_FETCH(conn or self.redis, script_keys, args))
+
+    def _queue(self, name: str) -> tuple[bytes, bytes, bytes, bytes]:
+        """Encoded once: keys and arguments are rebuilt for every fetch."""
+        cached = self._per_queue.get(name)
         if cached is None:
-            cached = (keys.queue(name), keys.in_progress(self.capsule_id, name))
-            self._queue_keys[name] = cached
+            cached = (
+                keys.queue(name).encode(),
+                keys.in_progress(self.capsule_id, name).encode(),
+                name.encode(),
+                b"1" if name in self.blocking else b"0",
+            )
+            self._per_queue[name] = cached
         return cached
 
     def _dynamic_queues(self) -> list[str]:
@@ -153,8 +201,3 @@ class LimitFetch:
                 self._extra_queues = [name for name in names if name not in known]
                 self._extra_refreshed = now
             return list(self._extra_queues)
-
-    def refresh_dynamic(self) -> None:
-        """Forget the cached queue list (a wake-up named a queue we do not know yet)."""
-        with self._lock:
-            self._extra_refreshed = float("-inf")

@@ -9,7 +9,8 @@ the queues are empty: deterministic, for tests and one-off scripts).
 
 Every heartbeat writes the Sidekiq process record, marks the capsule alive, re-applies
 configured limits where Redis has none (after a flush, say), reaps capsules that stopped
-beating, and flushes the job counters.
+beating, requeues jobs this capsule holds in Redis but no thread runs (a fetch whose reply
+was lost), and flushes the job counters.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import redis as redis_py
 
 from limitd import __version__, clock
 from limitd.config import CapsuleConfig
-from limitd.fetch.basic import BasicFetch
+from limitd.fetch.basic import BasicFetch, UnitOfWork
 from limitd.fetch.limit import LimitFetch
 from limitd.fetch.order import QueueOrder
 from limitd.fetch.wakeup import IdleGate, WakeupListener
@@ -109,10 +110,11 @@ class Capsule:
     def beat(self) -> None:
         """One heartbeat: see the module docstring."""
         self.record.write(self.redis)
-        if self.limited:
+        if isinstance(self.fetch, LimitFetch):
             liveness.vouch(self.redis, [self.id], self.config.heartbeat_period)
             self.config.limit_settings.apply_defaults(self.redis)
             liveness.reap_dead(self.redis)
+            self.fetch.recover_orphans(self._held())
         self.stats.flush(self.redis)
 
     def quiet(self) -> None:
@@ -147,13 +149,15 @@ class Capsule:
         only jobs its limits forbid); with ``scheduled``, also move due scheduled and
         retry jobs first and after each job. Returns the count of each outcome."""
         outcomes: Counter[str] = Counter()
+        finished = None
         while True:
             if scheduled:
                 self.poller.enqueue_due()
-            unit = self.fetch.try_retrieve()
+            unit = self.fetch.try_retrieve(finished)  # also settles the finished one
             if unit is None:
                 break
             outcomes[self.executor.execute(unit)] += 1
+            finished = unit
         self.stats.flush(self.redis)
         return outcomes
 
@@ -173,6 +177,11 @@ class Capsule:
             for p in processors
             if (unit := p.current) is not None
         ]
+
+    def _held(self) -> list[UnitOfWork]:
+        with self._lock:
+            processors = list(self._processors)
+        return [unit for processor in processors for unit in processor.held()]
 
     def _build_fetch(self) -> LimitFetch | BasicFetch:
         if self.config.fetch == "basic":

@@ -1,9 +1,9 @@
 """Runs one fetched job: parse -> resolve -> server middleware -> perform -> outcome.
 
 This is where every job's fate is decided and logged, once: ``done``, ``retry``,
-``dead`` or ``discarded``. The unit of work is acknowledged only after the outcome has
-been recorded in Redis, so a fetch that keeps jobs until acknowledged never loses one
-whose retry could not be written.
+``dead`` or ``discarded``. The caller acknowledges the unit of work only after
+``execute`` returned, that is after the outcome was recorded in Redis, so a fetch that
+keeps jobs until acknowledged never loses one whose retry could not be written.
 """
 
 from __future__ import annotations
@@ -62,7 +62,6 @@ class JobExecutor:
         else:
             outcome = self._run(payload, unit.queue)
             _log_outcome(payload, unit.queue, outcome, clock.monotonic() - started)
-        unit.acknowledge()
         self.stats.record(failed=outcome != "done")
         return outcome
 

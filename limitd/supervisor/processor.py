@@ -37,6 +37,7 @@ class Processor:
         self.executor = executor
         self.on_exit = on_exit
         self.current: UnitOfWork | None = None
+        self._finished: UnitOfWork | None = None  # executed, settled by the next fetch
         self.current_since = 0.0
         self._done = threading.Event()
         self._thread = threading.Thread(
@@ -78,16 +79,18 @@ class Processor:
         except BaseException:
             log.critical("processor %d died", self.index, exc_info=True)
         finally:
+            self._settle_finished()
             self.current = None
             self.on_exit(self)
 
     def _process_one(self) -> None:
         try:
-            unit = self.fetch.retrieve_work()
+            unit = self.fetch.retrieve_work(self._finished)
         except redis_py.RedisError as exc:
             log.warning("fetch failed, retrying in %.0fs: %s", FETCH_ERROR_PAUSE, exc)
             self._done.wait(FETCH_ERROR_PAUSE)
             return
+        self._finished = None
         if unit is None:
             return
         if self._done.is_set():
@@ -97,6 +100,7 @@ class Processor:
         self.current = unit
         try:
             self.executor.execute(unit)
+            self._finished = unit
         except Shutdown:
             raise
         except Exception:
@@ -111,6 +115,22 @@ class Processor:
             raise  # the thread ends; the capsule starts a replacement
         finally:
             self.current = None
+
+    def held(self) -> list[UnitOfWork]:
+        """The units this thread holds in Redis: running, or finished but not settled."""
+        return [unit for unit in (self.current, self._finished) if unit is not None]
+
+    def _settle_finished(self) -> None:
+        """On the way out: acknowledge the last job, which no next fetch will settle. If
+        Redis is unreachable the job stays in progress and is requeued when this capsule
+        is reaped: it may run twice, it is not lost."""
+        unit, self._finished = self._finished, None
+        if unit is None:
+            return
+        try:
+            unit.acknowledge()
+        except redis_py.RedisError as exc:
+            log.error("could not acknowledge a finished job of queue %s: %s", unit.queue, exc)
 
     def _give_back(self, unit: UnitOfWork) -> None:
         """Requeue after an internal error, waiting out a Redis outage: running a job
