@@ -13,13 +13,11 @@ import argparse
 import logging
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import redis as redis_py
+from _common import command_calls, redis_for_bench, timed_drain
 
 import limitd
-from limitd.embedded import RedisServer
 from limitd.supervisor import Capsule, CapsuleConfig
 
 done = threading.Semaphore(0)
@@ -28,27 +26,6 @@ done = threading.Semaphore(0)
 @limitd.job(name="bench.Noop", queue="bench")
 def noop(n: int) -> None:
     done.release()
-
-
-def command_calls(conn: redis_py.Redis) -> int:
-    stats = conn.info("commandstats")
-    return sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
-
-
-@contextmanager
-def redis_for_bench(url: str | None) -> Iterator[redis_py.Redis]:
-    server = None
-    if url is None:
-        server = RedisServer()
-        server.start()
-        url = server.url
-    conn = redis_py.Redis.from_url(url)
-    try:
-        yield conn
-    finally:
-        conn.close()
-        if server:
-            server.stop()
 
 
 def measure(conn: redis_py.Redis, jobs: int, threads: int) -> dict[str, float]:
@@ -61,13 +38,7 @@ def measure(conn: redis_py.Redis, jobs: int, threads: int) -> dict[str, float]:
     enqueue_calls = command_calls(conn) - calls
 
     capsule = Capsule(CapsuleConfig(queues=["bench"], concurrency=threads), redis=conn)
-    calls = command_calls(conn)
-    started = time.perf_counter()
-    capsule.start()
-    for _ in range(jobs):
-        done.acquire()
-    drain_s = time.perf_counter() - started
-    drain_calls = command_calls(conn) - calls
+    drain_s, drain_calls = timed_drain(conn, capsule, done, jobs)
     capsule.stop(timeout=5)
     return {
         "enqueue_rate": jobs / enqueue_s,
