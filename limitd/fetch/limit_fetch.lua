@@ -71,7 +71,9 @@ end
 for i = 1, (#ARGV - 5) / 2 do
   local name, blocking = ARGV[4 + 2 * i], ARGV[5 + 2 * i] == '1'
   local queue_key, in_progress_key = KEYS[7 + 2 * i], KEYS[8 + 2 * i]
-  if redis.call('SISMEMBER', paused, name) == 0 then
+  -- An empty queue is skipped before its limits are read: an idle poll costs one LLEN
+  -- (and one SISMEMBER) per queue.
+  if redis.call('LLEN', queue_key) > 0 and redis.call('SISMEMBER', paused, name) == 0 then
     if not at_limit(name, in_progress_key) then
       -- The oldest job (right end) moves to the left of the in-progress list.
       local job = redis.call('LMOVE', queue_key, in_progress_key, 'RIGHT', 'LEFT')
@@ -81,7 +83,7 @@ for i = 1, (#ARGV - 5) / 2 do
         redis.call('SADD', capsules, capsule_id)
         return {settled, name, job}
       end
-    elseif blocking and redis.call('LLEN', queue_key) > 0 then
+    elseif blocking then
       -- A blocking queue with work waiting for a slot: lower queues must not jump ahead.
       return {settled}
     end
