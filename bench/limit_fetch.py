@@ -14,6 +14,8 @@
 3. Idle load: Redis commands per second the same capsule sends while it has no work
    (its idle poll, the heartbeat every 15 s and the scheduled poller), with the busiest
    commands.
+4. Many queues: microseconds per fetch-and-settle call, one thread, when the capsule
+   lists 1 queue and when it lists 200 limited queues with the work in the last one.
 
 Without --redis it starts a private redis-server, so nothing else shares the server and
 the command counts are the capsule's alone.
@@ -36,6 +38,8 @@ from _common import command_counts, redis_for_bench, timed_drain
 
 import limitd
 from limitd import keys
+from limitd.fetch import LimitFetch, QueueOrder
+from limitd.fetch import limits as queue_limits
 from limitd.supervisor import Capsule, CapsuleConfig
 
 QUEUE = "bench_limit"
@@ -162,6 +166,23 @@ def run_idle_capsule(
         capsule.stop(timeout=STOP_TIMEOUT)
 
 
+def fetch_cost(conn: redis_py.Redis, queue_count: int, fetches: int = 2000) -> float:
+    """Microseconds per fetch (settling the previous job in the same call) when only the
+    last of ``queue_count`` limited queues has jobs: the fetch's worst case."""
+    names = [f"bench_many_{i:03d}" for i in range(queue_count)]
+    for name in names:
+        queue_limits.set_limit(conn, name, UNBINDING_LIMIT)
+    conn.lpush(keys.queue(names[-1]), *[b'{"class":"X","args":[]}'] * fetches)
+    fetch = LimitFetch(conn, QueueOrder(names), "bench-many")
+    started = time.perf_counter()
+    unit = None
+    for _ in range(fetches):
+        unit = fetch.try_retrieve(unit)
+    elapsed = time.perf_counter() - started
+    fetch.try_retrieve(unit)
+    return elapsed / fetches * 1e6
+
+
 def drain_row(fetch: str, rounds: list[DrainRound]) -> str:
     rates = [r.rate for r in rounds]
     spread = f"{statistics.median(rates):,.0f} ({min(rates):,.0f}-{max(rates):,.0f})"
@@ -178,6 +199,7 @@ def report(
     latencies: list[float],
     idle: Counter[str],
     idle_seconds: float,
+    costs: tuple[float, float],
 ) -> None:
     print(f"{'fetch':<7} {'drain jobs/s (median, min-max)':<32} {'redis cmds/job':>14}")
     for fetch in FETCHES:
@@ -199,6 +221,11 @@ def report(
     print("  the heartbeat adds a few commands every 15 s, the scheduled poller every 2.5-7.5 s")
     busiest = ", ".join(f"{name} {n / idle_seconds:.1f}/s" for name, n in idle.most_common(8))
     print(f"  by command: {busiest}")
+    one, many = costs
+    print(
+        f"fetch cost, job in the last queue: {one:.0f} us with 1 queue, {many:.0f} us with "
+        f"200 limited queues"
+    )
 
 
 def parse_args() -> argparse.Namespace:
@@ -224,7 +251,8 @@ def main() -> None:
         limitd.set_default_client(limitd.Client(conn))
         results = drain_rounds(conn, args.jobs, args.threads, args.rounds)
         latencies, idle = run_idle_capsule(conn, args.threads, args.pushes, args.idle_seconds)
-    report(results, latencies, idle, args.idle_seconds)
+        costs = (fetch_cost(conn, 1), fetch_cost(conn, 200))
+    report(results, latencies, idle, args.idle_seconds, costs)
 
 
 if __name__ == "__main__":

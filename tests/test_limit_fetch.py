@@ -293,3 +293,19 @@ def test_jobs_fetched_but_never_received_are_recovered(redis: redis_py.Redis) ->
     assert fetch.recover_orphans([held]) == 0
     assert fetch.recover_orphans([held]) == 0
     assert redis.lrange(keys.in_progress("c1", "q"), 0, -1) == [jobs[0]]
+
+
+def test_two_hundred_queues_in_one_fetch(redis: redis_py.Redis) -> None:
+    """Only the last of 200 queues has work, and the first 100 have limits: one call
+    still finds it, and in strict order an earlier queue wins as soon as it has a job."""
+    names = [f"q{i:03d}" for i in range(200)]
+    for name in names[:100]:
+        queue_limits.set_limit(redis, name, 5)
+    push(redis, "q199", 1)
+    fetch = fetcher(redis, names)
+    unit = fetch.try_retrieve()
+    assert unit is not None
+    assert unit.queue == "q199"
+    push(redis, "q150", 1)
+    push(redis, "q199", 1)
+    assert [u.queue for u in take_all(fetch)] == ["q150", "q199"]
