@@ -90,46 +90,42 @@ def stop_all(capsules: list[Capsule]) -> None:
         capsule.stop(timeout=5)
 
 
+def run_short_jobs(redis: redis_py.Redis, count: int, *configs: CapsuleConfig) -> None:
+    """Run ``count`` short jobs to the end on capsules with these configs."""
+    capsules = run_capsules(redis, *configs)
+    try:
+        short.perform_bulk([[i] for i in range(count)])
+        wait_for(lambda: len(meter.done) == count, timeout=60, message=f"{count} jobs")
+    finally:
+        stop_all(capsules)
+
+
 def config(name: str, **options: object) -> CapsuleConfig:
     return CapsuleConfig(name=name, queues=["limited", "other"], concurrency=10, **options)  # type: ignore[arg-type]
 
 
 def test_global_limit_is_reached_and_never_exceeded(redis: redis_py.Redis) -> None:
-    capsules = run_capsules(
-        redis, config("a", limits={"limited": 3}), config("b", limits={"limited": 3})
+    run_short_jobs(
+        redis, 400, config("a", limits={"limited": 3}), config("b", limits={"limited": 3})
     )
-    try:
-        short.perform_bulk([[i] for i in range(400)])
-        wait_for(lambda: len(meter.done) == 400, timeout=60, message="400 jobs")
-    finally:
-        stop_all(capsules)
     assert meter.peak == 3
     assert queue_limits.busy(redis, "limited") == 0
 
 
 def test_process_limit_holds_in_each_capsule(redis: redis_py.Redis) -> None:
-    capsules = run_capsules(
+    run_short_jobs(
         redis,
+        400,
         config("a", process_limits={"limited": 2}),
         config("b", process_limits={"limited": 2}),
     )
-    try:
-        short.perform_bulk([[i] for i in range(400)])
-        wait_for(lambda: len(meter.done) == 400, timeout=60, message="400 jobs")
-    finally:
-        stop_all(capsules)
     assert meter.peak_per_capsule == {"a": 2, "b": 2}
     assert meter.peak == 4
 
 
 def test_both_limits_hold_together(redis: redis_py.Redis) -> None:
     both = {"limits": {"limited": 3}, "process_limits": {"limited": 2}}
-    capsules = run_capsules(redis, config("a", **both), config("b", **both))
-    try:
-        short.perform_bulk([[i] for i in range(400)])
-        wait_for(lambda: len(meter.done) == 400, timeout=60, message="400 jobs")
-    finally:
-        stop_all(capsules)
+    run_short_jobs(redis, 400, config("a", **both), config("b", **both))
     assert meter.peak == 3
     assert max(meter.peak_per_capsule.values()) == 2
 

@@ -128,6 +128,13 @@ def beat_counter(redis: redis_py.Redis, other_than: int) -> Callable[[], int]:
     return count
 
 
+def push_work(redis: redis_py.Redis, count: int, hold: float = 0.002) -> None:
+    """``count`` jobs that each run ``hold`` seconds, pushed by the name the app defines."""
+    limitd.Client(redis).push_bulk(
+        {"class": "meter.Work", "queue": "limited"}, [[i, hold] for i in range(count)]
+    )
+
+
 def peaks(redis: redis_py.Redis) -> dict[str, int]:
     return {k.decode(): int(redis.get(k)) for k in redis.scan_iter("m:peak*")}
 
@@ -160,8 +167,7 @@ def test_limits_hold_across_two_processes(
 ) -> None:
     supervisor = start("-p", "2", *flags)
     wait_capsules(redis, 2)
-    client = limitd.Client(redis)
-    client.push_bulk({"class": "meter.Work", "queue": "limited"}, [[i] for i in range(2000)])
+    push_work(redis, 2000)
     wait_for(lambda: done(redis) == 2000, timeout=120, message="2000 jobs")
     found = peaks(redis)
     assert found.pop("m:peak") == global_peak
@@ -178,9 +184,7 @@ def test_sigkill_of_a_child_loses_no_job(
 ) -> None:
     supervisor = start("-p", "2", "--limit", "limited=6", "--heartbeat-period", "1")
     wait_capsules(redis, 2)
-    limitd.Client(redis).push_bulk(
-        {"class": "meter.Work", "queue": "limited"}, [[i, 0.02] for i in range(500)]
-    )
+    push_work(redis, 500, hold=0.02)
     wait_for(lambda: done(redis) >= 100, timeout=30, message="work in progress")
     victim = children(supervisor)[0]
     os.kill(victim, signal.SIGKILL)
@@ -200,9 +204,7 @@ def test_crash_of_a_whole_host_is_recovered_by_the_other(
     doomed = start("--limit", "limited=4", "--heartbeat-period", str(period))
     wait_capsules(redis, 1)
     doomed_id = redis.smembers(keys.CAPSULES).pop().decode()
-    limitd.Client(redis).push_bulk(
-        {"class": "meter.Work", "queue": "limited"}, [[i, 0.5] for i in range(40)]
-    )
+    push_work(redis, 40, hold=0.5)
     wait_for(lambda: queue_limits.busy(redis, "limited") == 4, message="slots held")
     os.killpg(doomed.pid, signal.SIGKILL)
     doomed.wait()
@@ -224,9 +226,7 @@ def test_a_stopped_child_is_vouched_for_and_the_limit_holds(
     period = 0.5
     supervisor = start("-p", "2", "--limit", "limited=3", "--heartbeat-period", str(period))
     wait_capsules(redis, 2)
-    limitd.Client(redis).push_bulk(
-        {"class": "meter.Work", "queue": "limited"}, [[i, 0.05] for i in range(300)]
-    )
+    push_work(redis, 300, hold=0.05)
     wait_for(lambda: done(redis) >= 30, timeout=30, message="work in progress")
     frozen = children(supervisor)[0]
     os.kill(frozen, signal.SIGSTOP)
@@ -251,9 +251,7 @@ def test_children_do_not_outlive_a_killed_supervisor(
     supervisor = start("-p", "2")
     wait_capsules(redis, 2)
     pids = children(supervisor)
-    limitd.Client(redis).push_bulk(
-        {"class": "meter.Work", "queue": "limited"}, [[i, 5] for i in range(4)]
-    )
+    push_work(redis, 4, hold=5)
     wait_for(lambda: queue_limits.busy(redis, "limited") == 4, message="jobs running")
     os.kill(supervisor.pid, signal.SIGKILL)
     supervisor.wait()
