@@ -82,3 +82,54 @@ class CapsuleConfig:
     @property
     def limit_settings(self) -> LimitSettings:
         return LimitSettings(dict(self.limits), dict(self.process_limits))
+
+
+@dataclass(frozen=True)
+class RedisSettings:
+    """Where Redis is. ``url`` None means: ``LIMITD_REDIS_URL`` / ``REDIS_URL`` if set,
+    else the embedded redis-server that ``limitd start`` runs beside the config."""
+
+    url: str | None = None
+    pool_size: int | None = None
+    socket_timeout: float = 10.0
+    connect_timeout: float = 5.0
+
+
+@dataclass(frozen=True)
+class LoggingSettings:
+    level: str = "INFO"
+    file: str | None = None  # None: standard error; reopened on SIGHUP
+
+
+@dataclass
+class CapsuleSpec:
+    """A capsule as the supervisor runs it: its settings, how many processes run it,
+    and the memory above which a process is recycled."""
+
+    config: CapsuleConfig
+    processes: int = 1
+    max_memory_mb: int | None = None
+
+
+@dataclass
+class Config:
+    """The effective configuration of ``limitd start``: every file merged, the
+    environment interpolated, everything checked."""
+
+    files: list[str] = field(default_factory=list)
+    redis: RedisSettings = field(default_factory=RedisSettings)
+    require: list[str] = field(default_factory=list)
+    tag: str = ""
+    logging: LoggingSettings = field(default_factory=LoggingSettings)
+    capsules: list[CapsuleSpec] = field(default_factory=list)
+    base_dir: str = "."  # directory of the first file: the embedded Redis lives here
+
+
+class ConfigError(ValueError):
+    """A configuration mistake, said in one line: file, key path, what was expected."""
+
+    def __init__(self, file: str, key: str, message: str) -> None:
+        super().__init__(f"{file}: {key}: {message}" if key else f"{file}: {message}")
+        self.file = file
+        self.key = key
+        self.message = message
