@@ -18,7 +18,7 @@ from pathlib import Path
 
 from limitd import __version__
 from limitd.client import Client, set_default_client
-from limitd.config import CapsuleConfig
+from limitd.config import CapsuleConfig, CapsuleSpec
 from limitd.embedded import RedisServer
 from limitd.redis import configured_url, connect
 from limitd.supervisor.capsule import Capsule, import_app
@@ -157,9 +157,10 @@ def cmd_start(args: argparse.Namespace) -> int:
     url = url or server.url  # type: ignore[union-attr]
     try:
         supervisor = Supervisor(
-            [(config, args.processes)],
+            [CapsuleSpec(config, args.processes)],
             connect(url),
             lambda child_config: run_capsule(child_config, url),
+            tag=args.tag,
         )
         return supervisor.run()
     finally:
@@ -199,7 +200,7 @@ def run_capsule(config: CapsuleConfig, url: str) -> int:
     """A supervisor's child: its own connections (never the parent's), one capsule."""
     redis = connect(url, max_connections=config.concurrency + 8)
     set_default_client(Client(redis))  # jobs that enqueue jobs use the same Redis
-    return Launcher(Capsule(config, redis=redis)).run()
+    return Launcher(Capsule(config, redis=redis), titles=True).run()
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:

@@ -21,7 +21,7 @@ import os
 import socket
 import threading
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import redis as redis_py
 
@@ -84,6 +84,7 @@ class Capsule:
         self._processors: set[Processor] = set()
         self._lock = threading.Lock()
         self._stopping = False
+        self._busy_listeners: list[Callable[[], None]] = []
 
     @property
     def limited(self) -> bool:
@@ -128,6 +129,7 @@ class Capsule:
         self.poller.terminate()
         self.record.quiet = True
         self.heartbeat.beat_soon()
+        self._busy_changed()
 
     def stop(self, timeout: float | None = None, *, grace: float = KILL_GRACE_SECONDS) -> int:
         """Stop within ``timeout`` seconds (default: the capsule's), then give threads
@@ -160,6 +162,15 @@ class Capsule:
             finished = unit
         self.stats.flush(self.redis)
         return outcomes
+
+    def add_busy_listener(self, listener: Callable[[], None]) -> None:
+        """Called (from processor threads) whenever a job starts or ends, and on quiet.
+        Keep it cheap: set an event, do the work elsewhere."""
+        self._busy_listeners.append(listener)
+
+    def _busy_changed(self) -> None:
+        for listener in self._busy_listeners:
+            listener()
 
     def processor_count(self) -> int:
         """Processor threads still running (0 once a quiet capsule has finished)."""
@@ -204,7 +215,12 @@ class Capsule:
 
     def _spawn(self, index: int) -> None:
         processor = Processor(
-            index, self.fetch, self.executor, self._processor_exited, capsule=self.config.name
+            index,
+            self.fetch,
+            self.executor,
+            self._processor_exited,
+            capsule=self.config.name,
+            on_busy=self._busy_changed,
         )
         self._processors.add(processor)
         processor.start()

@@ -1,13 +1,15 @@
 """Runs one capsule in the foreground of this process until a signal stops it.
 
 Signals as in Sidekiq: TERM and INT stop gracefully (quiet, wait up to the capsule's
-timeout, requeue what still runs); TSTP quiets; TTIN logs every thread's stack. USR1
-means the supervisor died: requeue everything now and exit, since nobody vouches for
-this process any more. Handlers only record the signal (see ``signals.py``).
+timeout, requeue what still runs); TSTP quiets; TTIN logs every thread's stack; HUP
+reopens log files. USR1 means the supervisor died: requeue everything now and exit,
+since nobody vouches for this process any more. Handlers only record the signal (see
+``signals.py``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import sys
@@ -16,21 +18,35 @@ import traceback
 
 from limitd.supervisor.capsule import Capsule
 from limitd.supervisor.signals import ORPHANED, STOP, SignalQueue
+from limitd.supervisor.titles import CapsuleTitle, capsule_title
 
 log = logging.getLogger("limitd.launcher")
 
-HANDLED_SIGNALS = (*STOP, ORPHANED, signal.SIGTSTP, signal.SIGTTIN)
+HANDLED_SIGNALS = (*STOP, ORPHANED, signal.SIGTSTP, signal.SIGTTIN, signal.SIGHUP)
 
 
 class Launcher:
-    def __init__(self, capsule: Capsule) -> None:
+    def __init__(self, capsule: Capsule, *, titles: bool = False) -> None:
+        """With ``titles``, the process title follows the capsule's work (for a child
+        process of the supervisor; tests running capsules in-process leave it alone)."""
         self.capsule = capsule
+        self.title = CapsuleTitle(self._title) if titles else None
         self._signals = SignalQueue()
 
     def run(self) -> int:
         """Start the capsule and serve signals until told to stop. Returns the exit code."""
         self._signals.install(HANDLED_SIGNALS)
+        if self.title is not None:
+            self.capsule.add_busy_listener(self.title.changed)
+            self.title.start()
         self.capsule.start()
+        try:
+            return self._serve()
+        finally:
+            if self.title is not None:
+                self.title.stop()
+
+    def _serve(self) -> int:
         while True:
             signum = self._signals.get()
             if signum in STOP:
@@ -50,6 +66,29 @@ class Launcher:
             self.capsule.quiet()
         elif signum == signal.SIGTTIN:
             log_thread_stacks()
+        elif signum == signal.SIGHUP:
+            reopen_log_files()
+
+    def _title(self) -> str:
+        config = self.capsule.config
+        return capsule_title(
+            config.name,
+            config.tag,
+            self.capsule.busy(),
+            config.concurrency,
+            self.capsule.order.names,
+            quiet=self.capsule.record.quiet,
+        )
+
+
+def reopen_log_files() -> None:
+    """After logrotate moved the file (HUP): write to a fresh file at the same path."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            with handler.lock or contextlib.nullcontext():
+                handler.close()
+                handler.stream = handler._open()
+    log.info("log files reopened")
 
 
 def log_thread_stacks() -> None:

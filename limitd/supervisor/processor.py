@@ -30,12 +30,15 @@ class Processor:
         fetch: Fetch,
         executor: JobExecutor,
         on_exit: Callable[[Processor], None],
+        *,
         capsule: str = "default",
+        on_busy: Callable[[], None] | None = None,
     ) -> None:
         self.index = index
         self.fetch = fetch
         self.executor = executor
         self.on_exit = on_exit
+        self.on_busy = on_busy or _nothing
         self.current: UnitOfWork | None = None
         self._finished: UnitOfWork | None = None  # executed, settled by the next fetch
         self.current_since = 0.0
@@ -98,6 +101,7 @@ class Processor:
             return
         self.current_since = clock.now()
         self.current = unit
+        self.on_busy()
         try:
             self.executor.execute(unit)
             self._finished = unit
@@ -115,6 +119,7 @@ class Processor:
             raise  # the thread ends; the capsule starts a replacement
         finally:
             self.current = None
+            self.on_busy()
 
     def held(self) -> list[UnitOfWork]:
         """The units this thread holds in Redis: running, or finished but not settled."""
@@ -148,3 +153,7 @@ class Processor:
                         unit.job[:500],
                     )
                     return
+
+
+def _nothing() -> None:
+    """The default busy-change listener."""

@@ -9,6 +9,8 @@ app's memory copy-on-write), and it never runs jobs. Its main loop:
 - notices a child that died (SIGCHLD), reaps that child's capsule at once (its jobs go
   back to the front of their queues, its slots are freed) and starts a new child, with
   exponential backoff for a child that keeps crashing;
+- recycles a child whose memory grew past its capsule's ``max_memory_mb``: a graceful
+  stop (TERM), then a fresh child;
 - relays TSTP and TTIN, and on TERM/INT stops the children gracefully within their
   timeout plus a grace period, then kills and reaps any that remain.
 
@@ -25,13 +27,15 @@ import signal
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import redis as redis_py
 
 from limitd import clock
-from limitd.config import CapsuleConfig
+from limitd.config import CapsuleConfig, CapsuleSpec
 from limitd.supervisor import liveness
 from limitd.supervisor.signals import STOP, SignalQueue, block, die_with_parent
+from limitd.supervisor.titles import set_title, supervisor_title
 
 log = logging.getLogger("limitd.supervisor")
 
@@ -51,27 +55,34 @@ class Child:
 
     slot: str
     config: CapsuleConfig
+    max_memory_mb: int | None = None
     pid: int = 0
     started: float = 0.0
     crashes: int = 0
     restart_at: float = 0.0
+    recycling: bool = False
 
 
 class Supervisor:
     def __init__(
         self,
-        configs: Sequence[tuple[CapsuleConfig, int]],
+        specs: Sequence[CapsuleSpec],
         redis: redis_py.Redis,
         child_main: ChildMain,
+        *,
+        tag: str = "",
+        titles: bool = True,
     ) -> None:
-        """``configs``: each capsule config with its number of processes. ``child_main``
-        runs in a forked child with that child's config and returns its exit code."""
+        """``child_main`` runs in a forked child with that child's config and returns its
+        exit code. ``titles`` sets the process title (``ps`` shows tag and children)."""
         self.redis = redis
         self.child_main = child_main
+        self.tag = tag
+        self.titles = titles
         self.children = [
-            Child(f"{config.name}#{copy}", config)
-            for config, processes in configs
-            for copy in range(processes)
+            Child(f"{spec.config.name}#{copy}", spec.config, spec.max_memory_mb)
+            for spec in specs
+            for copy in range(spec.processes)
         ]
         self.heartbeat_period = min(c.config.heartbeat_period for c in self.children)
         self.stop_timeout = max(c.config.timeout for c in self.children)
@@ -87,6 +98,7 @@ class Supervisor:
         while not self._stopping:
             if clock.monotonic() >= next_vouch:
                 self._vouch()
+                self._check_memory()
                 next_vouch = clock.monotonic() + self.heartbeat_period
             signum = self._signals.get(timeout=self._next_wait(next_vouch))
             self._handle(signum)
@@ -120,6 +132,7 @@ class Supervisor:
         child.pid, child.started = pid, clock.monotonic()
         log.info("started capsule %s (pid %d, id %s)", child.slot, pid, child.config.capsule_id)
         self._vouch()
+        self._show_title()
 
     def _vouch(self) -> None:
         live = [c.config.capsule_id for c in self.children if c.pid]
@@ -143,7 +156,13 @@ class Supervisor:
     def _exited(self, child: Child, status: int) -> None:
         child.pid = 0
         self._reap(child)
+        self._show_title()
         if self._stopping:
+            return
+        if child.recycling:
+            child.recycling = False
+            child.restart_at = clock.monotonic()
+            log.info("capsule %s recycled (%s)", child.slot, _describe(status))
             return
         lived = clock.monotonic() - child.started
         child.crashes = 0 if lived >= STABLE_SECONDS else child.crashes + 1
@@ -159,6 +178,27 @@ class Supervisor:
             child.crashes,
         )
         child.restart_at = clock.monotonic() + delay
+
+    def _check_memory(self) -> None:
+        for child in self.children:
+            if not child.pid or child.recycling or child.max_memory_mb is None:
+                continue
+            used = rss_mb(child.pid)
+            if used is not None and used > child.max_memory_mb:
+                log.warning(
+                    "capsule %s uses %.0f MB, above max_memory_mb %d: recycling it",
+                    child.slot,
+                    used,
+                    child.max_memory_mb,
+                )
+                child.recycling = True
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child.pid, signal.SIGTERM)
+
+    def _show_title(self) -> None:
+        if self.titles:
+            live = sum(1 for child in self.children if child.pid)
+            set_title(supervisor_title(self.tag, live, stopping=self._stopping))
 
     def _reap(self, child: Child) -> None:
         """The process is gone for sure: return its jobs now, not after its key expires."""
@@ -187,6 +227,7 @@ class Supervisor:
 
     def _stop_children(self) -> int:
         """TERM the children, wait for their own graceful stop, then KILL and reap."""
+        self._show_title()
         self._signal_children(signal.SIGTERM)
         deadline = clock.monotonic() + self.stop_timeout + STOP_GRACE_SECONDS
         while any(c.pid for c in self.children) and clock.monotonic() < deadline:
@@ -202,6 +243,15 @@ class Supervisor:
                 self._reap(child)
         log.info("supervisor stopped")
         return 0
+
+
+def rss_mb(pid: int) -> float | None:
+    """Resident memory of a process in MB (Linux /proc), or None if unknown."""
+    try:
+        pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE") / 1024 / 1024
 
 
 def _describe(status: int) -> str:
