@@ -1,4 +1,4 @@
-"""The ``limitd`` command line.
+"""The ``limitd`` command line: run workers, enqueue, inspect and steer.
 
 ``limitd start`` runs one capsule in the foreground; ``limitd enqueue`` pushes a job.
 Without a configured Redis (``--redis``, ``LIMITD_REDIS_URL`` or ``REDIS_URL``),
@@ -16,8 +16,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import redis as redis_py
+
 from limitd import __version__
 from limitd.client import Client, set_default_client
+from limitd.commands import add_admin_commands
 from limitd.config import CapsuleConfig, CapsuleSpec
 from limitd.embedded import RedisServer
 from limitd.redis import configured_url, connect
@@ -141,7 +144,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="module defining the job, for its options (repeatable)",
     )
     enqueue.set_defaults(command=cmd_enqueue)
+    add_admin_commands(commands, resolve_redis)
     return parser
+
+
+def resolve_redis(args: argparse.Namespace) -> redis_py.Redis | None:
+    """The Redis an inspection command talks to: ``--redis``, the environment, or the
+    embedded Redis a ``limitd start`` in this directory runs; None if there is none."""
+    url = configured_url(args.redis) or embedded_url()
+    return connect(url) if url else None
 
 
 def cmd_start(args: argparse.Namespace) -> int:

@@ -19,6 +19,7 @@ One module per part: ``records`` (the job record shared by all), ``queues``,
 """
 
 from limitd.api.capsules import Capsule, Capsules
+from limitd.api.processes import Processes, ProcessStatus
 from limitd.api.queues import Queue, QueueEntry
 from limitd.api.records import PAGE_SIZE, JobRecord
 from limitd.api.sorted_sets import (
@@ -40,6 +41,8 @@ __all__ = [
     "JobRecord",
     "PendingEntry",
     "PendingSet",
+    "ProcessStatus",
+    "Processes",
     "Queue",
     "QueueEntry",
     "QueueStatus",
