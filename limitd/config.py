@@ -73,7 +73,7 @@ class CapsuleConfig:
                         f"this capsule's queues {sorted(listed)}"
                     )
         unknown = set(self.blocking) - listed
-        if unknown:
+        if unknown and not self.dynamic:  # a dynamic capsule may block on a found queue
             raise ValueError(
                 f"{where}: blocking queues {sorted(unknown)} are not in this "
                 f"capsule's queues {sorted(listed)}"

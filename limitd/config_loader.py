@@ -1,0 +1,322 @@
+"""``limitd start conf/base.yml conf/prod.yml``: YAML files to one checked ``Config``.
+
+The supervisor calls ``load_config`` before it starts anything, so every mistake in the
+files stops the start with one line naming the file, the key path and what was
+expected (a ``ConfigError``). ``config_merge`` reads, merges and interpolates the files;
+``config_values`` reads typed values; this module knows the schema.
+
+The top level holds settings for everything (``redis``, ``logging``, ``require``, ``tag``),
+the settings of the *default capsule* (``queues``, ``concurrency``, ``limits``, ...), and
+``capsules``: named capsules, each with settings of its own.
+
+- The default capsule exists when the top level lists ``queues``, or when there are no
+  named capsules at all (it then fetches the queue ``default``). Its settings are the
+  top-level ones, ``processes`` and ``max_memory_mb`` included. When it does not exist,
+  a top-level setting that only it could use is an error, not silently ignored.
+- A named capsule must list its own ``queues``; ``concurrency``, ``limits``,
+  ``process_limits``, ``blocking``, ``dynamic``, ``processes`` and ``max_memory_mb`` are its
+  own too (defaults otherwise, never the top-level values). It inherits ``timeout``,
+  ``heartbeat_period``, ``poll_range``, ``fetch``, ``tag`` and ``dead`` (key by key) from
+  the top level unless it sets them. Its ``require`` *adds* modules to the top-level
+  list: the supervisor imports those before forking, so they cannot be taken away.
+- ``LIMITD_REDIS_URL`` in the environment overrides ``redis.url``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from limitd.config import (
+    FETCHES,
+    CapsuleConfig,
+    CapsuleSpec,
+    Config,
+    ConfigError,
+    LoggingSettings,
+    RedisSettings,
+)
+from limitd.config_merge import KeyPath, interpolate, merge_files
+from limitd.config_values import Section, describe
+from limitd.fetch.order import QueueOrder, QueueSpec
+from limitd.retry import DeadSetPolicy
+
+DAY = 86_400
+DEFAULT_CAPSULE = "default"
+REDIS_URL_ENV = "LIMITD_REDIS_URL"
+
+OWN_KEYS = (
+    "queues",
+    "concurrency",
+    "limits",
+    "process_limits",
+    "blocking",
+    "dynamic",
+    "processes",
+    "max_memory_mb",
+)
+SHARED_KEYS = ("timeout", "heartbeat_period", "poll_range", "fetch", "tag", "dead", "require")
+CAPSULE_KEYS = frozenset(OWN_KEYS + SHARED_KEYS)
+TOP_KEYS = CAPSULE_KEYS | {"redis", "logging", "capsules"}
+REDIS_KEYS = frozenset({"url", "pool_size", "socket_timeout", "connect_timeout"})
+LOGGING_KEYS = frozenset({"level", "file"})
+DEAD_KEYS = frozenset({"max_jobs", "timeout_days"})
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+_MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+_CAPSULE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+_DEFAULTS = CapsuleConfig()  # one source for default values: CapsuleConfig's own
+
+
+@dataclass(frozen=True)
+class Shared:
+    """The settings a named capsule inherits from the top level unless it sets them."""
+
+    timeout: float = _DEFAULTS.timeout
+    heartbeat_period: float = _DEFAULTS.heartbeat_period
+    poll_range: tuple[float, float] = _DEFAULTS.poll_range
+    fetch: str = _DEFAULTS.fetch
+    tag: str = _DEFAULTS.tag
+    dead: DeadSetPolicy = _DEFAULTS.dead_set
+    require: tuple[str, ...] = ()
+
+
+def load_config(paths: Sequence[str | Path], env: Mapping[str, str] | None = None) -> Config:
+    """Read, merge (later files win), interpolate from ``env`` (default: ``os.environ``)
+    and check the files. No files: every default, one capsule on the queue ``default``."""
+    env = os.environ if env is None else env
+    layers = merge_files(paths)
+    interpolate(layers, env)
+    top = Section(layers.data, (), layers)
+    top.check_keys(TOP_KEYS)
+    shared = read_shared(top, Shared())
+    return Config(
+        files=list(layers.files),
+        redis=read_redis(top.section("redis"), env),
+        require=list(shared.require),
+        tag=shared.tag,
+        logging=read_logging(top.section("logging")),
+        capsules=read_capsules(top, shared),
+        base_dir=str(Path(layers.files[0]).parent) if layers.files else ".",
+    )
+
+
+def read_shared(section: Section, base: Shared) -> Shared:
+    """The inheritable settings of ``section``, falling back to ``base``'s."""
+    return Shared(
+        timeout=section.number("timeout", base.timeout, 0),
+        heartbeat_period=section.number("heartbeat_period", base.heartbeat_period, 0, above=True),
+        poll_range=section.poll_range("poll_range", base.poll_range),
+        fetch=section.choice("fetch", FETCHES, base.fetch),
+        tag=section.string("tag", base.tag),
+        dead=read_dead(section.section("dead"), base.dead),
+        require=tuple(
+            dict.fromkeys([*base.require, *section.names("require", "module name", _MODULE)])
+        ),
+    )
+
+
+def read_dead(section: Section, base: DeadSetPolicy) -> DeadSetPolicy:
+    section.check_keys(DEAD_KEYS)
+    days = section.number("timeout_days", base.timeout_seconds / DAY, 0, above=True, unit="days")
+    max_jobs = section.integer("max_jobs", base.max_jobs, 0)
+    return DeadSetPolicy(timeout_seconds=days * DAY, max_jobs=max_jobs)
+
+
+def read_redis(section: Section, env: Mapping[str, str]) -> RedisSettings:
+    section.check_keys(REDIS_KEYS)
+    url = section.optional_string("url")
+    if url is not None and not url.startswith(REDIS_SCHEMES):
+        raise section.error(
+            "url", f"expected a URL starting with {' or '.join(REDIS_SCHEMES)}, got {url!r}"
+        )
+    defaults = RedisSettings()
+    return RedisSettings(
+        url=env.get(REDIS_URL_ENV) or url,
+        pool_size=section.optional_integer("pool_size", 1),
+        socket_timeout=section.number("socket_timeout", defaults.socket_timeout, 0, above=True),
+        connect_timeout=section.number("connect_timeout", defaults.connect_timeout, 0, above=True),
+    )
+
+
+def read_logging(section: Section) -> LoggingSettings:
+    section.check_keys(LOGGING_KEYS)
+    level = section.string("level", LoggingSettings().level)
+    if level.upper() not in LEVELS:
+        raise section.error("level", f"expected one of {list(LEVELS)}, got {level!r}")
+    return LoggingSettings(level=level.upper(), file=section.optional_string("file"))
+
+
+def read_capsules(top: Section, shared: Shared) -> list[CapsuleSpec]:
+    """The default capsule (when it exists) first, then the named ones in file order."""
+    named = top.section("capsules")
+    specs = []
+    if top.given("queues") or not named.data:
+        if DEFAULT_CAPSULE in named.data:
+            raise named.error(
+                DEFAULT_CAPSULE,
+                "the top-level queues already define the capsule 'default'; rename this "
+                "capsule or move the top-level capsule settings into it",
+            )
+        specs.append(read_capsule(DEFAULT_CAPSULE, top, shared))
+    else:
+        for key in OWN_KEYS:
+            if top.given(key):
+                raise top.error(
+                    key,
+                    "is a setting of the default capsule, which exists only when the top "
+                    "level lists queues (or there is no capsules section); set it in a capsule",
+                )
+    specs += [read_named_capsule(name, named, shared) for name in named.data]
+    return specs
+
+
+def read_named_capsule(name: str, capsules: Section, shared: Shared) -> CapsuleSpec:
+    if not _CAPSULE_NAME.fullmatch(name):
+        raise capsules.error(name, "expected a capsule name of letters, digits, '_', '-', '.'")
+    if not isinstance(capsules.data[name], dict):
+        raise capsules.error(
+            name, f"expected a mapping of capsule settings, got {describe(capsules.data[name])}"
+        )
+    section = capsules.section(name)
+    section.check_keys(CAPSULE_KEYS)
+    if not section.given("queues"):
+        raise section.error(
+            "queues",
+            "required: a named capsule lists its own queues (top-level ones are not inherited)",
+        )
+    return read_capsule(name, section, read_shared(section, shared))
+
+
+def read_capsule(name: str, section: Section, shared: Shared) -> CapsuleSpec:
+    """One capsule: its own settings from ``section``, the inherited ones from ``shared``."""
+    queues = section.queues("queues") or list(_DEFAULTS.queues)
+    limits = section.limits("limits")
+    process_limits = section.limits("process_limits")
+    blocking = section.names("blocking", "queue name")
+    dynamic = section.boolean("dynamic", _DEFAULTS.dynamic)
+    if not dynamic:
+        check_listed(section, queues, limits, process_limits, blocking)
+    concurrency = section.integer("concurrency", _DEFAULTS.concurrency, 1)
+    with _translated(section):
+        config = CapsuleConfig(
+            name=name,
+            queues=queues,
+            concurrency=concurrency,
+            timeout=shared.timeout,
+            require=list(shared.require),
+            tag=shared.tag,
+            limits=limits,
+            process_limits=process_limits,
+            blocking=blocking,
+            dynamic=dynamic,
+            fetch=shared.fetch,
+            heartbeat_period=shared.heartbeat_period,
+            poll_range=shared.poll_range,
+            dead_set=shared.dead,
+        )
+    return CapsuleSpec(
+        config,
+        processes=section.integer("processes", 1, 1),
+        max_memory_mb=section.optional_integer("max_memory_mb", 1),
+    )
+
+
+def check_listed(
+    section: Section,
+    queues: Sequence[QueueSpec],
+    limits: Mapping[str, int],
+    process_limits: Mapping[str, int],
+    blocking: Sequence[str],
+) -> None:
+    """A limit or a blocking flag on a queue the capsule does not fetch is a mistake (a
+    typo, most likely), unless the capsule is dynamic and fetches what it finds."""
+    listed = QueueOrder(queues).names
+    unlisted: list[tuple[KeyPath, str]] = [
+        *((("limits", queue), queue) for queue in limits if queue not in listed),
+        *((("process_limits", queue), queue) for queue in process_limits if queue not in listed),
+        *(
+            (("blocking", index), queue)
+            for index, queue in enumerate(blocking)
+            if queue not in listed
+        ),
+    ]
+    if not unlisted:
+        return
+    where, queue = unlisted[0]
+    source = _queues_source(section, where)
+    raise section.error(
+        where,
+        f"queue {queue!r} is not in this capsule's queues {listed}{source} "
+        "(list it there, or set dynamic: true)",
+    )
+
+
+def _queues_source(section: Section, where: KeyPath) -> str:
+    """Where the queues came from, when that is not the file blamed for the error: a
+    later file that replaced the queues is the likely culprit."""
+    layers = section.layers
+    queues_file = layers.origins.get((*section.path, "queues"))
+    if queues_file is None:
+        return " (the default)"
+    return "" if queues_file == layers.origin((*section.path, *where)) else f" from {queues_file}"
+
+
+@contextmanager
+def _translated(section: Section) -> Iterator[None]:
+    """CapsuleConfig checks its own rules; any that this loader does not check first
+    still comes out as a ConfigError naming the file and the capsule."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise section.error((), str(exc)) from None
+
+
+def config_as_dict(config: Config) -> dict[str, Any]:
+    """The effective configuration as plain data in the files' own schema (every capsule
+    spelt out under ``capsules``), for ``limitd check``: loading it back gives the same."""
+    return {
+        "redis": {
+            "url": config.redis.url,
+            "pool_size": config.redis.pool_size,
+            "socket_timeout": config.redis.socket_timeout,
+            "connect_timeout": config.redis.connect_timeout,
+        },
+        "logging": {"level": config.logging.level, "file": config.logging.file},
+        "require": list(config.require),
+        "tag": config.tag,
+        "capsules": {spec.config.name: capsule_as_dict(spec) for spec in config.capsules},
+    }
+
+
+def capsule_as_dict(spec: CapsuleSpec) -> dict[str, Any]:
+    capsule = spec.config
+    weights = QueueOrder(capsule.queues).weights
+    return {
+        "queues": [name if weight == 0 else [name, weight] for name, weight in weights.items()],
+        "concurrency": capsule.concurrency,
+        "limits": dict(capsule.limits),
+        "process_limits": dict(capsule.process_limits),
+        "blocking": list(capsule.blocking),
+        "dynamic": capsule.dynamic,
+        "processes": spec.processes,
+        "max_memory_mb": spec.max_memory_mb,
+        "timeout": capsule.timeout,
+        "heartbeat_period": capsule.heartbeat_period,
+        "poll_range": list(capsule.poll_range),
+        "fetch": capsule.fetch,
+        "tag": capsule.tag,
+        "dead": {
+            "max_jobs": capsule.dead_set.max_jobs,
+            "timeout_days": capsule.dead_set.timeout_seconds / DAY,
+        },
+        "require": list(capsule.require),
+    }
