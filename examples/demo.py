@@ -1,7 +1,8 @@
-"""A small app for the quick start: a few jobs that log what they do.
+"""A small app for the quick start: a few jobs for two tenants, a limited queue.
 
-limitd start -r examples.demo -q default -q reports
-limitd enqueue examples.demo.fan_out '[20]'
+    limitd start conf/example.yml
+    limitd -C conf/example.yml enqueue examples.demo.fan_out '[20]'
+    limitd -C conf/example.yml queues
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import time
 import limitd
 
 log = logging.getLogger("demo")
+TENANTS = ("acme", "globex")
 
 
 @limitd.job
@@ -22,15 +24,23 @@ def greet(name: str) -> None:
 
 @limitd.job(queue="reports", retry=3)
 def build_report(tenant: str, number: int) -> None:
-    time.sleep(random.uniform(0.05, 0.3))  # pretend to work
+    """Limited to 2 at once by conf/example.yml; about 1 in 10 fails and is retried."""
+    time.sleep(random.uniform(0.2, 0.6))  # pretend to query the reporting database
     if random.random() < 0.1:
-        raise RuntimeError(f"report {number} for {tenant} hit a flaky dependency")
+        raise RuntimeError(f"report {number} for {tenant}: reporting database timed out")
     log.info("report %d for %s done", number, tenant)
+
+
+@limitd.job(queue="exports")
+def export_tenant(tenant: str) -> None:
+    time.sleep(1.0)  # pretend to write a large file
+    log.info("export for %s written", tenant)
 
 
 @limitd.job
 def fan_out(count: int) -> None:
-    """Enqueue ``count`` reports for two tenants in one bulk push, and greet."""
-    args = [[random.choice(["acme", "globex"]), n] for n in range(count)]
-    build_report.perform_bulk(args)
+    """Enqueue ``count`` reports spread over the tenants in one bulk push, an export per
+    tenant, and a greeting."""
+    build_report.perform_bulk([[random.choice(TENANTS), n] for n in range(count)])
+    export_tenant.perform_bulk([[tenant] for tenant in TENANTS])
     greet.perform_async("world")

@@ -19,6 +19,14 @@ from limitd.options import InvalidJobOption
 from limitd.payload import MalformedPayload, UnsafeArgument
 from limitd.registry import registry
 
+
+def configure(*paths: str, url: str | None = None) -> Client:
+    """Use the Redis that these config files name (see :mod:`limitd.configure`)."""
+    from limitd.configure import configure as load_and_connect
+
+    return load_and_connect(*paths, url=url)
+
+
 __all__ = [
     "Client",
     "Enqueuer",
@@ -28,6 +36,7 @@ __all__ = [
     "MalformedPayload",
     "UnsafeArgument",
     "__version__",
+    "configure",
     "current_payload",
     "default_client",
     "job",

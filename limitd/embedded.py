@@ -147,3 +147,44 @@ class RedisServer:
         finally:
             probe.close()
         raise RuntimeError(f"redis-server did not start on {self.url}; see {self.log_file}")
+
+
+EMBEDDED_DIRNAME = ".limitd"
+URL_FILENAME = "redis.url"
+MAX_SOCKET_PATH = 100  # unix socket paths are limited to about 107 bytes
+
+
+def embedded_dir(base_dir: str | Path) -> Path:
+    """Where the embedded Redis keeps its data: ``.limitd/`` beside the config."""
+    return Path(base_dir) / EMBEDDED_DIRNAME
+
+
+def start_embedded(base_dir: str | Path) -> RedisServer:
+    """A private, persistent redis-server (append-only file on) listening on a unix
+    socket in ``.limitd/``; its URL is written there for other processes to find."""
+    data_dir = embedded_dir(base_dir).resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    socket_path = data_dir / "redis.sock"
+    use_socket = len(str(socket_path)) <= MAX_SOCKET_PATH
+    server = RedisServer(
+        unix_socket=str(socket_path) if use_socket else None,
+        data_dir=str(data_dir),
+        appendonly=True,
+    )
+    server.start()
+    (data_dir / URL_FILENAME).write_text(server.url + "\n")
+    return server
+
+
+def stop_embedded(server: RedisServer, base_dir: str | Path) -> None:
+    server.stop()
+    (embedded_dir(base_dir) / URL_FILENAME).unlink(missing_ok=True)
+
+
+def embedded_url(base_dir: str | Path) -> str | None:
+    """The URL of the embedded Redis a ``limitd start`` runs for this config, if any."""
+    path = embedded_dir(base_dir) / URL_FILENAME
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None

@@ -1,0 +1,251 @@
+"""``limitd start [CONFIG...]`` and ``limitd check CONFIG...``.
+
+``start`` loads and checks the configuration (files merged, then command-line flags on
+top: queue flags shape the default capsule, timing flags every capsule), imports the
+app once, starts an embedded Redis beside the config when none is configured, and runs
+the supervisor until it is stopped. Any configuration mistake exits 78 before anything
+starts, with one line naming the file (or flag), the key and what was expected.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import sys
+
+import yaml
+
+from limitd.client import Client, set_default_client
+from limitd.commands.common import Subparsers
+from limitd.config import CapsuleConfig, CapsuleSpec, Config, ConfigError
+from limitd.config_loader import config_as_dict, load_config
+from limitd.configure import redis_url
+from limitd.embedded import start_embedded, stop_embedded
+from limitd.redis import connect
+from limitd.supervisor.capsule import Capsule, import_app
+from limitd.supervisor.launcher import Launcher
+from limitd.supervisor.supervisor import Supervisor
+
+EX_CONFIG = 78
+COMMAND_LINE = "command line"
+
+log = logging.getLogger("limitd.cli")
+
+
+def add_start_commands(subparsers: Subparsers) -> None:
+    start = subparsers.add_parser(
+        "start", help="run the supervisor and its capsules", description=__doc__.splitlines()[0]
+    )
+    start.add_argument("config", nargs="*", help="YAML files, later ones override earlier")
+    _add_override_flags(start)
+    start.set_defaults(command=cmd_start)
+    check = subparsers.add_parser("check", help="validate config files, print the result")
+    check.add_argument("config", nargs="+", help="YAML files, later ones override earlier")
+    check.set_defaults(command=cmd_check)
+
+
+def _add_override_flags(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add(
+        "-r",
+        "--require",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="module defining jobs (repeatable; added to the config's require)",
+    )
+    add(
+        "-q",
+        "--queue",
+        action="append",
+        metavar="NAME[,WEIGHT]",
+        help="queue of the default capsule, in order, optionally weighted (repeatable)",
+    )
+    add("-c", "--concurrency", type=int, help="threads per process of the default capsule")
+    add("-p", "--processes", type=int, help="processes of the default capsule")
+    add(
+        "--limit",
+        action="append",
+        default=[],
+        metavar="QUEUE=N",
+        help="jobs of QUEUE running at once in all processes (repeatable)",
+    )
+    add(
+        "--process-limit",
+        action="append",
+        default=[],
+        metavar="QUEUE=N",
+        help="jobs of QUEUE running at once in each process (repeatable)",
+    )
+    add(
+        "--blocking",
+        action="append",
+        default=[],
+        metavar="QUEUE",
+        help="QUEUE at its limit with jobs waiting holds back later queues",
+    )
+    add(
+        "--dynamic",
+        action="store_true",
+        default=None,
+        help="also fetch queues that exist in Redis but are not listed",
+    )
+    add("-t", "--timeout", type=float, help="seconds to finish jobs on TERM (every capsule)")
+    add(
+        "--heartbeat-period",
+        type=float,
+        metavar="SECONDS",
+        help="liveness beat; a silent capsule is reaped after 4 periods (every capsule)",
+    )
+    add("--fetch", choices=("limit", "basic"), help="fetch strategy (every capsule)")
+    add("--tag", help="label shown in process lists and titles")
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"limitd check: {exc}", file=sys.stderr)
+        return EX_CONFIG
+    effective = config_as_dict(config)
+    if effective.get("redis", {}).get("url"):
+        effective["redis"]["url"] = _mask_password(effective["redis"]["url"])
+    print(yaml.safe_dump(effective, sort_keys=False), end="")
+    return 0
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    sys.path.insert(0, os.getcwd())
+    try:
+        config = apply_flags(load_config(args.config), args)
+        import_app(config.require)
+    except (ConfigError, ImportError) as exc:
+        print(f"limitd start: {exc}", file=sys.stderr)
+        return EX_CONFIG
+    configure_logging(config)
+    url = redis_url(config, args.redis)
+    server = None if url else start_embedded(config.base_dir)
+    url = url or server.url  # type: ignore[union-attr]
+    if server is not None:
+        log.info("embedded redis-server running at %s", url)
+    try:
+        supervisor = Supervisor(
+            config.capsules, connect(url), lambda child: run_capsule(child, url), tag=config.tag
+        )
+        return supervisor.run()
+    finally:
+        if server is not None:
+            stop_embedded(server, config.base_dir)
+
+
+def run_capsule(config: CapsuleConfig, url: str) -> int:
+    """A supervisor's child: its own connections (never the parent's), one capsule."""
+    redis = connect(url, max_connections=config.concurrency + 8)
+    set_default_client(Client(redis))  # jobs that enqueue jobs use the same Redis
+    return Launcher(Capsule(config, redis=redis), titles=True).run()
+
+
+def apply_flags(config: Config, args: argparse.Namespace) -> Config:
+    """Command-line flags on top of the files."""
+    config.require = [*config.require, *args.require]
+    if args.tag is not None:
+        config.tag = args.tag
+    specs = _default_capsule_first(config, args)
+    queue_changes = _queue_flags(args)
+    has_default = bool(specs) and specs[0].config.name == "default"
+    if (queue_changes or args.processes is not None) and not has_default:
+        raise ConfigError(
+            COMMAND_LINE,
+            "",
+            "queue flags (-c, -p, --limit, ...) shape the "
+            "default capsule, and this config has none: add -q QUEUE",
+        )
+    for index, spec in enumerate(specs):
+        changes = _timing_flags(args, tag=config.tag)
+        if index == 0 and has_default:
+            changes.update(queue_changes)
+            if args.processes is not None:
+                spec.processes = _positive(args.processes, "--processes")
+        spec.config = _replace(spec.config, changes)
+    config.capsules = specs
+    return config
+
+
+def _default_capsule_first(config: Config, args: argparse.Namespace) -> list[CapsuleSpec]:
+    specs = list(config.capsules)
+    if args.queue and not any(spec.config.name == "default" for spec in specs):
+        specs.insert(0, CapsuleSpec(CapsuleConfig(queues=args.queue)))
+    specs.sort(key=lambda spec: spec.config.name != "default")
+    return specs
+
+
+def _timing_flags(args: argparse.Namespace, *, tag: str) -> dict[str, object]:
+    changes: dict[str, object] = {"tag": tag}
+    for flag in ("timeout", "heartbeat_period", "fetch"):
+        if getattr(args, flag) is not None:
+            changes[flag] = getattr(args, flag)
+    return changes
+
+
+def _queue_flags(args: argparse.Namespace) -> dict[str, object]:
+    changes: dict[str, object] = {}
+    if args.queue:
+        changes["queues"] = args.queue
+    if args.concurrency is not None:
+        changes["concurrency"] = args.concurrency
+    if args.dynamic:
+        changes["dynamic"] = True
+    if args.blocking:
+        changes["blocking"] = args.blocking
+    if args.limit:
+        changes["limits"] = parse_limits(args.limit, "--limit")
+    if args.process_limit:
+        changes["process_limits"] = parse_limits(args.process_limit, "--process-limit")
+    return changes
+
+
+def _replace(config: CapsuleConfig, changes: dict[str, object]) -> CapsuleConfig:
+    try:
+        return dataclasses.replace(config, **changes)  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise ConfigError(COMMAND_LINE, "", str(exc)) from exc
+
+
+def _positive(value: int, flag: str) -> int:
+    if value < 1:
+        raise ConfigError(COMMAND_LINE, flag, f"expected an integer >= 1, got {value}")
+    return value
+
+
+def parse_limits(values: list[str], flag: str) -> dict[str, int]:
+    limits: dict[str, int] = {}
+    for value in values:
+        queue, sep, number = value.partition("=")
+        if not sep or not queue or not number.strip().isdigit():
+            raise ConfigError(
+                COMMAND_LINE, flag, f"{value!r}: expected QUEUE=N with N an integer >= 0"
+            )
+        limits[queue] = int(number)
+    return limits
+
+
+def configure_logging(config: Config) -> None:
+    root = logging.getLogger()
+    root.setLevel(config.logging.level.upper())
+    if config.logging.file:
+        handler = logging.FileHandler(config.logging.file)
+        handler.setFormatter(root.handlers[0].formatter if root.handlers else None)
+        for old in list(root.handlers):
+            root.removeHandler(old)
+        root.addHandler(handler)
+
+
+def _mask_password(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    credentials, at, host = rest.rpartition("@")
+    if not sep or not at or ":" not in credentials:
+        return url
+    user = credentials.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}"

@@ -1,0 +1,245 @@
+"""``limitd start CONFIG`` as operators run it: a subprocess, real signals, YAML files,
+the embedded Redis. Process titles and the process tree are read from /proc."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis as redis_py
+
+from limitd import keys
+from limitd.embedded import RedisServer
+from tests.helpers import wait_for
+
+APP = textwrap.dedent("""
+    import threading, limitd
+
+    @limitd.job(name="supervisor_app.Hold", queue="work")
+    def hold(seconds):
+        threading.Event().wait(seconds)
+""")
+
+TWO_CAPSULES = textwrap.dedent("""
+    require: [supervisor_app]
+    tag: tree
+    timeout: 1
+    heartbeat_period: 0.5
+    queues: [work]
+    concurrency: 3
+    capsules:
+      side:
+        queues: [side]
+        concurrency: 2
+        processes: 2
+""")
+
+
+def limitd_start(
+    app_dir: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    log = (app_dir / "limitd.log").open("ab")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "limitd.cli", "start", *args],
+        cwd=app_dir,
+        env=env or dict(os.environ),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    log.close()
+    return proc
+
+
+def children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False)
+    return sorted(int(p) for p in out.stdout.split())
+
+
+def title(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+
+
+@pytest.fixture
+def app_dir(tmp_path: Path) -> Path:
+    (tmp_path / "supervisor_app.py").write_text(APP)
+    (tmp_path / "two.yml").write_text(TWO_CAPSULES)
+    return tmp_path
+
+
+@pytest.fixture
+def supervisor(
+    app_dir: Path, redis_server: RedisServer, redis: redis_py.Redis
+) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(*args: str) -> subprocess.Popen[bytes]:
+        env = {**os.environ, "LIMITD_REDIS_URL": redis_server.url}
+        proc = limitd_start(app_dir, *args, env=env)
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_two_capsules_make_the_expected_process_tree(
+    supervisor: Callable[..., subprocess.Popen[bytes]], redis: redis_py.Redis
+) -> None:
+    proc = supervisor("two.yml")
+    wait_for(lambda: redis.scard(keys.CAPSULES) == 3, message="three capsule processes")
+    pids = children(proc.pid)
+    assert len(pids) == 3
+    wait_for(
+        lambda: title(proc.pid) == "limitd supervisor tree [3 children]", message="supervisor title"
+    )
+    titles = sorted(title(pid) for pid in pids)
+    assert titles == [
+        "limitd capsule default tree [0 of 3 busy] queues: work",
+        "limitd capsule side tree [0 of 2 busy] queues: side",
+        "limitd capsule side tree [0 of 2 busy] queues: side",
+    ]
+    redis.lpush(
+        keys.queue("work"),
+        json.dumps({"class": "supervisor_app.Hold", "args": [5], "jid": "a" * 24}),
+    )
+    worker = next(pid for pid in pids if "default" in title(pid))
+    wait_for(lambda: "[1 of 3 busy]" in title(worker), message="title follows the work")
+
+
+def test_term_requeues_a_long_job_and_leaves_no_child(
+    supervisor: Callable[..., subprocess.Popen[bytes]], redis: redis_py.Redis
+) -> None:
+    proc = supervisor("two.yml")
+    wait_for(lambda: redis.scard(keys.CAPSULES) == 3, message="three capsule processes")
+    pids = children(proc.pid)
+    redis.lpush(
+        keys.queue("work"),
+        json.dumps({"class": "supervisor_app.Hold", "args": [60], "jid": "b" * 24}),
+    )
+    wait_for(lambda: int(redis.hget(keys.BUSY, "work") or 0) == 1, message="job running")
+    stopped_at = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=1 + 5) == 0  # timeout: 1 in two.yml, plus 5 s
+    assert time.monotonic() - stopped_at < 1 + 5
+    [job] = redis.lrange(keys.queue("work"), 0, -1)
+    assert json.loads(job)["jid"] == "b" * 24
+    assert not any(Path(f"/proc/{pid}").exists() for pid in pids)
+    assert redis.scard(keys.CAPSULES) == 0
+    assert int(redis.hget(keys.BUSY, "work") or 0) == 0
+
+
+def test_tstp_quiets_every_child_and_ttin_dumps_stacks(
+    supervisor: Callable[..., subprocess.Popen[bytes]], redis: redis_py.Redis, app_dir: Path
+) -> None:
+    proc = supervisor("two.yml")
+    wait_for(lambda: redis.scard(keys.PROCESSES) == 3, message="three process records")
+    identities = list(redis.smembers(keys.PROCESSES))
+    proc.send_signal(signal.SIGTSTP)
+    wait_for(
+        lambda: all(redis.hget(i, "quiet") == b"true" for i in identities),
+        message="every child quiet",
+    )
+    redis.lpush(keys.queue("work"), json.dumps({"class": "supervisor_app.Hold", "args": [0]}))
+    beats = {i: redis.hget(i, "beat") for i in identities}
+    # Each child beats every 0.5 s; two beats each is ample time for a fetch to happen.
+    wait_for(
+        lambda: all(redis.hget(i, "beat") != beats[i] for i in identities),
+        message="a beat of every child",
+    )
+    beats = {i: redis.hget(i, "beat") for i in identities}
+    wait_for(
+        lambda: all(redis.hget(i, "beat") != beats[i] for i in identities),
+        message="a second beat of every child",
+    )
+    assert redis.llen(keys.queue("work")) == 1, "a quiet child fetched a job"
+    proc.send_signal(signal.SIGTTIN)
+    log = app_dir / "limitd.log"
+    wait_for(
+        lambda: log.read_text().count("thread limitd-heartbeat") >= 3,
+        message="stacks from every child",
+    )
+
+
+@pytest.mark.parametrize(
+    ("config", "key", "expected"),
+    [
+        ("queues: [work]\nconcurency: 3\n", "concurency", "unknown key"),
+        ("queues: [work]\nconcurrency: many\n", "concurrency", "integer"),
+        ("queues: [work]\nconcurrency: -2\n", "concurrency", ">= 1"),
+        ("queues: [work]\nlimits: {other: 2}\n", "limits.other", "not in this capsule"),
+        (
+            "capsules:\n  mail:\n    queues: [mail]\n    processes: 0\n",
+            "capsules.mail.processes",
+            ">= 1",
+        ),
+    ],
+)
+def test_bad_config_exits_78_naming_file_and_key(
+    app_dir: Path, config: str, key: str, expected: str
+) -> None:
+    (app_dir / "bad.yml").write_text("require: [supervisor_app]\n" + config)
+    for command in ("start", "check"):
+        out = subprocess.run(
+            [sys.executable, "-m", "limitd.cli", command, "bad.yml"],
+            cwd=app_dir,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=30,
+        )
+        assert out.returncode == 78, out.stderr
+        assert f"bad.yml: {key}: " in out.stderr
+        assert expected in out.stderr
+
+
+def test_check_prints_the_merged_config(app_dir: Path) -> None:
+    (app_dir / "prod.yml").write_text("concurrency: 7\ncapsules:\n  side:\n    processes: 3\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "limitd.cli", "check", "two.yml", "prod.yml"],
+        cwd=app_dir,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    )
+    assert "concurrency: 7" in out.stdout
+    assert "processes: 3" in out.stdout
+
+
+def test_embedded_redis_persists_across_restarts_and_stops(app_dir: Path) -> None:
+    (app_dir / "conf").mkdir()
+    (app_dir / "conf" / "app.yml").write_text("require: [supervisor_app]\nqueues: [work]\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("LIMITD_REDIS_URL", "REDIS_URL")}
+    url_file = app_dir / "conf" / ".limitd" / "redis.url"
+
+    def run_once(action: Callable[[redis_py.Redis], None]) -> None:
+        proc = limitd_start(app_dir, "conf/app.yml", env=env)
+        try:
+            wait_for(url_file.exists, timeout=20, message="the embedded Redis")
+            with redis_py.Redis.from_url(url_file.read_text().strip()) as conn:
+                wait_for(lambda: conn.scard(keys.CAPSULES) == 1, message="a capsule")
+                action(conn)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0
+        assert not url_file.exists()
+        assert not (app_dir / "conf" / ".limitd" / "redis.sock").exists()
+
+    run_once(lambda conn: conn.zadd(keys.SCHEDULE, {'{"class":"X","args":[]}': 4e9}))
+    run_once(assert_kept)
+
+
+def assert_kept(conn: redis_py.Redis) -> None:
+    assert conn.zcard(keys.SCHEDULE) == 1, "data written before the restart is still there"
