@@ -243,3 +243,61 @@ def test_embedded_redis_persists_across_restarts_and_stops(app_dir: Path) -> Non
 
 def assert_kept(conn: redis_py.Redis) -> None:
     assert conn.zcard(keys.SCHEDULE) == 1, "data written before the restart is still there"
+
+
+GREEDY_APP = textwrap.dedent("""
+    import limitd
+
+    hoard = []
+
+    @limitd.job(name="greedy_app.Grow", queue="work")
+    def grow(megabytes):
+        hoard.append(bytearray(megabytes * 1024 * 1024))
+""")
+
+
+def test_a_child_above_max_memory_is_recycled(
+    app_dir: Path, redis_server: RedisServer, redis: redis_py.Redis
+) -> None:
+    (app_dir / "greedy_app.py").write_text(GREEDY_APP)
+    (app_dir / "greedy.yml").write_text(
+        "require: [greedy_app]\nqueues: [work]\nheartbeat_period: 0.2\nmax_memory_mb: 150\n"
+    )
+    env = {**os.environ, "LIMITD_REDIS_URL": redis_server.url}
+    proc = limitd_start(app_dir, "greedy.yml", env=env)
+    try:
+        wait_for(lambda: len(children(proc.pid)) == 1, message="the child")
+        [first] = children(proc.pid)
+        redis.lpush(keys.queue("work"), json.dumps({"class": "greedy_app.Grow", "args": [200]}))
+        wait_for(
+            lambda: children(proc.pid) not in ([], [first]),
+            timeout=20,
+            message="a fresh child in place of the greedy one",
+        )
+        assert "recycling it" in (app_dir / "limitd.log").read_text()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+
+
+def test_hup_reopens_the_log_file(
+    app_dir: Path, redis_server: RedisServer, redis: redis_py.Redis
+) -> None:
+    (app_dir / "logged.yml").write_text(
+        "require: [supervisor_app]\nqueues: [work]\nlogging: {file: worker.log}\n"
+    )
+    env = {**os.environ, "LIMITD_REDIS_URL": redis_server.url}
+    proc = limitd_start(app_dir, "logged.yml", env=env)
+    log, rotated = app_dir / "worker.log", app_dir / "worker.log.1"
+    try:
+        wait_for(lambda: log.exists() and "started" in log.read_text(), message="a log file")
+        log.rename(rotated)  # what logrotate does
+        proc.send_signal(signal.SIGHUP)
+        wait_for(
+            lambda: log.exists() and "log files reopened" in log.read_text(),
+            message="a fresh log file",
+        )
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+    assert "supervisor stopped" in log.read_text()

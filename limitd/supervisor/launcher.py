@@ -9,7 +9,6 @@ since nobody vouches for this process any more. Handlers only record the signal 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import signal
 import sys
@@ -17,7 +16,7 @@ import threading
 import traceback
 
 from limitd.supervisor.capsule import Capsule
-from limitd.supervisor.signals import ORPHANED, STOP, SignalQueue
+from limitd.supervisor.signals import ORPHANED, STOP, SignalQueue, reopen_log_files
 from limitd.supervisor.titles import CapsuleTitle, capsule_title
 
 log = logging.getLogger("limitd.launcher")
@@ -79,16 +78,6 @@ class Launcher:
             self.capsule.order.names,
             quiet=self.capsule.record.quiet,
         )
-
-
-def reopen_log_files() -> None:
-    """After logrotate moved the file (HUP): write to a fresh file at the same path."""
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.FileHandler):
-            with handler.lock or contextlib.nullcontext():
-                handler.close()
-                handler.stream = handler._open()
-    log.info("log files reopened")
 
 
 def log_thread_stacks() -> None:

@@ -8,8 +8,12 @@ start-up is delivered late, never lost or handled by the default action.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
 import queue
 import signal
+import threading
 from collections.abc import Iterable
 from types import FrameType
 
@@ -17,6 +21,7 @@ STOP = (signal.SIGTERM, signal.SIGINT)
 # Sent to a child by the kernel when its supervisor dies (PR_SET_PDEATHSIG).
 ORPHANED = signal.SIGUSR1
 PR_SET_PDEATHSIG = 1
+PARENT_CHECK_SECONDS = 1.0
 
 
 class SignalQueue:
@@ -47,11 +52,33 @@ def block(signals: Iterable[signal.Signals]) -> None:
 
 
 def die_with_parent(signum: int = ORPHANED) -> None:
-    """Ask the kernel to send ``signum`` to this process when its parent exits (Linux)."""
+    """Have ``signum`` sent to this process when its parent exits: by the kernel on Linux
+    (at once), and everywhere by a thread that notices the parent changed (within a
+    second)."""
+    parent = os.getppid()
     try:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: the child's watchdog covers it
-        pass
+    except (OSError, AttributeError):
+        pass  # not Linux: the watchdog below is the only guard
+    threading.Thread(
+        target=_watch_parent, args=(parent, signum), name="limitd-parent-watch", daemon=True
+    ).start()
+
+
+def _watch_parent(parent: int, signum: int) -> None:
+    while os.getppid() == parent:
+        threading.Event().wait(PARENT_CHECK_SECONDS)
+    os.kill(os.getpid(), signum)
+
+
+def reopen_log_files() -> None:
+    """After logrotate moved the file (HUP): write to a fresh file at the same path."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            with handler.lock or contextlib.nullcontext():
+                handler.close()
+                handler.stream = handler._open()
+    logging.getLogger("limitd").info("log files reopened")

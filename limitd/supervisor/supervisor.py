@@ -15,6 +15,12 @@ app's memory copy-on-write), and it never runs jobs. Its main loop:
   timeout plus a grace period, then kills and reaps any that remain.
 
 Children get SIGUSR1 from the kernel if the supervisor dies, and exit at once.
+
+Children are made with a plain ``os.fork`` rather than a multiprocessing context: a child
+runs a capsule until it exits and reports only its exit code, so there is nothing to
+pickle or pipe, and the supervisor needs exact control of signal masks (blocked across
+the fork), ``waitpid`` statuses and ``os._exit`` codes, which multiprocessing's own
+bookkeeping (its atexit handlers, its sentinel pipes) would get in the way of.
 """
 
 from __future__ import annotations
@@ -34,7 +40,13 @@ import redis as redis_py
 from limitd import clock
 from limitd.config import CapsuleConfig, CapsuleSpec
 from limitd.supervisor import liveness
-from limitd.supervisor.signals import STOP, SignalQueue, block, die_with_parent
+from limitd.supervisor.signals import (
+    STOP,
+    SignalQueue,
+    block,
+    die_with_parent,
+    reopen_log_files,
+)
 from limitd.supervisor.titles import set_title, supervisor_title
 
 log = logging.getLogger("limitd.supervisor")
@@ -113,6 +125,8 @@ class Supervisor:
             )
             self._stopping = True
         elif signum in RELAYED:
+            if signum == signal.SIGHUP:
+                reopen_log_files()
             self._signal_children(signum)
 
     def _start(self, child: Child) -> None:
