@@ -10,6 +10,7 @@ without a restart. ``clear`` (unlimited, even where configuration sets a limit) 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 from limitd.api import Queue
 from limitd.commands.common import (
@@ -110,20 +111,21 @@ def run_limit_reset(args: argparse.Namespace, connect: Connect) -> int:
 
 
 def run_pause(args: argparse.Namespace, connect: Connect) -> int:
-    names = [check_queue(name) for name in args.queues]
-    redis = connect()
-    for name in names:
-        Queue(name, redis).pause()
-        print(f"queue {name!r} paused")
-    return EX_OK
+    return _for_each_queue(args, connect, Queue.pause, "paused")
 
 
 def run_resume(args: argparse.Namespace, connect: Connect) -> int:
+    return _for_each_queue(args, connect, Queue.resume, "resumed")
+
+
+def _for_each_queue(
+    args: argparse.Namespace, connect: Connect, action: Callable[[Queue], None], done: str
+) -> int:
     names = [check_queue(name) for name in args.queues]
     redis = connect()
     for name in names:
-        Queue(name, redis).resume()
-        print(f"queue {name!r} resumed")
+        action(Queue(name, redis))
+        print(f"queue {name!r} {done}")
     return EX_OK
 
 
