@@ -40,6 +40,7 @@ def add_start_commands(subparsers: Subparsers) -> None:
     )
     start.add_argument("config", nargs="*", help="YAML files, later ones override earlier")
     _add_override_flags(start)
+    _add_timing_flags(start)
     start.set_defaults(command=cmd_start)
     check = subparsers.add_parser("check", help="validate config files, print the result")
     check.add_argument("config", nargs="+", help="YAML files, later ones override earlier")
@@ -47,6 +48,7 @@ def add_start_commands(subparsers: Subparsers) -> None:
 
 
 def _add_override_flags(parser: argparse.ArgumentParser) -> None:
+    """Flags that shape the default capsule."""
     add = parser.add_argument
     add(
         "-r",
@@ -92,6 +94,11 @@ def _add_override_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="also fetch queues that exist in Redis but are not listed",
     )
+
+
+def _add_timing_flags(parser: argparse.ArgumentParser) -> None:
+    """Flags that apply to every capsule."""
+    add = parser.add_argument
     add("-t", "--timeout", type=float, help="seconds to finish jobs on TERM (every capsule)")
     add(
         "--heartbeat-period",
