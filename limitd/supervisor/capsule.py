@@ -134,7 +134,7 @@ class Capsule:
     def stop(self, timeout: float | None = None, *, grace: float = KILL_GRACE_SECONDS) -> int:
         """Stop within ``timeout`` seconds (default: the capsule's), then give threads
         still running a requeued job up to ``grace`` seconds to unwind (their late acks
-        are harmless: see ``limit_release.lua``). Returns how many jobs were requeued."""
+        are harmless: see ``limit_fetch.lua``). Returns how many jobs were requeued."""
         deadline = clock.monotonic() + (self.config.timeout if timeout is None else timeout)
         self.quiet()
         self._wait_for_processors(deadline)
