@@ -19,7 +19,7 @@ from limitd import __version__
 from limitd.commands import add_admin_commands
 from limitd.commands.enqueue import add_enqueue_command
 from limitd.commands.start import EX_CONFIG, add_start_commands
-from limitd.config import ConfigError
+from limitd.config import ConfigError, RedisSettings
 from limitd.config_loader import load_config
 from limitd.configure import redis_url
 from limitd.redis import connect
@@ -63,7 +63,12 @@ def resolve_redis(args: argparse.Namespace) -> redis_py.Redis | None:
     """The Redis an inspection command talks to; None if there is none."""
     config = load_config(args.config) if args.config else None
     url = redis_url(config, args.redis)
-    return connect(url) if url else None
+    if url is None:
+        return None
+    settings = config.redis if config is not None else RedisSettings()
+    return connect(
+        url, socket_timeout=settings.socket_timeout, connect_timeout=settings.connect_timeout
+    )
 
 
 if __name__ == "__main__":

@@ -41,7 +41,11 @@ def configured_url(url: str | None = None) -> str | None:
 
 
 def connect(
-    url: str | None = None, *, max_connections: int | None = None, socket_timeout: float = 10.0
+    url: str | None = None,
+    *,
+    max_connections: int | None = None,
+    socket_timeout: float = 10.0,
+    connect_timeout: float = 5.0,
 ) -> redis.Redis:
     """A client on a fresh pool. Responses stay bytes: payloads are decoded by limitd,
     so one malformed (non UTF-8) job cannot break a fetch and get lost on the way."""
@@ -49,7 +53,7 @@ def connect(
         configured_url(url) or DEFAULT_URL,
         max_connections=max_connections,
         socket_timeout=socket_timeout,
-        socket_connect_timeout=5.0,
+        socket_connect_timeout=connect_timeout,
         health_check_interval=30,
     )
 

@@ -20,7 +20,7 @@ import limitd
 from limitd import keys
 from limitd.embedded import RedisServer
 from limitd.fetch import limits as queue_limits
-from tests.helpers import wait_for
+from tests.helpers import running, wait_for
 
 APP = textwrap.dedent('''
     import os, time, limitd
@@ -257,11 +257,7 @@ def test_children_do_not_outlive_a_killed_supervisor(
     supervisor.wait()
 
     def gone() -> bool:
-        return not any(
-            os.path.exists(f"/proc/{pid}")
-            and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-            for pid in pids
-        )
+        return not any(running(pid) for pid in pids)
 
     wait_for(gone, timeout=2, message="children to exit")
     assert redis.llen(keys.queue("limited")) == 4, "their jobs were requeued"

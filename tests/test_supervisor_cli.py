@@ -18,7 +18,7 @@ import redis as redis_py
 
 from limitd import keys
 from limitd.embedded import RedisServer
-from tests.helpers import wait_for
+from tests.helpers import running, wait_for
 
 APP = textwrap.dedent("""
     import threading, limitd
@@ -135,7 +135,7 @@ def test_term_requeues_a_long_job_and_leaves_no_child(
     assert time.monotonic() - stopped_at < 1 + 5
     [job] = redis.lrange(keys.queue("work"), 0, -1)
     assert json.loads(job)["jid"] == "b" * 24
-    assert not any(Path(f"/proc/{pid}").exists() for pid in pids)
+    assert not any(running(pid) for pid in pids)
     assert redis.scard(keys.CAPSULES) == 0
     assert int(redis.hget(keys.BUSY, "work") or 0) == 0
 

@@ -15,11 +15,12 @@ import logging
 import os
 import sys
 
+import redis as redis_py
 import yaml
 
 from limitd.client import Client, set_default_client
 from limitd.commands.common import Subparsers
-from limitd.config import CapsuleConfig, CapsuleSpec, Config, ConfigError
+from limitd.config import CapsuleConfig, CapsuleSpec, Config, ConfigError, RedisSettings
 from limitd.config_loader import config_as_dict, load_config
 from limitd.configure import redis_url
 from limitd.embedded import start_embedded, stop_embedded
@@ -29,6 +30,7 @@ from limitd.supervisor.launcher import Launcher
 from limitd.supervisor.supervisor import Supervisor
 
 EX_CONFIG = 78
+POOL_EXTRA = 4  # heartbeat, poller, wake-up listener, one spare
 COMMAND_LINE = "command line"
 
 log = logging.getLogger("limitd.cli")
@@ -139,7 +141,10 @@ def cmd_start(args: argparse.Namespace) -> int:
         log.info("embedded redis-server running at %s", url)
     try:
         supervisor = Supervisor(
-            config.capsules, connect(url), lambda child: run_capsule(child, url), tag=config.tag
+            config.capsules,
+            connect_for(config.redis, url),
+            lambda child: run_capsule(child, config.redis, url),
+            tag=config.tag,
         )
         return supervisor.run()
     finally:
@@ -147,11 +152,37 @@ def cmd_start(args: argparse.Namespace) -> int:
             stop_embedded(server, config.base_dir)
 
 
-def run_capsule(config: CapsuleConfig, url: str) -> int:
+def run_capsule(config: CapsuleConfig, settings: RedisSettings, url: str) -> int:
     """A supervisor's child: its own connections (never the parent's), one capsule."""
-    redis = connect(url, max_connections=config.concurrency + 8)
+    redis = connect_for(settings, url, pool_for=config)
     set_default_client(Client(redis))  # jobs that enqueue jobs use the same Redis
     return Launcher(Capsule(config, redis=redis), titles=True).run()
+
+
+def connect_for(
+    settings: RedisSettings, url: str, pool_for: CapsuleConfig | None = None
+) -> redis_py.Redis:
+    """A client with the configured timeouts. A capsule's pool needs a connection per
+    thread plus the heartbeat, poller and wake-up listener: a smaller ``pool_size`` is
+    raised to that, with a warning, rather than failing under load."""
+    size = settings.pool_size
+    if pool_for is not None:
+        needed = pool_for.concurrency + POOL_EXTRA
+        if size is not None and size < needed:
+            log.warning(
+                "redis.pool_size %d is below the %d connections capsule %s needs; using %d",
+                size,
+                needed,
+                pool_for.name,
+                needed,
+            )
+        size = max(size or 0, needed)
+    return connect(
+        url,
+        max_connections=size,
+        socket_timeout=settings.socket_timeout,
+        connect_timeout=settings.connect_timeout,
+    )
 
 
 def apply_flags(config: Config, args: argparse.Namespace) -> Config:
