@@ -301,3 +301,18 @@ def test_hup_reopens_the_log_file(
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
     assert "supervisor stopped" in log.read_text()
+
+
+def test_term_right_after_a_fork_still_stops_the_child(
+    supervisor: Callable[..., subprocess.Popen[bytes]], app_dir: Path
+) -> None:
+    """A TERM relayed while a child is still starting must wait for the child's own
+    handlers (signals stay blocked across the fork), not vanish into the copy of the
+    supervisor's handlers the child inherited, which left it running until killed."""
+    for _ in range(5):
+        proc = supervisor("two.yml")
+        wait_for(lambda proc=proc: children(proc.pid), message="a forked child")
+        proc.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        assert proc.wait(timeout=1 + 5) == 0
+        assert time.monotonic() - started < 1 + 5

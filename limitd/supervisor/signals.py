@@ -51,6 +51,11 @@ def block(signals: Iterable[signal.Signals]) -> None:
     signal.pthread_sigmask(signal.SIG_BLOCK, list(signals))
 
 
+def unblock(signals: Iterable[signal.Signals]) -> None:
+    """Deliver what arrived while blocked, and anything after."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, list(signals))
+
+
 def die_with_parent(signum: int = ORPHANED) -> None:
     """Have ``signum`` sent to this process when its parent exits: by the kernel on Linux
     (at once), and everywhere by a thread that notices the parent changed (within a

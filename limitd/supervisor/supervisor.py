@@ -46,6 +46,7 @@ from limitd.supervisor.signals import (
     block,
     die_with_parent,
     reopen_log_files,
+    unblock,
 )
 from limitd.supervisor.titles import set_title, supervisor_title
 
@@ -132,10 +133,15 @@ class Supervisor:
     def _start(self, child: Child) -> None:
         child.config = dataclasses.replace(child.config, capsule_id=uuid.uuid4().hex)
         parent = os.getpid()
+        # Blocked across the fork: a signal for the new child must wait for the child's
+        # own handlers (its launcher unblocks them), not reach the copy of ours it inherits.
+        block(HANDLED)
         pid = os.fork()
         if pid == 0:  # the child
             code = EX_SOFTWARE
             try:
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
                 die_with_parent()
                 if os.getppid() == parent:  # else the supervisor died before prctl
                     code = self.child_main(child.config)
@@ -143,6 +149,7 @@ class Supervisor:
                 log.exception("capsule %s crashed", child.slot)
             finally:
                 os._exit(code)
+        unblock(HANDLED)
         child.pid, child.started = pid, clock.monotonic()
         log.info("started capsule %s (pid %d, id %s)", child.slot, pid, child.config.capsule_id)
         self._vouch()
