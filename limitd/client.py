@@ -18,6 +18,7 @@ import redis as redis_py
 
 from limitd import clock, keys
 from limitd.middleware.chain import ClientChain
+from limitd.middleware.fair_tenant import FairTenant
 from limitd.payload import (
     DEFAULT_QUEUE,
     STRICT_ARGS_MODES,
@@ -46,7 +47,7 @@ class Client:
         if strict_args not in STRICT_ARGS_MODES:
             raise ValueError(f"strict_args must be one of {STRICT_ARGS_MODES}, not {strict_args!r}")
         self.redis = redis if redis is not None else connect()
-        self.middleware = middleware if middleware is not None else ClientChain()
+        self.middleware = middleware if middleware is not None else default_chain()
         self.strict_args = strict_args
 
     def push(self, item: Payload, spec: JobSpec | None = None) -> str | None:
@@ -72,10 +73,13 @@ class Client:
         spec = spec or registry.resolve(str(item.get("class")))
         jids: list[str | None] = []
         for start in range(0, len(args_list), batch_size):
-            chunk = args_list[start : start + batch_size]
+            chunk = [
+                normalize({**item, "args": args}, spec)
+                for args in args_list[start : start + batch_size]
+            ]
+            self.middleware.prepare_bulk(spec, chunk, self.redis)
             accepted: list[Payload] = []
-            for args in chunk:
-                payload = normalize({**item, "args": args}, spec)
+            for payload in chunk:
                 kept = self.middleware.invoke(spec, payload, self.redis, _keep)
                 jids.append(kept["jid"] if kept else None)
                 if kept:
@@ -115,6 +119,12 @@ class Client:
             pipe.lpush(keys.queue(queue), *bodies)
             pipe.publish(keys.WAKE_CHANNEL, queue)  # idle capsules start it at once
         pipe.execute()
+
+
+def default_chain() -> ClientChain:
+    """The client middleware every client starts with: tenant fairness (a no-op for jobs
+    without ``fair_tenant_queues``)."""
+    return ClientChain([FairTenant()])
 
 
 def _keep(payload: Payload) -> Payload:

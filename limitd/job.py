@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 RetryInHook = Callable[[int, BaseException, Payload], Any]
 ExhaustedHook = Callable[[Payload, BaseException], Any]
+TenantHook = Callable[..., Any]
 
 
 options.declare("queue", options.non_empty_str, owner="limitd.job")
@@ -60,6 +61,7 @@ class JobSpec:
     options: dict[str, Any] = field(default_factory=dict)
     retry_in: RetryInHook | None = None
     retries_exhausted: ExhaustedHook | None = None
+    tenant: TenantHook | None = None  # called with the job's arguments (fair_tenant)
 
     @property
     def queue(self) -> str:
@@ -74,6 +76,7 @@ def define(
     *,
     retry_in: RetryInHook | None = None,
     retries_exhausted: ExhaustedHook | None = None,
+    tenant: TenantHook | None = None,
 ) -> JobSpec:
     """Validate options, build the spec and register it under its wire name."""
     spec = JobSpec(
@@ -83,6 +86,7 @@ def define(
         options=options.validate(name, job_options),
         retry_in=retry_in,
         retries_exhausted=retries_exhausted,
+        tenant=tenant,
     )
     registry.register(spec)
     return spec
@@ -168,9 +172,12 @@ def job(
     name: str | None = None,
     retry_in: RetryInHook | None = None,
     retries_exhausted: ExhaustedHook | None = None,
+    tenant: TenantHook | None = None,
     **job_options: Any,
 ) -> Any:
-    """Decorator that turns a function into a job; usable bare or with options."""
+    """Decorator that turns a function into a job; usable bare or with options. The
+    hooks: ``retry_in``, ``retries_exhausted`` (see ``limitd.retry``) and ``tenant``
+    (called with the job's arguments, see ``limitd.middleware.fair_tenant``)."""
 
     def decorate(target: Callable[..., Any]) -> JobFunction:
         origin = f"{target.__module__}.{target.__qualname__}"
@@ -181,6 +188,7 @@ def job(
             job_options,
             retry_in=retry_in,
             retries_exhausted=retries_exhausted,
+            tenant=tenant,
         )
         return JobFunction(target, spec)
 
@@ -190,8 +198,8 @@ def job(
 class Job:
     """Base class for class-style jobs: options go in the class statement, ``perform``
     receives the arguments, and the optional ``retry_in`` / ``retries_exhausted``
-    methods are the retry hooks. A fresh instance runs each job, with ``jid`` and
-    ``payload`` set before ``perform``."""
+    methods are the retry hooks, ``fair_tenant(*args)`` the tenant hook. A fresh
+    instance runs each job, with ``jid`` and ``payload`` set before ``perform``."""
 
     spec: ClassVar[JobSpec]
     jid: str
@@ -213,6 +221,7 @@ class Job:
             job_options,
             retry_in=_hook(cls, "retry_in"),
             retries_exhausted=_hook(cls, "retries_exhausted"),
+            tenant=_hook(cls, "fair_tenant"),
         )
 
     @classmethod

@@ -64,3 +64,16 @@ def capsule_queues(capsule_id: str) -> str:
 def in_progress(capsule_id: str, queue_name: str) -> str:
     """List of jobs of one queue that one capsule is running (newest at the left)."""
     return f"{LIMITD_PREFIX}capsule:{capsule_id}:inprogress:{queue_name}"
+
+
+# Tenant fairness.
+FAIR_TENANT_DEFAULT_KEY = LIMITD_PREFIX + "fair_tenant:enqueued:{job_class}:tenant:{fair_tenant}"
+FAIR_TENANT_TENANTS = LIMITD_PREFIX + "fair_tenant:tenants"  # zset "job|tenant" -> last seen
+FAIR_TENANT_REROUTES = LIMITD_PREFIX + "fair_tenant:reroutes"  # hash "job|tenant|queue" -> n
+FAIR_TENANT_RULES = LIMITD_PREFIX + "fair_tenant:rules"  # hash job -> rules JSON
+
+
+def fair_tenant_enqueues(template: str, *, queue: str, job_class: str, tenant: str) -> str:
+    """Sorted set of one tenant's recent enqueues of one job (member jid, score time).
+    The template is configurable; its placeholders are queue, job_class, fair_tenant."""
+    return template.format(queue=queue, job_class=job_class, fair_tenant=tenant)

@@ -75,6 +75,15 @@ class Chain:
 
 
 class ClientChain(Chain):
+    def prepare_bulk(self, spec: JobSpec | None, payloads: list[Payload], redis: Any) -> None:
+        """Before a bulk chunk goes through the chain job by job, let middleware that can
+        (those with a ``prepare_bulk`` method) do their Redis work for the whole chunk in
+        one round trip. Each job still passes every middleware on its own afterwards."""
+        for middleware in self._entries:
+            prepare = getattr(middleware, "prepare_bulk", None)
+            if prepare is not None:
+                prepare(spec, payloads, redis)
+
     def invoke(
         self, spec: JobSpec | None, payload: Payload, redis: Any, push: PushNext
     ) -> Payload | None:

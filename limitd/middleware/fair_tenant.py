@@ -1,0 +1,198 @@
+"""Tenant fairness: reroute a greedy tenant's jobs to slower, weighted queues.
+
+A job declares rules with the ``fair_tenant_queues`` option::
+
+    @limitd.job(queue="default", tenant=lambda account_id, *_: f"account-{account_id}",
+                fair_tenant_queues=[{"queue": "throttled_2x", "threshold": 100, "per": 3600},
+                                    {"queue": "throttled_4x", "threshold": 10, "per": 60}])
+    def sync_account(account_id, since): ...
+
+Each enqueue of a tenant's job is counted in a sorted set (member jid, score time). A
+rule matches when the tenant's enqueues of that job in the last ``per`` seconds, *the
+one being enqueued included*, exceed ``threshold``: with ``threshold: 100`` the first 100
+of a window keep their queue and the 101st is rerouted. All rules are checked and the
+last matching one decides, so order them from least to most restrictive. Capsules then
+fetch the throttled queues with lower weights: the greedy tenant keeps its throughput
+when others are idle, and stops crowding them out when they are not.
+
+The tenant is, in order: ``.set(fair_tenant=...)`` at enqueue time, a ``fair_tenant``
+value an earlier middleware put in the payload, or the job's ``tenant`` hook called with
+the job's arguments. No tenant: the job is not tracked.
+
+Scheduled jobs are counted and routed when they are scheduled (the time of the request
+is what a tenant controls), so scheduling in bulk does not dodge the rules. Retries keep
+the queue their first run had: a throttled job retries in its throttled queue.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
+
+from limitd import clock, keys, options
+from limitd.payload import Payload
+from limitd.redis import LuaScript
+
+if TYPE_CHECKING:
+    from limitd.job import JobSpec
+
+FAIR_TENANT = LuaScript(__package__ or "limitd.middleware", "fair_tenant.lua")
+ENV_PREFIX = "LIMITD_FAIR_TENANT_"
+DEFAULT_MAX_WINDOW = 86_400
+
+
+@dataclass(frozen=True)
+class Rule:
+    queue: str
+    threshold: int
+    per: float
+
+
+def _rules_option(value: Any) -> list[dict[str, Any]]:
+    """Validate ``fair_tenant_queues`` at definition time; stored as plain dicts so the
+    payload stays JSON."""
+    if not isinstance(value, (list, tuple)) or not value:
+        raise ValueError("expected a non-empty list of {queue, threshold, per} rules")
+    return [_rule(entry, index) for index, entry in enumerate(value)]
+
+
+def _rule(entry: Any, index: int) -> dict[str, Any]:
+    if not isinstance(entry, Mapping) or set(entry) != {"queue", "threshold", "per"}:
+        raise ValueError(f"rule {index}: expected exactly the keys queue, threshold, per")
+    queue = options.non_empty_str(entry["queue"])
+    threshold = entry["threshold"]
+    if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
+        raise ValueError(f"rule {index}: threshold must be an integer >= 0")
+    return {"queue": queue, "threshold": threshold, "per": options.seconds(entry["per"])}
+
+
+options.declare("fair_tenant_queues", _rules_option, owner="limitd.middleware.fair_tenant")
+options.declare("fair_tenant", options.non_empty_str, owner="limitd.middleware.fair_tenant")
+
+
+@dataclass(frozen=True)
+class FairTenantSettings:
+    """``max_throttling_window``: the longest window kept (entries older are trimmed,
+    and the key expires after it); ``enqueues_key``: the sorted set's name, with the
+    placeholders ``{queue}``, ``{job_class}``, ``{fair_tenant}``; ``logger``: where
+    reroutes are logged (at debug level)."""
+
+    max_throttling_window: float = DEFAULT_MAX_WINDOW
+    enqueues_key: str = keys.FAIR_TENANT_DEFAULT_KEY
+    logger: str = "limitd.fair_tenant"
+
+    @classmethod
+    def from_env(
+        cls, base: FairTenantSettings | None = None, env: Mapping[str, str] | None = None
+    ) -> FairTenantSettings:
+        """``LIMITD_FAIR_TENANT_<KEY>`` variables, over ``base`` (the YAML section)."""
+        env = os.environ if env is None else env
+        settings = base or cls()
+        window = env.get(ENV_PREFIX + "MAX_THROTTLING_WINDOW")
+        return cls(
+            max_throttling_window=float(window) if window else settings.max_throttling_window,
+            enqueues_key=env.get(ENV_PREFIX + "ENQUEUES_KEY") or settings.enqueues_key,
+            logger=env.get(ENV_PREFIX + "LOGGER") or settings.logger,
+        )
+
+
+class FairTenant:
+    """The client middleware. Halts nothing; only chooses the queue."""
+
+    def __init__(self, settings: FairTenantSettings | None = None) -> None:
+        self.settings = settings or FairTenantSettings.from_env()
+        self.log = logging.getLogger(self.settings.logger)
+        self._local = threading.local()
+
+    def __call__(
+        self,
+        spec: JobSpec | None,
+        payload: Payload,
+        redis: Any,
+        call_next: Callable[[Payload], Payload | None],
+    ) -> Payload | None:
+        routed = getattr(self._local, "routed", None)
+        if routed is not None and payload["jid"] in routed:
+            payload["queue"] = routed.pop(payload["jid"])  # decided for the whole bulk
+        else:
+            self.route(spec, [payload], redis)
+        payload.pop("fair_tenant_queues", None)  # definition data: not needed downstream
+        return call_next(payload)
+
+    def prepare_bulk(self, spec: JobSpec | None, payloads: Sequence[Payload], redis: Any) -> None:
+        """Count and route a whole chunk in one round trip (one script call per tenant,
+        pipelined); each job is still counted on its own, in order."""
+        decided: dict[str, str] = {}
+        groups: dict[str, list[Payload]] = {}
+        for payload in payloads:
+            tenant = self.tenant_of(spec, payload)
+            if tenant is not None and payload.get("fair_tenant_queues"):
+                groups.setdefault(tenant, []).append(payload)
+        if not groups:
+            return
+        pipe = redis.pipeline(transaction=False)
+        for tenant, members in groups.items():
+            self._count(pipe, members[0], tenant, [p["jid"] for p in members])
+        for (_, members), choices in zip(groups.items(), pipe.execute(), strict=True):
+            for payload, choice in zip(members, choices, strict=True):
+                decided[payload["jid"]] = self._queue_for(payload, int(choice))
+        self._local.routed = decided
+
+    def route(self, spec: JobSpec | None, payloads: Sequence[Payload], redis: Any) -> None:
+        for payload in payloads:
+            tenant = self.tenant_of(spec, payload)
+            if tenant is None or not payload.get("fair_tenant_queues"):
+                continue
+            [choice] = cast("list[int]", self._count(redis, payload, tenant, [payload["jid"]]))
+            payload["queue"] = self._queue_for(payload, int(choice))
+
+    def tenant_of(self, spec: JobSpec | None, payload: Payload) -> str | None:
+        tenant = payload.get("fair_tenant")
+        if tenant is None and spec is not None and spec.tenant is not None:
+            tenant = spec.tenant(*payload["args"])
+            if tenant is not None:
+                payload["fair_tenant"] = str(tenant)
+        return None if tenant is None else str(tenant)
+
+    def _count(self, conn: Any, payload: Payload, tenant: str, jids: list[str]) -> Any:
+        rules = payload["fair_tenant_queues"]
+        key = keys.fair_tenant_enqueues(
+            self.settings.enqueues_key,
+            queue=payload["queue"],
+            job_class=payload["class"],
+            tenant=tenant,
+        )
+        window = max([self.settings.max_throttling_window, *(r["per"] for r in rules)])
+        args: list[Any] = [
+            clock.now(),
+            window,
+            payload["class"],
+            tenant,
+            json.dumps(rules, separators=(",", ":")),
+            len(rules),
+        ]
+        for rule in rules:
+            args += [rule["per"], rule["threshold"], rule["queue"]]
+        return FAIR_TENANT(
+            conn,
+            [key, keys.FAIR_TENANT_TENANTS, keys.FAIR_TENANT_REROUTES, keys.FAIR_TENANT_RULES],
+            [*args, *jids],
+        )
+
+    def _queue_for(self, payload: Payload, choice: int) -> str:
+        if choice == 0:
+            return str(payload["queue"])
+        queue = str(payload["fair_tenant_queues"][choice - 1]["queue"])
+        self.log.debug(
+            "rerouted jid=%s class=%s tenant=%s to %s",
+            payload["jid"],
+            payload["class"],
+            payload.get("fair_tenant"),
+            queue,
+        )
+        return queue
