@@ -130,8 +130,8 @@ class FairTenant:
         decided: dict[str, str] = {}
         groups: dict[str, list[Payload]] = {}
         for payload in payloads:
-            tenant = self.tenant_of(spec, payload)
-            if tenant is not None and payload.get("fair_tenant_queues"):
+            tenant = self.tenant_of(spec, payload) if payload.get("fair_tenant_queues") else None
+            if tenant is not None:
                 groups.setdefault(tenant, []).append(payload)
         if not groups:
             return
@@ -145,8 +145,10 @@ class FairTenant:
 
     def route(self, spec: JobSpec | None, payloads: Sequence[Payload], redis: Any) -> None:
         for payload in payloads:
+            if not payload.get("fair_tenant_queues"):
+                continue
             tenant = self.tenant_of(spec, payload)
-            if tenant is None or not payload.get("fair_tenant_queues"):
+            if tenant is None:
                 continue
             [choice] = cast("list[int]", self._count(redis, payload, tenant, [payload["jid"]]))
             payload["queue"] = self._queue_for(payload, int(choice))
