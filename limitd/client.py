@@ -18,7 +18,7 @@ import redis as redis_py
 
 from limitd import clock, keys
 from limitd.middleware.chain import ClientChain
-from limitd.middleware.fair_tenant import FairTenant
+from limitd.middleware.fair_tenant import FairTenant, FairTenantSettings
 from limitd.payload import (
     DEFAULT_QUEUE,
     STRICT_ARGS_MODES,
@@ -121,10 +121,11 @@ class Client:
         pipe.execute()
 
 
-def default_chain() -> ClientChain:
+def default_chain(fair_tenant: FairTenantSettings | None = None) -> ClientChain:
     """The client middleware every client starts with: tenant fairness (a no-op for jobs
-    without ``fair_tenant_queues``)."""
-    return ClientChain([FairTenant()])
+    without ``fair_tenant_queues``), with the given settings (a config's
+    ``fair_tenant``), else the ``LIMITD_FAIR_TENANT_*`` variables over the defaults."""
+    return ClientChain([FairTenant(fair_tenant)])
 
 
 def _keep(payload: Payload) -> Payload:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from limitd.fetch.limits import LimitSettings, check_limit
 from limitd.fetch.order import QueueOrder, QueueSpec
+from limitd.middleware.fair_tenant import FairTenantSettings
 from limitd.retry import DeadSetPolicy, DeathHandler
 
 FETCHES = ("limit", "basic")
@@ -122,6 +123,7 @@ class Config:
     tag: str = ""
     logging: LoggingSettings = field(default_factory=LoggingSettings)
     capsules: list[CapsuleSpec] = field(default_factory=list)
+    fair_tenant: FairTenantSettings = field(default_factory=FairTenantSettings)
     base_dir: str = "."  # directory of the first file: the embedded Redis lives here
 
 

@@ -5,9 +5,10 @@ files stops the start with one line naming the file, the key path and what was
 expected (a ``ConfigError``). ``config_merge`` reads, merges and interpolates the files;
 ``config_values`` reads typed values; this module knows the schema.
 
-The top level holds settings for everything (``redis``, ``logging``, ``require``, ``tag``),
-the settings of the *default capsule* (``queues``, ``concurrency``, ``limits``, ...), and
-``capsules``: named capsules, each with settings of its own.
+The top level holds settings for everything (``redis``, ``logging``, ``fair_tenant``,
+``require``, ``tag``), the settings of the *default capsule* (``queues``,
+``concurrency``, ``limits``, ...), and ``capsules``: named capsules, each with settings
+of its own.
 
 - The default capsule exists when the top level lists ``queues``, or when there are no
   named capsules at all (it then fetches the queue ``default``). Its settings are the
@@ -19,7 +20,9 @@ the settings of the *default capsule* (``queues``, ``concurrency``, ``limits``, 
   ``heartbeat_period``, ``poll_range``, ``fetch``, ``tag`` and ``dead`` (key by key) from
   the top level unless it sets them. Its ``require`` *adds* modules to the top-level
   list: the supervisor imports those before forking, so they cannot be taken away.
-- ``LIMITD_REDIS_URL`` in the environment overrides ``redis.url``.
+- ``LIMITD_REDIS_URL`` in the environment overrides ``redis.url``, and
+  ``LIMITD_FAIR_TENANT_<KEY>`` the key of ``fair_tenant`` (checked the same way; a
+  variable with that prefix that names no key is an error, like an unknown key).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from limitd import keys
 from limitd.config import (
     FETCHES,
     CapsuleConfig,
@@ -41,9 +45,10 @@ from limitd.config import (
     LoggingSettings,
     RedisSettings,
 )
-from limitd.config_merge import KeyPath, interpolate, merge_files
+from limitd.config_merge import Interpolated, KeyPath, Layers, interpolate, merge_files
 from limitd.config_values import Section, describe
 from limitd.fetch.order import QueueOrder, QueueSpec
+from limitd.middleware.fair_tenant import ENV_PREFIX, FairTenantSettings
 from limitd.retry import DeadSetPolicy
 
 DAY = 86_400
@@ -62,12 +67,14 @@ OWN_KEYS = (
 )
 SHARED_KEYS = ("timeout", "heartbeat_period", "poll_range", "fetch", "tag", "dead", "require")
 CAPSULE_KEYS = frozenset(OWN_KEYS + SHARED_KEYS)
-TOP_KEYS = CAPSULE_KEYS | {"redis", "logging", "capsules"}
+TOP_KEYS = CAPSULE_KEYS | {"redis", "logging", "fair_tenant", "capsules"}
 REDIS_KEYS = frozenset({"url", "pool_size", "socket_timeout", "connect_timeout"})
 LOGGING_KEYS = frozenset({"level", "file"})
 DEAD_KEYS = frozenset({"max_jobs", "timeout_days"})
+FAIR_TENANT_KEYS = frozenset({"max_throttling_window", "enqueues_key", "logger"})
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+ENVIRONMENT = "environment"  # the "file" named by errors in environment variables
 
 _MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 _CAPSULE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
@@ -103,6 +110,7 @@ def load_config(paths: Sequence[str | Path], env: Mapping[str, str] | None = Non
         tag=shared.tag,
         logging=read_logging(top.section("logging")),
         capsules=read_capsules(top, shared),
+        fair_tenant=read_fair_tenant(top.section("fair_tenant"), env),
         base_dir=str(Path(layers.files[0]).parent) if layers.files else ".",
     )
 
@@ -151,6 +159,54 @@ def read_logging(section: Section) -> LoggingSettings:
     if level.upper() not in LEVELS:
         raise section.error("level", f"expected one of {list(LEVELS)}, got {level!r}")
     return LoggingSettings(level=level.upper(), file=section.optional_string("file"))
+
+
+def read_fair_tenant(section: Section, env: Mapping[str, str]) -> FairTenantSettings:
+    """The ``fair_tenant`` section, then the ``LIMITD_FAIR_TENANT_<KEY>`` variables over
+    it: the environment wins. Variables are checked like the file's values, then applied
+    by ``FairTenantSettings.from_env``, the one place that reads them."""
+    section.check_keys(FAIR_TENANT_KEYS)
+    base = _fair_tenant_settings(section, FairTenantSettings())
+    variables = _fair_tenant_environment(env)
+    try:
+        _fair_tenant_settings(variables, base)
+    except ConfigError as exc:  # name the variable, not a key of no file
+        raise ConfigError(ENVIRONMENT, ENV_PREFIX + exc.key.upper(), exc.message) from None
+    return FairTenantSettings.from_env(base, env)
+
+
+def _fair_tenant_settings(section: Section, base: FairTenantSettings) -> FairTenantSettings:
+    enqueues_key = section.string("enqueues_key", base.enqueues_key)
+    problem = keys.fair_tenant_template_problem(enqueues_key)
+    if problem is not None:
+        raise section.error("enqueues_key", problem)
+    logger = section.string("logger", base.logger)
+    if not logger.strip():
+        raise section.error("logger", f"expected a logger name, got {logger!r}")
+    return FairTenantSettings(
+        max_throttling_window=section.number(
+            "max_throttling_window", base.max_throttling_window, 0, above=True
+        ),
+        enqueues_key=enqueues_key,
+        logger=logger,
+    )
+
+
+def _fair_tenant_environment(env: Mapping[str, str]) -> Section:
+    """The ``LIMITD_FAIR_TENANT_*`` variables as a section of text values (as if
+    interpolated), so the same readers convert and check them. Empty ones are unset, as
+    ``from_env`` treats them."""
+    names = {ENV_PREFIX + key.upper(): key for key in FAIR_TENANT_KEYS}
+    found: dict[str, str] = {}
+    for name, value in env.items():
+        if not name.startswith(ENV_PREFIX) or not value:
+            continue
+        if name not in names:
+            raise ConfigError(
+                ENVIRONMENT, name, f"unknown variable; expected one of {sorted(names)}"
+            )
+        found[names[name]] = Interpolated(value, "$" + name)
+    return Section(found, (), Layers(files=[ENVIRONMENT]))
 
 
 def read_capsules(top: Section, shared: Shared) -> list[CapsuleSpec]:
@@ -291,6 +347,11 @@ def config_as_dict(config: Config) -> dict[str, Any]:
             "connect_timeout": config.redis.connect_timeout,
         },
         "logging": {"level": config.logging.level, "file": config.logging.file},
+        "fair_tenant": {
+            "max_throttling_window": config.fair_tenant.max_throttling_window,
+            "enqueues_key": config.fair_tenant.enqueues_key,
+            "logger": config.fair_tenant.logger,
+        },
         "require": list(config.require),
         "tag": config.tag,
         "capsules": {spec.config.name: capsule_as_dict(spec) for spec in config.capsules},

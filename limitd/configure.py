@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from limitd.client import Client, set_default_client
+from limitd.client import Client, default_chain, set_default_client
 from limitd.config import Config
 from limitd.config_loader import load_config
 from limitd.embedded import embedded_url
@@ -29,7 +29,8 @@ def redis_url(config: Config | None, explicit: str | None = None) -> str | None:
 
 
 def configure(*paths: str | Path, url: str | None = None) -> Client:
-    """Load the config files and make limitd's default client use their Redis::
+    """Load the config files and make limitd's default client use their Redis (and their
+    ``fair_tenant`` settings, under any ``LIMITD_FAIR_TENANT_*`` variables)::
 
     limitd.configure("conf/example.yml")
     send_report.perform_async(42)
@@ -42,6 +43,7 @@ def configure(*paths: str | Path, url: str | None = None) -> Client:
             f"no Redis configured for {where} and no embedded Redis running "
             "there: start 'limitd start' first, or set LIMITD_REDIS_URL"
         )
-    client = Client(connect(found))
+    settings = config.fair_tenant if config is not None else None
+    client = Client(connect(found), middleware=default_chain(settings))
     set_default_client(client)
     return client

@@ -7,6 +7,8 @@ build key names: callers pass the names built here through ``KEYS[]``.
 
 from __future__ import annotations
 
+import string
+
 QUEUES = "queues"
 SCHEDULE = "schedule"
 RETRY = "retry"
@@ -68,12 +70,35 @@ def in_progress(capsule_id: str, queue_name: str) -> str:
 
 # Tenant fairness.
 FAIR_TENANT_DEFAULT_KEY = LIMITD_PREFIX + "fair_tenant:enqueued:{job_class}:tenant:{fair_tenant}"
-FAIR_TENANT_TENANTS = LIMITD_PREFIX + "fair_tenant:tenants"  # zset "job|tenant" -> last seen
-FAIR_TENANT_REROUTES = LIMITD_PREFIX + "fair_tenant:reroutes"  # hash "job|tenant|queue" -> n
+FAIR_TENANT_TENANTS = LIMITD_PREFIX + "fair_tenant:tenants"  # zset JSON [job, tenant] -> last seen
+FAIR_TENANT_REROUTES = LIMITD_PREFIX + "fair_tenant:reroutes"  # hash JSON [job, tenant, queue] -> n
 FAIR_TENANT_RULES = LIMITD_PREFIX + "fair_tenant:rules"  # hash job -> rules JSON
+FAIR_TENANT_PLACEHOLDERS = ("queue", "job_class", "fair_tenant")
 
 
 def fair_tenant_enqueues(template: str, *, queue: str, job_class: str, tenant: str) -> str:
     """Sorted set of one tenant's recent enqueues of one job (member jid, score time).
     The template is configurable; its placeholders are queue, job_class, fair_tenant."""
     return template.format(queue=queue, job_class=job_class, fair_tenant=tenant)
+
+
+def fair_tenant_template_problem(template: str) -> str | None:
+    """Why ``template`` cannot name the enqueues sets, or None when it can. It must hold
+    ``{fair_tenant}`` (without it every tenant shares one count) and no placeholder but
+    those of :func:`fair_tenant_enqueues` (any other fails at every enqueue)."""
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError as exc:  # a lone "{" or "}"
+        return f"{exc} in {template!r} (write {{{{ and }}}} for literal braces)"
+    allowed = ", ".join("{" + name + "}" for name in FAIR_TENANT_PLACEHOLDERS)
+    names = set()
+    for _, name, spec, conversion in parts:
+        if name is None:  # literal text only
+            continue
+        if name not in FAIR_TENANT_PLACEHOLDERS or spec or conversion:
+            shown = name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "")
+            return f"placeholder {{{shown}}} in {template!r} is not one of {allowed}"
+        names.add(name)
+    if "fair_tenant" not in names:
+        return f"{template!r} must contain {{fair_tenant}}: without it all tenants share one count"
+    return None

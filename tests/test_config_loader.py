@@ -271,7 +271,7 @@ MAIL = "capsules:\n  mail:\n    queues: [mail]\n"
 
 # (files' texts, index of the file to blame, key path, words of the message)
 BAD_CONFIGS = {
-    "unknown top-level key": (["fair_tenant: {}\n"], 0, "fair_tenant", "unknown key"),
+    "unknown top-level key": (["sidekiq: {}\n"], 0, "sidekiq", "unknown key"),
     "misspelt key": (["concurency: 3\n"], 0, "concurency", "did you mean 'concurrency'"),
     "unknown capsule key": ([MAIL + "    concurency: 3\n"], 0, "capsules.mail.concurency", ""),
     "unknown redis key": (["redis: {host: x}\n"], 0, "redis.host", "unknown key"),

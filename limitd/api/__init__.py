@@ -1,7 +1,8 @@
 """The admin API: what operators (and the CLI) read and steer at run time.
 
 Queues (their jobs, limits, pause flag and busy slots), the ``schedule`` / ``retry`` /
-``dead`` sorted sets, the limit-fetch capsules and the global counters, read straight
+``dead`` sorted sets, the limit-fetch capsules, the global counters and the tenants that
+tenant fairness tracks, read straight
 from Sidekiq's data model and limitd's ``limitd:`` keys, so the same calls work on jobs
 a Ruby client pushed. The server never imports this package: nothing here is on a
 running job's path::
@@ -15,7 +16,7 @@ running job's path::
     print(Queue("default").latency(), Stats().enqueued)
 
 One module per part: ``records`` (the job record shared by all), ``queues``,
-``sorted_sets``, ``capsules`` and ``stats``.
+``sorted_sets``, ``capsules``, ``stats`` and ``tenants``.
 """
 
 from limitd.api.capsules import Capsule, Capsules
@@ -32,6 +33,7 @@ from limitd.api.sorted_sets import (
     SortedSet,
 )
 from limitd.api.stats import QueueStatus, Stats, queue_overview
+from limitd.api.tenants import RuleWindow, TenantStatus, reroutes, top_tenants
 
 __all__ = [
     "PAGE_SIZE",
@@ -47,9 +49,13 @@ __all__ = [
     "QueueEntry",
     "QueueStatus",
     "RetrySet",
+    "RuleWindow",
     "ScheduledSet",
     "SortedEntry",
     "SortedSet",
     "Stats",
+    "TenantStatus",
     "queue_overview",
+    "reroutes",
+    "top_tenants",
 ]

@@ -1,7 +1,8 @@
 """The ``limitd`` commands that inspect and steer a running system.
 
 ``limitd status``, ``limitd queues``, ``limitd limit set|clear|reset``, ``limitd
-pause|resume`` and ``limitd retries|dead|scheduled list|retry|delete``: a thin layer
+pause|resume``, ``limitd retries|dead|scheduled list|retry|delete`` and ``limitd
+tenants``: a thin layer
 over ``limitd.api``, which does every read and write, so the command line and a Python
 shell can never disagree. ``cli.py`` owns the parser and how Redis is found; it hands
 both to :func:`add_admin_commands`. One module per command group, ``table`` for the
@@ -18,6 +19,7 @@ from limitd.commands.limits import add_limit_commands, add_pause_commands
 from limitd.commands.queues import add_queues_command
 from limitd.commands.sets import add_set_commands
 from limitd.commands.status import add_status_command
+from limitd.commands.tenants import add_tenants_command
 
 __all__ = ["ResolveRedis", "Subparsers", "add_admin_commands"]
 
@@ -33,3 +35,4 @@ def add_admin_commands(subparsers: Subparsers, resolve_redis: ResolveRedis) -> N
     add_limit_commands(subparsers, resolve_redis)
     add_pause_commands(subparsers, resolve_redis)
     add_set_commands(subparsers, resolve_redis)
+    add_tenants_command(subparsers, resolve_redis)

@@ -2,9 +2,11 @@
 
 ``start`` loads and checks the configuration (files merged, then command-line flags on
 top: queue flags shape the default capsule, timing flags every capsule), imports the
-app once, starts an embedded Redis beside the config when none is configured, and runs
-the supervisor until it is stopped. Any configuration mistake exits 78 before anything
-starts, with one line naming the file (or flag), the key and what was expected.
+app once and checks it against the configuration (``config_checks``), starts an embedded
+Redis beside the config when none is configured, and runs the supervisor until it is
+stopped. Any configuration mistake exits 78 before anything starts, with one line naming
+the file (or flag), the key and what was expected. ``check`` does the same checks, then
+prints the effective configuration instead of starting.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ import sys
 import redis as redis_py
 import yaml
 
-from limitd.client import Client, set_default_client
+from limitd.client import Client, default_chain, set_default_client
 from limitd.commands.common import Subparsers
 from limitd.config import CapsuleConfig, CapsuleSpec, Config, ConfigError, RedisSettings
+from limitd.config_checks import app_modules, check_app
 from limitd.config_loader import config_as_dict, load_config
 from limitd.configure import redis_url
 from limitd.embedded import start_embedded, stop_embedded
+from limitd.middleware.fair_tenant import FairTenantSettings
 from limitd.redis import connect
 from limitd.supervisor.capsule import Capsule, import_app
 from limitd.supervisor.launcher import Launcher
@@ -44,7 +48,9 @@ def add_start_commands(subparsers: Subparsers) -> None:
     _add_override_flags(start)
     _add_timing_flags(start)
     start.set_defaults(command=cmd_start)
-    check = subparsers.add_parser("check", help="validate config files, print the result")
+    check = subparsers.add_parser(
+        "check", help="validate config files and the app's jobs, print the result"
+    )
     check.add_argument("config", nargs="+", help="YAML files, later ones override earlier")
     check.set_defaults(command=cmd_check)
 
@@ -113,9 +119,12 @@ def _add_timing_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    sys.path.insert(0, os.getcwd())
     try:
         config = load_config(args.config)
-    except ConfigError as exc:
+        import_app(app_modules(config))
+        check_app(config)
+    except (ConfigError, ImportError) as exc:
         print(f"limitd check: {exc}", file=sys.stderr)
         return EX_CONFIG
     effective = config_as_dict(config)
@@ -129,7 +138,8 @@ def cmd_start(args: argparse.Namespace) -> int:
     sys.path.insert(0, os.getcwd())
     try:
         config = apply_flags(load_config(args.config), args)
-        import_app(config.require)
+        import_app(app_modules(config))
+        check_app(config)
     except (ConfigError, ImportError) as exc:
         print(f"limitd start: {exc}", file=sys.stderr)
         return EX_CONFIG
@@ -140,10 +150,12 @@ def cmd_start(args: argparse.Namespace) -> int:
     if server is not None:
         log.info("embedded redis-server running at %s", url)
     try:
+        redis = connect_for(config.redis, url)
+        set_default_client(Client(redis, middleware=default_chain(config.fair_tenant)))
         supervisor = Supervisor(
             config.capsules,
-            connect_for(config.redis, url),
-            lambda child: run_capsule(child, config.redis, url),
+            redis,
+            lambda child: run_capsule(child, config.redis, url, config.fair_tenant),
             tag=config.tag,
         )
         return supervisor.run()
@@ -152,10 +164,16 @@ def cmd_start(args: argparse.Namespace) -> int:
             stop_embedded(server, config.base_dir)
 
 
-def run_capsule(config: CapsuleConfig, settings: RedisSettings, url: str) -> int:
-    """A supervisor's child: its own connections (never the parent's), one capsule."""
+def run_capsule(
+    config: CapsuleConfig,
+    settings: RedisSettings,
+    url: str,
+    fair_tenant: FairTenantSettings | None = None,
+) -> int:
+    """A supervisor's child: its own connections (never the parent's), one capsule.
+    Jobs that enqueue jobs use the same Redis and the config's ``fair_tenant`` settings."""
     redis = connect_for(settings, url, pool_for=config)
-    set_default_client(Client(redis))  # jobs that enqueue jobs use the same Redis
+    set_default_client(Client(redis, middleware=default_chain(fair_tenant)))
     return Launcher(Capsule(config, redis=redis), titles=True).run()
 
 

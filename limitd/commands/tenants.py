@@ -1,0 +1,111 @@
+"""``limitd tenants``: the tenants tenant fairness tracks, busiest first.
+
+"Who is crowding the queues, and is fairness acting on them?": per tenant and job, the
+enqueues in each rule's window, the rule an enqueue made now would be routed by, and
+how many jobs were rerouted so far, per queue. The rows come from ``top_tenants`` (three
+round trips whatever the number of tenants). The enqueues sets are named by the
+``fair_tenant`` settings of the files given with ``-C`` (under the
+``LIMITD_FAIR_TENANT_*`` variables); ``-r`` imports the app, which the counts need when
+``enqueues_key`` uses ``{queue}`` (see ``limitd.api.tenants``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from limitd.api import TenantStatus, top_tenants
+from limitd.commands import table
+from limitd.commands.common import (
+    EX_OK,
+    Connect,
+    ResolveRedis,
+    Subparsers,
+    UsageError,
+    add_json_flag,
+    bind,
+    parse_count,
+    print_json,
+)
+from limitd.config_loader import load_config
+from limitd.supervisor.capsule import import_app
+
+HEADERS = ("TENANT", "JOB", "ENQUEUES", "RULE NOW", "REROUTED")
+DEFAULT_LIMIT = "20"
+UNITS = ((86_400, "d"), (3_600, "h"), (60, "m"))
+
+
+def add_tenants_command(commands: Subparsers, resolve_redis: ResolveRedis) -> None:
+    parser = commands.add_parser(
+        "tenants",
+        help="top tenants by recent enqueues, with the rule routing them now",
+        description=(
+            "List the tenants that enqueued jobs with fair_tenant_queues rules, most "
+            "enqueues in the job's longest rule window first: enqueues in each rule's "
+            "window (count/window), the queue an enqueue made now would be routed to "
+            "(- for the job's own) and the jobs rerouted so far, per queue. --json prints "
+            "a list of objects with fields job, tenant, last_enqueued_at, enqueues (a "
+            "list of {queue, threshold, per, enqueues}), rule_now, rerouted."
+        ),
+    )
+    parser.add_argument(
+        "--limit", default=DEFAULT_LIMIT, metavar="N", help="show at most N tenants (20)"
+    )
+    parser.add_argument(
+        "-r",
+        "--require",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="module defining the jobs, for their queues (repeatable)",
+    )
+    add_json_flag(parser)
+    bind(parser, run_tenants, resolve_redis)
+
+
+def run_tenants(args: argparse.Namespace, connect: Connect) -> int:
+    limit = parse_count(args.limit, "--limit", minimum=1)
+    _import_app(args.require)
+    settings = load_config(getattr(args, "config", None) or []).fair_tenant
+    rows = [tenant_row(status) for status in top_tenants(connect(), limit, settings=settings)]
+    if args.json:
+        print_json(rows)
+    elif rows:
+        print(table.render(HEADERS, [_cells(row) for row in rows]))
+    else:
+        print("no tenants tracked")
+    return EX_OK
+
+
+def tenant_row(status: TenantStatus) -> dict[str, Any]:
+    """One tenant as JSON: the ``TenantStatus`` fields, the time to milliseconds."""
+    row = status.as_dict()
+    row["last_enqueued_at"] = round(row["last_enqueued_at"], 3)
+    return row
+
+
+def window_label(seconds: float) -> str:
+    """A rule's window as people write it: 3600 -> ``1h``, 90 -> ``90s``."""
+    for size, unit in UNITS:
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
+def _import_app(modules: list[str]) -> None:
+    if not modules:
+        return
+    sys.path.insert(0, os.getcwd())
+    try:
+        import_app(modules)
+    except ImportError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _cells(row: dict[str, Any]) -> list[object]:
+    """Text cells, "-" for none (None would align a column of them to the right)."""
+    enqueues = " ".join(f"{w['enqueues']}/{window_label(w['per'])}" for w in row["enqueues"])
+    rerouted = " ".join(f"{queue}={count}" for queue, count in row["rerouted"].items())
+    return [row["tenant"], row["job"], enqueues or "-", row["rule_now"] or "-", rerouted or "-"]
