@@ -252,3 +252,26 @@ def test_settings_from_the_environment() -> None:
         },
     )
     assert settings == FairTenantSettings(7200.0, "ft:{job_class}:{fair_tenant}", "yaml.logger")
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"LIMITD_FAIR_TENANT_MAX_THROTTLING_WINDOW": "abc"}, "MAX_THROTTLING_WINDOW"),
+        ({"LIMITD_FAIR_TENANT_MAX_THROTTLING_WINDOW": "nan"}, "max_throttling_window"),
+        ({"LIMITD_FAIR_TENANT_MAX_THROTTLING_WINDOW": "-5"}, "max_throttling_window"),
+        ({"LIMITD_FAIR_TENANT_ENQUEUES_KEY": "ft:{tenant}"}, "enqueues_key"),
+    ],
+)
+def test_bad_settings_fail_when_the_client_is_built(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        FairTenantSettings.from_env(None, env)
+
+
+def test_the_tenant_index_keeps_only_recent_tenants(redis: redis_py.Redis) -> None:
+    with freeze_time(T0) as frozen:
+        sync.perform_async(1)
+        frozen.tick(dt.timedelta(days=1, seconds=1))
+        sync.perform_async(2)
+    members = [json.loads(m) for m in redis.zrange(keys.FAIR_TENANT_TENANTS, 0, -1)]
+    assert members == [["fair_test.Sync", "account-2"]]

@@ -45,6 +45,8 @@ for j = first_jid, #ARGV do
   decisions[#decisions + 1] = chosen
 end
 redis.call('EXPIRE', key, math.ceil(window))
+-- The index of tenants keeps those seen within the longest window only.
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - window)
 redis.call('ZADD', KEYS[2], now, cjson.encode({job, tenant}))
 redis.call('HSET', KEYS[4], job, ARGV[5])
 return decisions

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -86,6 +87,19 @@ class FairTenantSettings:
     enqueues_key: str = keys.FAIR_TENANT_DEFAULT_KEY
     logger: str = "limitd.fair_tenant"
 
+    def __post_init__(self) -> None:
+        """Checked here too, not only by the YAML loader: a client built from the
+        environment alone must fail at start, not at every enqueue."""
+        window = self.max_throttling_window
+        if not (isinstance(window, (int, float)) and math.isfinite(window) and window > 0):
+            raise ValueError(
+                f"fair_tenant max_throttling_window: expected a number of "
+                f"seconds > 0, got {window!r}"
+            )
+        problem = keys.fair_tenant_template_problem(self.enqueues_key)
+        if problem:
+            raise ValueError(f"fair_tenant enqueues_key: {problem}")
+
     @classmethod
     def from_env(
         cls, base: FairTenantSettings | None = None, env: Mapping[str, str] | None = None
@@ -94,8 +108,15 @@ class FairTenantSettings:
         env = os.environ if env is None else env
         settings = base or cls()
         window = env.get(ENV_PREFIX + "MAX_THROTTLING_WINDOW")
+        try:
+            seconds = float(window) if window else settings.max_throttling_window
+        except ValueError:
+            raise ValueError(
+                f"{ENV_PREFIX}MAX_THROTTLING_WINDOW: expected a number of "
+                f"seconds > 0, got {window!r}"
+            ) from None
         return cls(
-            max_throttling_window=float(window) if window else settings.max_throttling_window,
+            max_throttling_window=seconds,
             enqueues_key=env.get(ENV_PREFIX + "ENQUEUES_KEY") or settings.enqueues_key,
             logger=env.get(ENV_PREFIX + "LOGGER") or settings.logger,
         )
