@@ -275,3 +275,10 @@ def test_the_tenant_index_keeps_only_recent_tenants(redis: redis_py.Redis) -> No
         sync.perform_async(2)
     members = [json.loads(m) for m in redis.zrange(keys.FAIR_TENANT_TENANTS, 0, -1)]
     assert members == [["fair_test.Sync", "account-2"]]
+
+
+def test_a_large_bulk_chunk_is_counted_in_one_call(redis: redis_py.Redis) -> None:
+    jids = sync.perform_bulk([[4, n] for n in range(5000)], batch_size=5000)
+    assert len(set(jids)) == 5000
+    assert enqueues(redis, "fair_test.Sync", "account-4") == 5000
+    assert queues_of(redis, "default", "throttled") == {"default": 3, "throttled": 4997}

@@ -27,22 +27,39 @@ local rules = tonumber(ARGV[6])
 local first_jid = 7 + 3 * rules
 
 redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
-local decisions = {}
+
+-- Every jid of this call gets the same score, so the i-th one sees each rule's count
+-- before the call plus i: one ZCOUNT per rule, not one per rule and job. (jids are new
+-- per push, so each ZADD below adds a member.)
+local before = {}
+for r = 1, rules do
+  local per = tonumber(ARGV[7 + 3 * (r - 1)])
+  before[r] = redis.call('ZCOUNT', key, '(' .. (now - per), '+inf')
+end
+
+local decisions, rerouted, members = {}, {}, {}
 for j = first_jid, #ARGV do
-  redis.call('ZADD', key, now, ARGV[j])
+  local position = j - first_jid + 1
   local chosen = 0
   for r = 1, rules do
-    local base = 7 + 3 * (r - 1)
-    local count = redis.call('ZCOUNT', key, '(' .. (now - tonumber(ARGV[base])), '+inf')
-    if count > tonumber(ARGV[base + 1]) then
+    if before[r] + position > tonumber(ARGV[7 + 3 * (r - 1) + 1]) then
       chosen = r
     end
   end
   if chosen > 0 then
-    local queue = ARGV[7 + 3 * (chosen - 1) + 2]
-    redis.call('HINCRBY', KEYS[3], cjson.encode({job, tenant, queue}), 1)
+    rerouted[chosen] = (rerouted[chosen] or 0) + 1
   end
-  decisions[#decisions + 1] = chosen
+  decisions[position] = chosen
+  members[#members + 1] = now
+  members[#members + 1] = ARGV[j]
+end
+-- In slices: unpack() has a limit on how many values it returns.
+for first = 1, #members, 2000 do
+  redis.call('ZADD', key, unpack(members, first, math.min(first + 1999, #members)))
+end
+for r, count in pairs(rerouted) do
+  local queue = ARGV[7 + 3 * (r - 1) + 2]
+  redis.call('HINCRBY', KEYS[3], cjson.encode({job, tenant, queue}), count)
 end
 redis.call('EXPIRE', key, math.ceil(window))
 -- The index of tenants keeps those seen within the longest window only.
