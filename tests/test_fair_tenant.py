@@ -194,13 +194,13 @@ def test_retries_keep_the_throttled_queue(redis: redis_py.Redis) -> None:
 
 
 @freeze_time(T0)
-def test_reroutes_are_counted_per_job_tenant_and_queue(redis: redis_py.Redis) -> None:
+def test_reroutes_are_counted_per_job_tenant_and_rule(redis: redis_py.Redis) -> None:
     for n in range(6):
         sync.perform_async(3, n)
     counts = {
         tuple(json.loads(k)): int(v) for k, v in redis.hgetall(keys.FAIR_TENANT_REROUTES).items()
     }
-    assert counts == {("fair_test.Sync", "account-3", "throttled"): 3}
+    assert counts == {("fair_test.Sync", "account-3", "throttled", "1"): 3}
 
 
 def test_concurrent_enqueues_are_counted_exactly(redis: redis_py.Redis) -> None:

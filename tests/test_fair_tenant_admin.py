@@ -376,15 +376,18 @@ def test_windows_slide_out(redis: redis_py.Redis) -> None:
     assert statuses["acct-1"].rerouted == {SLOW: 1}, "reroute counts are all-time"
 
 
-def test_reroutes_are_counted_per_job_tenant_and_queue(redis: redis_py.Redis) -> None:
+def test_reroutes_are_counted_per_job_tenant_and_rule(redis: redis_py.Redis) -> None:
     with freeze_time(T0):
         sync.perform_bulk([[3, n] for n in range(4)])  # 3rd and 4th: over 2 a minute
         for _ in range(3):
             report.perform_async("y")
     assert reroutes(redis) == {
-        (SYNC, "acct-3", SLOWER): 2,
-        (REPORT, "y", REPORTS_SLOW): 2,
+        (SYNC, "acct-3", SLOWER, 2): 2,
+        (REPORT, "y", REPORTS_SLOW, 1): 2,
     }
+    [status] = [s for s in top_tenants(redis) if s.tenant == "acct-3"]
+    assert status.rerouted_by_rule == {2: 2}
+    assert status.rerouted == {SLOWER: 2}
 
 
 def test_a_queue_placeholder_uses_the_jobs_declared_queue(redis: redis_py.Redis) -> None:
@@ -435,6 +438,7 @@ def test_limitd_tenants_json(
         ],
         "rule_now": SLOWER,
         "rerouted": {SLOW: 1},
+        "rerouted_by_rule": {"1": 1},
     }
     assert (second["tenant"], second["rule_now"], second["rerouted"]) == ("x", REPORTS_SLOW, {})
 

@@ -12,9 +12,9 @@ Read from what the ``fair_tenant`` client middleware writes (``fair_tenant.lua``
 it): the ``limitd:fair_tenant:tenants`` index (JSON ``[job, tenant]`` -> last enqueue
 time), the ``limitd:fair_tenant:rules`` hash (each job's rules, as last enqueued), each
 tenant's sorted set of enqueues, and the ``limitd:fair_tenant:reroutes`` counters (JSON
-``[job, tenant, queue]`` -> jobs rerouted there since the counter was created; they are
-never reset). Three round trips however many tenants: the rules, the tenants seen within
-the window, then every count and the reroutes in one pipeline.
+``[job, tenant, queue, rule number]`` -> jobs that rule rerouted there since the counter
+was created; they are never reset). Three round trips however many tenants: the rules,
+the tenants seen within the window, then every count and the reroutes in one pipeline.
 
 Limitation: the enqueues sets are named by the settings' ``enqueues_key`` template. When
 it uses ``{queue}``, the middleware filled in the queue each job was enqueued to, before
@@ -39,7 +39,7 @@ from limitd.middleware.fair_tenant import FairTenant, FairTenantSettings, Rule
 from limitd.payload import DEFAULT_QUEUE
 from limitd.registry import registry
 
-Reroutes = dict[tuple[str, str, str], int]
+Reroutes = dict[tuple[str, str, str, int], int]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,13 +63,15 @@ class RuleWindow:
 @dataclasses.dataclass(frozen=True)
 class TenantStatus:
     """One tenant of one job. ``windows``: each rule of the job, in the job's order, with
-    the tenant's enqueues in its window. ``rerouted``: queue -> jobs rerouted there."""
+    the tenant's enqueues in its window. ``rerouted``: queue -> jobs rerouted there;
+    ``rerouted_by_rule``: rule number (1-based, the job's order) -> jobs it rerouted."""
 
     job: str
     tenant: str
     last_enqueued_at: float
     windows: tuple[RuleWindow, ...]
     rerouted: dict[str, int]
+    rerouted_by_rule: dict[int, int] = dataclasses.field(default_factory=dict)
 
     @property
     def rule_now(self) -> RuleWindow | None:
@@ -94,6 +96,7 @@ class TenantStatus:
             "enqueues": [dataclasses.asdict(window) for window in self.windows],
             "rule_now": None if rule is None else rule.queue,
             "rerouted": dict(self.rerouted),
+            "rerouted_by_rule": {str(rule): n for rule, n in self.rerouted_by_rule.items()},
         }
 
 
@@ -123,7 +126,8 @@ def top_tenants(
 
 
 def reroutes(redis: redis_py.Redis | None = None) -> Reroutes:
-    """Every reroute counter: (job, tenant, queue) -> jobs rerouted there."""
+    """Every reroute counter: (job, tenant, queue, rule number) -> jobs that rule
+    rerouted to that queue."""
     return _reroutes(_connection(redis).hgetall(keys.FAIR_TENANT_REROUTES))
 
 
@@ -165,8 +169,11 @@ def _statuses(
     pipe.hgetall(keys.FAIR_TENANT_REROUTES)
     *counts, raw_reroutes = pipe.execute()
     rerouted: dict[tuple[str, str], dict[str, int]] = {}
-    for (job, tenant, queue), count in _reroutes(raw_reroutes).items():
-        rerouted.setdefault((job, tenant), {})[queue] = count
+    by_rule: dict[tuple[str, str], dict[int, int]] = {}
+    for (job, tenant, queue, number), count in _reroutes(raw_reroutes).items():
+        per_queue = rerouted.setdefault((job, tenant), {})
+        per_queue[queue] = per_queue.get(queue, 0) + count
+        by_rule.setdefault((job, tenant), {})[number] = count
     remaining = iter(counts)
     return [
         TenantStatus(
@@ -178,6 +185,7 @@ def _statuses(
                 for rule in rules.get(job, [])
             ),
             rerouted=dict(sorted(rerouted.get((job, tenant), {}).items())),
+            rerouted_by_rule=dict(sorted(by_rule.get((job, tenant), {}).items())),
         )
         for job, tenant, last in tracked
     ]
@@ -214,10 +222,10 @@ def _rules(raw: bytes | str) -> list[Rule]:
 def _reroutes(raw: dict[Any, Any]) -> Reroutes:
     counts: Reroutes = {}
     for field, count in raw.items():
-        member = _member(field, 3)
-        if member is not None:
-            job, tenant, queue = member
-            counts[(job, tenant, queue)] = int(count)
+        member = _member(field, 4)
+        if member is not None and member[3].isdigit():
+            job, tenant, queue, rule = member
+            counts[(job, tenant, queue, int(rule))] = int(count)
     return counts
 
 

@@ -2,7 +2,8 @@
 --
 -- KEYS[1]  the tenant's enqueues: sorted set, member jid, score enqueue time
 -- KEYS[2]  limitd:fair_tenant:tenants   zset JSON [job, tenant] -> last enqueue time
--- KEYS[3]  limitd:fair_tenant:reroutes  hash JSON [job, tenant, queue] -> jobs rerouted
+-- KEYS[3]  limitd:fair_tenant:reroutes  hash JSON [job, tenant, queue, rule number]
+--          -> jobs that rule rerouted
 -- KEYS[4]  limitd:fair_tenant:rules     hash job -> its rules (JSON), for the admin API
 -- ARGV[1]  now (epoch seconds)
 -- ARGV[2]  max_throttling_window (seconds): older entries are trimmed, the key expires
@@ -59,7 +60,7 @@ for first = 1, #members, 2000 do
 end
 for r, count in pairs(rerouted) do
   local queue = ARGV[7 + 3 * (r - 1) + 2]
-  redis.call('HINCRBY', KEYS[3], cjson.encode({job, tenant, queue}), count)
+  redis.call('HINCRBY', KEYS[3], cjson.encode({job, tenant, queue, tostring(r)}), count)
 end
 redis.call('EXPIRE', key, math.ceil(window))
 -- The index of tenants keeps those seen within the longest window only.
