@@ -3,6 +3,10 @@ never sleep and hope."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,3 +30,46 @@ def running(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")
+
+
+def limitd_start(
+    cwd: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """``limitd start ARGS`` in its own session (so a test can signal the whole process
+    group), output appended to ``cwd/limitd.log``."""
+    with (cwd / "limitd.log").open("ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "limitd.cli", "start", *args],
+            cwd=cwd,
+            env=env or dict(os.environ),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+class LimitdProcesses:
+    """The ``limitd start`` processes of one test, on one Redis; whatever still runs at
+    the end is killed with its children."""
+
+    def __init__(self, cwd: Path, redis_url: str) -> None:
+        self.cwd = cwd
+        self.env = {**os.environ, "LIMITD_REDIS_URL": redis_url}
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, *args: str) -> subprocess.Popen[bytes]:
+        proc = limitd_start(self.cwd, *args, env=self.env)
+        self.procs.append(proc)
+        return proc
+
+    def kill_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def children(pid: int) -> list[int]:
+    """Pids of the processes ``pid`` forked and still has."""
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False)
+    return sorted(int(child) for child in out.stdout.split())

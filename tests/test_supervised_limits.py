@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,7 +19,7 @@ import limitd
 from limitd import keys
 from limitd.embedded import RedisServer
 from limitd.fetch import limits as queue_limits
-from tests.helpers import running, wait_for
+from tests.helpers import LimitdProcesses, children, running, wait_for
 
 APP = textwrap.dedent('''
     import os, time, limitd
@@ -57,50 +56,12 @@ def app_dir(tmp_path: Path) -> Path:
 def start(
     app_dir: Path, redis_server: RedisServer, redis: redis_py.Redis
 ) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
-    """Starts ``limitd start`` with extra flags; stops whatever is left at the end."""
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def launch(*flags: str) -> subprocess.Popen[bytes]:
-        env = {**os.environ, "LIMITD_REDIS_URL": redis_server.url}
-        log = (app_dir / f"limitd-{len(procs)}.log").open("w")
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "limitd.cli",
-                "start",
-                "-r",
-                "meter_app",
-                "-q",
-                "limited",
-                "-c",
-                "10",
-                "-t",
-                "2",
-                *flags,
-            ],
-            cwd=app_dir,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
-        procs.append(proc)
-        return proc
-
-    yield launch
-    for proc in procs:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
-def children(proc: subprocess.Popen[bytes]) -> list[int]:
-    out = subprocess.run(
-        ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True, check=False
+    """Starts ``limitd start`` on the meter app with extra flags."""
+    processes = LimitdProcesses(app_dir, redis_server.url)
+    yield lambda *flags: processes.start(
+        "-r", "meter_app", "-q", "limited", "-c", "10", "-t", "2", *flags
     )
-    return [int(pid) for pid in out.stdout.split()]
+    processes.kill_all()
 
 
 def wait_capsules(redis: redis_py.Redis, count: int) -> None:
@@ -186,13 +147,13 @@ def test_sigkill_of_a_child_loses_no_job(
     wait_capsules(redis, 2)
     push_work(redis, 500, hold=0.02)
     wait_for(lambda: done(redis) >= 100, timeout=30, message="work in progress")
-    victim = children(supervisor)[0]
+    victim = children(supervisor.pid)[0]
     os.kill(victim, signal.SIGKILL)
     wait_for(lambda: done(redis) == 500, timeout=60, message="every job, at least once")
     wait_for(lambda: queue_limits.busy(redis, "limited") == 0, message="slots freed")
     assert in_progress_total(redis) == 0
     wait_capsules(redis, 2)  # the child was restarted
-    assert victim not in children(supervisor)
+    assert victim not in children(supervisor.pid)
 
 
 def test_crash_of_a_whole_host_is_recovered_by_the_other(
@@ -228,7 +189,7 @@ def test_a_stopped_child_is_vouched_for_and_the_limit_holds(
     wait_capsules(redis, 2)
     push_work(redis, 300, hold=0.05)
     wait_for(lambda: done(redis) >= 30, timeout=30, message="work in progress")
-    frozen = children(supervisor)[0]
+    frozen = children(supervisor.pid)[0]
     os.kill(frozen, signal.SIGSTOP)
     try:
         # The other child beats (and reaps) every period: six of its beats are well
@@ -250,7 +211,7 @@ def test_children_do_not_outlive_a_killed_supervisor(
 ) -> None:
     supervisor = start("-p", "2")
     wait_capsules(redis, 2)
-    pids = children(supervisor)
+    pids = children(supervisor.pid)
     push_work(redis, 4, hold=5)
     wait_for(lambda: queue_limits.busy(redis, "limited") == 4, message="jobs running")
     os.kill(supervisor.pid, signal.SIGKILL)

@@ -18,7 +18,7 @@ import redis as redis_py
 
 from limitd import keys
 from limitd.embedded import RedisServer
-from tests.helpers import running, wait_for
+from tests.helpers import LimitdProcesses, children, limitd_start, running, wait_for
 
 APP = textwrap.dedent("""
     import threading, limitd
@@ -43,27 +43,6 @@ TWO_CAPSULES = textwrap.dedent("""
 """)
 
 
-def limitd_start(
-    app_dir: Path, *args: str, env: dict[str, str] | None = None
-) -> subprocess.Popen[bytes]:
-    log = (app_dir / "limitd.log").open("ab")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "limitd.cli", "start", *args],
-        cwd=app_dir,
-        env=env or dict(os.environ),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    log.close()
-    return proc
-
-
-def children(pid: int) -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False)
-    return sorted(int(p) for p in out.stdout.split())
-
-
 def title(pid: int) -> str:
     return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
 
@@ -79,19 +58,9 @@ def app_dir(tmp_path: Path) -> Path:
 def supervisor(
     app_dir: Path, redis_server: RedisServer, redis: redis_py.Redis
 ) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start(*args: str) -> subprocess.Popen[bytes]:
-        env = {**os.environ, "LIMITD_REDIS_URL": redis_server.url}
-        proc = limitd_start(app_dir, *args, env=env)
-        procs.append(proc)
-        return proc
-
-    yield start
-    for proc in procs:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    processes = LimitdProcesses(app_dir, redis_server.url)
+    yield processes.start
+    processes.kill_all()
 
 
 def test_two_capsules_make_the_expected_process_tree(
