@@ -137,6 +137,8 @@ class FairTenant:
         redis: Any,
         call_next: Callable[[Payload], Payload | None],
     ) -> Payload | None:
+        if "fair_tenant_queues" not in payload:
+            return call_next(payload)  # most jobs: nothing to count
         routed = getattr(self._local, "routed", None)
         if routed is not None and payload["jid"] in routed:
             payload["queue"] = routed.pop(payload["jid"])  # decided for the whole bulk
