@@ -21,6 +21,7 @@ import redis as redis_py
 
 from limitd import keys
 from limitd.api.records import _connection, _text
+from limitd.redis import set_members
 
 NO_KEY = -2  # TTL's reply for a key that does not exist
 
@@ -55,7 +56,7 @@ class Capsules:
         self.refresh()
 
     def refresh(self) -> None:
-        ids = sorted(map(_text, self.redis.smembers(keys.CAPSULES)))
+        ids = set_members(self.redis, keys.CAPSULES)
         pipe = self.redis.pipeline(transaction=False)
         for capsule_id in ids:
             pipe.ttl(keys.capsule_heartbeat(capsule_id))

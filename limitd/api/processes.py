@@ -25,6 +25,7 @@ import redis as redis_py
 
 from limitd import clock, keys
 from limitd.api.records import _connection, _text
+from limitd.redis import set_members
 
 RECORD_FIELDS = ("info", "busy", "beat", "quiet")
 
@@ -70,7 +71,7 @@ class Processes:
         self.refresh()
 
     def refresh(self) -> None:
-        identities = sorted(map(_text, self.redis.smembers(keys.PROCESSES)))
+        identities = set_members(self.redis, keys.PROCESSES)
         pipe = self.redis.pipeline(transaction=False)
         for identity in identities:
             pipe.hmget(identity, RECORD_FIELDS)

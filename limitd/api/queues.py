@@ -19,9 +19,9 @@ from collections.abc import Iterator
 import redis as redis_py
 
 from limitd import keys
-from limitd.api.records import PAGE_SIZE, JobRecord, _connection, _Seen, _text
+from limitd.api.records import PAGE_SIZE, JobRecord, _connection, _Seen
 from limitd.fetch import limits
-from limitd.redis import LuaScript
+from limitd.redis import LuaScript, set_members
 
 QUEUE_PAGE = LuaScript("limitd.api", "queue_page.lua")
 
@@ -55,7 +55,7 @@ class Queue:
     def all(cls, redis: redis_py.Redis | None = None) -> list[Queue]:
         """Every queue named in ``queues``, sorted by name."""
         conn = _connection(redis)
-        return [cls(name, conn) for name in sorted(map(_text, conn.smembers(keys.QUEUES)))]
+        return [cls(name, conn) for name in set_members(conn, keys.QUEUES)]
 
     def size(self) -> int:
         return int(self.redis.llen(self.key))
