@@ -59,10 +59,15 @@ def connect(
 
 
 class LuaScript:
-    """One atomic operation, kept in a ``.lua`` file beside the module that runs it."""
+    """One atomic operation, kept in a ``.lua`` file beside the module that runs it.
 
-    def __init__(self, package: str, filename: str) -> None:
-        self.source = resources.files(package).joinpath(filename).read_bytes()
+    ``prelude`` names ``.lua`` files of the same package holding local functions that
+    several scripts share; they are prepended, so each call is still one script."""
+
+    def __init__(self, package: str, filename: str, prelude: Sequence[str] = ()) -> None:
+        files = resources.files(package)
+        parts = [files.joinpath(name).read_bytes() for name in (*prelude, filename)]
+        self.source = b"\n".join(parts)
         self.name = filename
         self._script = Script(None, self.source)  # type: ignore[arg-type]
         self._sha = self._script.sha.encode()

@@ -15,6 +15,12 @@ Server middleware::
 
     def __call__(self, spec, payload, queue, call_next):
         return call_next()                # perform (and the rest of the chain)
+
+    def settled(self, spec, payload, queue, outcome, error):   # optional
+        ...  # the job's fate is recorded: "done", "retry", "dead" or "discarded"
+
+``settled`` exists because a middleware around ``perform`` sees an exception but not
+what becomes of the job: the retry decision is taken after the chain unwinds.
 """
 
 from __future__ import annotations
@@ -111,3 +117,19 @@ class ServerChain(Chain):
             return entries[index](spec, payload, queue, lambda: step(index + 1))
 
         return step(0)
+
+    def settle(
+        self,
+        spec: JobSpec | None,
+        payload: Payload,
+        queue: str,
+        outcome: str,
+        error: BaseException | None,
+    ) -> None:
+        """Tell the middleware that have a ``settled`` method how the job ended. Runs
+        before the job is acknowledged: if it raises, the job is requeued and runs
+        again, so ``settled`` must be idempotent per jid."""
+        for middleware in self._entries:
+            settled = getattr(middleware, "settled", None)
+            if settled is not None:
+                settled(spec, payload, queue, outcome, error)

@@ -68,6 +68,7 @@ class JobExecutor:
     def _run(self, payload: Payload, queue: str) -> str:
         spec = self.jobs.resolve(payload["class"])
         token = running(payload)
+        error: BaseException | None = None
         try:
             if spec is None:
                 raise UnknownJob(
@@ -75,7 +76,7 @@ class JobExecutor:
                     f"worker (registered: {', '.join(self.jobs.names())})"
                 )
             self.chain.invoke(spec, payload, queue, lambda: spec.run(payload))
-            return "done"
+            outcome = "done"
         except (Exception, SystemExit) as exc:  # a job calling sys.exit() has failed
             log.warning(
                 "fail jid=%s class=%s queue=%s error=%s: %s",
@@ -86,9 +87,12 @@ class JobExecutor:
                 exc,
                 exc_info=not isinstance(exc, UnknownJob),
             )
-            return self.retry.job_failed(spec, payload, queue, exc)
+            error = exc
+            outcome = self.retry.job_failed(spec, payload, queue, exc)
         finally:
             finished(token)
+        self.chain.settle(spec, payload, queue, outcome, error)
+        return outcome
 
 
 def _log_outcome(payload: Payload, queue: str, outcome: str, elapsed: float) -> None:
