@@ -13,6 +13,7 @@ The public API::
 __version__ = "0.1.0"
 
 from limitd import retry as _retry  # noqa: F401  (declares the retry job options)
+from limitd.batch import Batch, BatchNotOpen, BatchStatus
 from limitd.client import Client, default_client, set_default_client
 from limitd.configure import configure as _load_and_connect
 from limitd.job import Enqueuer, Job, JobSpec, current_payload, job
@@ -30,6 +31,9 @@ def configure(*paths: str, url: str | None = None) -> Client:
 
 
 __all__ = [
+    "Batch",
+    "BatchNotOpen",
+    "BatchStatus",
     "Client",
     "Enqueuer",
     "InvalidJobOption",

@@ -18,7 +18,7 @@ import redis as redis_py
 
 from limitd import clock, keys
 from limitd.middleware.chain import ClientChain
-from limitd.middleware.fair_tenant import FairTenant, FairTenantSettings
+from limitd.middleware.defaults import default_client_chain
 from limitd.payload import (
     DEFAULT_QUEUE,
     STRICT_ARGS_MODES,
@@ -47,7 +47,7 @@ class Client:
         if strict_args not in STRICT_ARGS_MODES:
             raise ValueError(f"strict_args must be one of {STRICT_ARGS_MODES}, not {strict_args!r}")
         self.redis = redis if redis is not None else connect()
-        self.middleware = middleware if middleware is not None else default_chain()
+        self.middleware = middleware if middleware is not None else default_client_chain()
         self.strict_args = strict_args
 
     def push(self, item: Payload, spec: JobSpec | None = None) -> str | None:
@@ -119,13 +119,6 @@ class Client:
             pipe.lpush(keys.queue(queue), *bodies)
             pipe.publish(keys.WAKE_CHANNEL, queue)  # idle capsules start it at once
         pipe.execute()
-
-
-def default_chain(fair_tenant: FairTenantSettings | None = None) -> ClientChain:
-    """The client middleware every client starts with: tenant fairness (a no-op for jobs
-    without ``fair_tenant_queues``), with the given settings (a config's
-    ``fair_tenant``), else the ``LIMITD_FAIR_TENANT_*`` variables over the defaults."""
-    return ClientChain([FairTenant(fair_tenant)])
 
 
 def _keep(payload: Payload) -> Payload:

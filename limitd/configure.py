@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from limitd.client import Client, default_chain, set_default_client
+from limitd.client import Client, set_default_client
 from limitd.config import Config
 from limitd.config_loader import load_config
 from limitd.embedded import embedded_url
+from limitd.middleware.defaults import default_client_chain
 from limitd.redis import configured_url, connect
 
 
@@ -44,6 +45,6 @@ def configure(*paths: str | Path, url: str | None = None) -> Client:
             "there: start 'limitd start' first, or set LIMITD_REDIS_URL"
         )
     settings = config.fair_tenant if config is not None else None
-    client = Client(connect(found), middleware=default_chain(settings))
+    client = Client(connect(found), middleware=default_client_chain(settings))
     set_default_client(client)
     return client

@@ -102,3 +102,43 @@ def fair_tenant_template_problem(template: str) -> str | None:
     if "fair_tenant" not in names:
         return f"{template!r} must contain {{fair_tenant}}: without it all tenants share one count"
     return None
+
+
+# Unique jobs.
+UNIQUE_SKIPPED = LIMITD_PREFIX + "unique:skipped"  # counter of duplicates not pushed
+
+
+def unique_lock(job_class: str, queue_name: str, args_digest: str) -> str:
+    """The lock a unique job holds: one per job class, queue and arguments (hashed)."""
+    return f"{LIMITD_PREFIX}unique:{job_class}:{queue_name}:{args_digest}"
+
+
+# Batches. A batch is four keys; the Lua scripts find a parent's keys in the child's
+# hash (written there from these functions), so they still never build a name.
+BATCHES = LIMITD_PREFIX + "batches"  # zset bid -> created_at: the index the admin API lists
+BATCH_CHILD_PREFIX = "batch:"  # member of a parent's sets that stands for a child batch
+
+
+def batch(bid: str) -> str:
+    """Hash: description, counters, timestamps, callbacks, parent."""
+    return f"{LIMITD_PREFIX}batch:{bid}"
+
+
+def batch_pending(bid: str) -> str:
+    """Set of jids (and child batches) that have not succeeded yet."""
+    return f"{LIMITD_PREFIX}batch:{bid}:pending"
+
+
+def batch_unfinished(bid: str) -> str:
+    """Set of jids (and child batches) that have neither succeeded nor failed yet."""
+    return f"{LIMITD_PREFIX}batch:{bid}:unfinished"
+
+
+def batch_failures(bid: str) -> str:
+    """Hash jid -> error of the batch's jobs whose last run failed."""
+    return f"{LIMITD_PREFIX}batch:{bid}:failures"
+
+
+def batch_keys(bid: str) -> list[str]:
+    """A batch's keys in the order every batch script takes them."""
+    return [batch(bid), batch_pending(bid), batch_unfinished(bid), batch_failures(bid)]

@@ -20,13 +20,14 @@ import sys
 import redis as redis_py
 import yaml
 
-from limitd.client import Client, default_chain, set_default_client
+from limitd.client import Client, set_default_client
 from limitd.commands.common import Subparsers
 from limitd.config import CapsuleConfig, CapsuleSpec, Config, ConfigError, RedisSettings
 from limitd.config_checks import app_modules, check_app
 from limitd.config_loader import config_as_dict, load_config
 from limitd.configure import redis_url
 from limitd.embedded import start_embedded, stop_embedded
+from limitd.middleware.defaults import default_client_chain
 from limitd.middleware.fair_tenant import FairTenantSettings
 from limitd.redis import connect
 from limitd.supervisor.capsule import Capsule, import_app
@@ -151,7 +152,7 @@ def cmd_start(args: argparse.Namespace) -> int:
         log.info("embedded redis-server running at %s", url)
     try:
         redis = connect_for(config.redis, url)
-        set_default_client(Client(redis, middleware=default_chain(config.fair_tenant)))
+        set_default_client(Client(redis, middleware=default_client_chain(config.fair_tenant)))
         supervisor = Supervisor(
             config.capsules,
             redis,
@@ -173,7 +174,7 @@ def run_capsule(
     """A supervisor's child: its own connections (never the parent's), one capsule.
     Jobs that enqueue jobs use the same Redis and the config's ``fair_tenant`` settings."""
     redis = connect_for(settings, url, pool_for=config)
-    set_default_client(Client(redis, middleware=default_chain(fair_tenant)))
+    set_default_client(Client(redis, middleware=default_client_chain(fair_tenant)))
     return Launcher(Capsule(config, redis=redis), titles=True).run()
 
 

@@ -32,6 +32,7 @@ from limitd.fetch.limit import LimitFetch
 from limitd.fetch.order import QueueOrder
 from limitd.fetch.wakeup import IdleGate, WakeupListener
 from limitd.middleware.chain import ServerChain
+from limitd.middleware.defaults import default_server_chain
 from limitd.redis import connect
 from limitd.retry import RetryHandler
 from limitd.supervisor import liveness
@@ -66,7 +67,8 @@ class Capsule:
         self.fetch = self._build_fetch()
         self.stats = JobStats()
         retry = RetryHandler(self.redis, self.config.dead_set, self.config.death_handlers)
-        self.executor = JobExecutor(retry, middleware, self.stats)
+        chain = middleware if middleware is not None else default_server_chain(self.redis)
+        self.executor = JobExecutor(retry, chain, self.stats)
         self.poller = ScheduledPoller(
             self.redis,
             poll_interval_average=self.config.poll_interval_average,

@@ -1,0 +1,68 @@
+-- Local functions shared by the batch scripts; LuaScript prepends this file to each, so
+-- every batch operation is still one atomic script.
+--
+-- A batch is four keys, always in this order (limitd.keys.batch_keys):
+--   k[1] meta hash: bid, description, counters (total, pending, children, building),
+--        timestamps (created_at, complete_at, success_at, death_at), expires_in,
+--        member (how its parent's sets name it), parent_keys, on_<event> callbacks
+--   k[2] pending set: jids and child batches that have not succeeded yet
+--   k[3] unfinished set: jids and child batches that have neither succeeded nor failed
+--   k[4] failures hash: jid -> error of jobs whose last run failed
+-- Key names come from Python: a parent's four names are stored as JSON in the child's
+-- meta (parent_keys), a callback's queue key in its template. Nothing here builds one.
+
+-- The first argument of every callback job: a small JSON snapshot of the batch.
+local function batch_status(k, event)
+  local f = redis.call('HMGET', k[1], 'bid', 'total', 'pending', 'description')
+  return '{"bid":' .. cjson.encode(f[1] or '') .. ',"event":"' .. event ..
+    '","total":' .. (f[2] or '0') .. ',"pending":' .. (f[3] or '0') ..
+    ',"failures":' .. redis.call('HLEN', k[4]) ..
+    ',"description":' .. cjson.encode(f[4] or '') .. '}'
+end
+
+-- Enqueue the callback jobs registered for an event. A template is a payload's JSON cut
+-- where the status goes (head, tail), without its closing brace, so the payload is
+-- rebuilt by concatenation: decoding and re-encoding it with cjson would turn empty
+-- lists into objects and round the timestamps.
+local function push_callbacks(k, event, now, queues_key, wake_channel)
+  local raw = redis.call('HGET', k[1], 'on_' .. event)
+  if not raw then return end
+  local status = batch_status(k, event)
+  for _, cb in ipairs(cjson.decode(raw)) do
+    local body = cb.head .. status .. cb.tail .. ',"enqueued_at":' .. now .. '}'
+    redis.call('LPUSH', cb.queue_key, body)
+    redis.call('SADD', queues_key, cb.queue)
+    redis.call('PUBLISH', wake_channel, cb.queue)
+  end
+end
+
+-- Fire what has just become true of batch k: complete (nothing unfinished), then
+-- success (nothing pending), each once, and never while jobs are being added (building
+-- > 0). A batch that fired carries itself out of its parent's sets, so the same checks
+-- run up the tree until a batch has nothing new to report.
+local function settle_batch(k, now, queues_key, wake_channel)
+  while k do
+    if redis.call('EXISTS', k[1]) == 0 then return end -- expired, or an unknown bid
+    local m = redis.call('HMGET', k[1], 'building', 'complete_at', 'success_at',
+      'parent_keys', 'expires_in', 'member')
+    if tonumber(m[1] or '0') > 0 then return end
+    local completed, succeeded = false, false
+    if not m[2] and redis.call('SCARD', k[3]) == 0 then
+      redis.call('HSET', k[1], 'complete_at', now)
+      push_callbacks(k, 'complete', now, queues_key, wake_channel)
+      completed = true
+    end
+    if (m[2] or completed) and not m[3] and redis.call('SCARD', k[2]) == 0 then
+      redis.call('HSET', k[1], 'success_at', now)
+      push_callbacks(k, 'success', now, queues_key, wake_channel)
+      succeeded = true
+    end
+    if not (completed or succeeded) then return end
+    for i = 1, 4 do redis.call('EXPIRE', k[i], m[5]) end -- counted from completion
+    if not m[4] then return end
+    local parent = cjson.decode(m[4])
+    if completed then redis.call('SREM', parent[3], m[6]) end
+    if succeeded then redis.call('SREM', parent[2], m[6]) end
+    k = parent
+  end
+end

@@ -1,0 +1,157 @@
+"""A batch's state in Redis: the scripts that change it and the read that reports it.
+
+Every change is one Lua script (``batch_*.lua``, sharing ``batch_lib.lua``), so counting
+a job and firing a callback happen together: two processes finishing a batch's last two
+jobs at once see one of them fire, never both and never neither. Callbacks are pushed
+by the script itself, straight into their queue, so a crash cannot separate "the batch
+succeeded" from "its callback was enqueued" (they do not pass the client middleware).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from limitd import clock, keys
+from limitd.redis import LuaScript
+
+_PACKAGE = __package__ or "limitd.batch"
+_LIB = ("batch_lib.lua",)
+OPEN = LuaScript(_PACKAGE, "batch_open.lua", _LIB)
+CLOSE = LuaScript(_PACKAGE, "batch_close.lua", _LIB)
+ADD = LuaScript(_PACKAGE, "batch_add.lua")
+REMOVE = LuaScript(_PACKAGE, "batch_remove.lua")
+JOB_SETTLED = LuaScript(_PACKAGE, "batch_job_settled.lua", _LIB)
+
+EVENTS = ("success", "complete", "death")
+
+
+class BatchNotOpen(RuntimeError):
+    """Jobs cannot be added: the batch has completed, or does not exist (any more)."""
+
+
+@dataclass(frozen=True)
+class NewBatch:
+    """What the first ``jobs()`` block writes: the batch's fixed attributes."""
+
+    bid: str
+    description: str
+    expires_in: float
+    callbacks: dict[str, list[dict[str, str]]] = field(default_factory=dict)
+    parent: str | None = None
+
+
+def open_batch(redis: Any, bid: str, new: NewBatch | None = None) -> None:
+    """Count one more open block; create the batch first when ``new`` describes it."""
+    parent_keys = keys.batch_keys(new.parent) if new and new.parent else []
+    args = [
+        bid,
+        repr(clock.now()),
+        "1" if new else "0",
+        new.description if new else "",
+        int(new.expires_in) if new else 0,
+        keys.BATCH_CHILD_PREFIX + bid,
+        (new.parent or "") if new else "",
+        json.dumps(parent_keys) if parent_keys else "",
+        *(_callbacks_json(new, event) for event in EVENTS),
+    ]
+    opened = OPEN(redis, [*keys.batch_keys(bid), keys.BATCHES, *parent_keys[:3]], args)
+    if opened == 0:
+        raise BatchNotOpen(f"batch {bid} has already completed: no jobs can be added to it")
+    if opened == -1:
+        raise BatchNotOpen(f"batch {bid} does not exist (never created, or expired)")
+
+
+def close_batch(redis: Any, bid: str) -> None:
+    """End one open block; the last one lets the batch fire."""
+    CLOSE(redis, [*keys.batch_keys(bid), keys.QUEUES], [repr(clock.now()), keys.WAKE_CHANNEL])
+
+
+def add_jobs(redis: Any, bid: str, jids: Sequence[str]) -> int:
+    return int(ADD(redis, keys.batch_keys(bid), list(jids)))
+
+
+def remove_jobs(redis: Any, bid: str, jids: Sequence[str]) -> int:
+    return int(REMOVE(redis, keys.batch_keys(bid), list(jids)))
+
+
+def job_settled(redis: Any, bid: str, jid: str, result: str, error: str = "") -> int:
+    """Record one run's ``result`` (success, failure or death). Returns 1 when it
+    changed the batch, 0 for a repeat, -1 for an unknown batch."""
+    return int(
+        JOB_SETTLED(
+            redis,
+            [*keys.batch_keys(bid), keys.QUEUES],
+            [jid, result, error, repr(clock.now()), keys.WAKE_CHANNEL],
+        )
+    )
+
+
+def _callbacks_json(new: NewBatch | None, event: str) -> str:
+    entries = new.callbacks.get(event) if new else None
+    return json.dumps(entries) if entries else ""
+
+
+@dataclass(frozen=True)
+class BatchStatus:
+    """A batch as it stands. ``pending`` counts jobs not yet succeeded; ``failures``
+    maps the jids whose last run failed to their error."""
+
+    bid: str
+    description: str
+    total: int
+    pending: int
+    failures: dict[str, str]
+    created_at: float
+    complete_at: float | None
+    success_at: float | None
+    death_at: float | None
+    parent: str | None
+    children: int
+    building: int
+
+    @property
+    def complete(self) -> bool:
+        return self.complete_at is not None
+
+    @property
+    def success(self) -> bool:
+        return self.success_at is not None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "complete": self.complete, "success": self.success}
+
+
+def read_status(redis: Any, bid: str) -> BatchStatus | None:
+    """The batch's status, or None when it does not exist (or expired)."""
+    pipe = redis.pipeline(transaction=True)
+    pipe.hgetall(keys.batch(bid))
+    pipe.hgetall(keys.batch_failures(bid))
+    meta_raw, failures_raw = pipe.execute()
+    if not meta_raw:
+        return None
+    meta = {_text(k): _text(v) for k, v in cast("dict[bytes, bytes]", meta_raw).items()}
+    return BatchStatus(
+        bid=bid,
+        description=meta.get("description", ""),
+        total=int(meta.get("total", 0)),
+        pending=int(meta.get("pending", 0)),
+        failures={_text(k): _text(v) for k, v in failures_raw.items()},
+        created_at=float(meta.get("created_at", 0)),
+        complete_at=_time(meta.get("complete_at")),
+        success_at=_time(meta.get("success_at")),
+        death_at=_time(meta.get("death_at")),
+        parent=meta.get("parent") or None,
+        children=int(meta.get("children", 0)),
+        building=int(meta.get("building", 0)),
+    )
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def _time(value: str | None) -> float | None:
+    return float(value) if value else None

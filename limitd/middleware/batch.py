@@ -1,0 +1,98 @@
+"""Batch middleware: the client side puts jobs into the batch being built, the server
+side reports how each run ended. The batch itself (counting, firing callbacks) lives in
+:mod:`limitd.batch`.
+
+A job is registered in its batch *before* it is pushed, so a job that finishes at once
+is already counted; if the push is halted (a duplicate of a unique job) or fails, it is
+taken out again. A bulk chunk is registered in one call before its jobs go through the
+chain.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from limitd.batch import building
+from limitd.batch.store import add_jobs, job_settled, remove_jobs
+from limitd.payload import Payload
+from limitd.retry import error_class_name
+
+if TYPE_CHECKING:
+    from limitd.job import JobSpec
+
+log = logging.getLogger("limitd.batch")
+
+# How a job's outcome (limitd.supervisor.executor) counts for its batch.
+RESULTS = {"done": "success", "retry": "failure", "dead": "death", "discarded": "death"}
+
+
+class BatchMembership:
+    """Client middleware: jobs pushed inside ``Batch.jobs()`` join that batch."""
+
+    def __init__(self) -> None:
+        self._registered = threading.local()  # jids of the bulk chunk registered already
+
+    def prepare_bulk(self, spec: JobSpec | None, payloads: list[Payload], redis: Any) -> None:
+        batch = building()
+        jids = [payload["jid"] for payload in payloads] if batch else []
+        if batch and jids:
+            add_jobs(redis, batch.bid, jids)
+        self._registered.jids = set(jids)
+
+    def __call__(
+        self,
+        spec: JobSpec | None,
+        payload: Payload,
+        redis: Any,
+        call_next: Callable[[Payload], Payload | None],
+    ) -> Payload | None:
+        batch = building()
+        if batch is None:
+            return call_next(payload)
+        payload["bid"] = batch.bid
+        jid = payload["jid"]
+        if jid not in getattr(self._registered, "jids", ()):
+            add_jobs(redis, batch.bid, [jid])
+        try:
+            pushed = call_next(payload)
+        except BaseException:
+            remove_jobs(redis, batch.bid, [jid])
+            raise
+        if pushed is None:
+            remove_jobs(redis, batch.bid, [jid])
+        return pushed
+
+
+class BatchProgress:
+    """Server middleware: after each run of a batch job, tell the batch how it ended."""
+
+    def __init__(self, redis: Any) -> None:
+        self.redis = redis
+
+    def __call__(
+        self, spec: JobSpec, payload: Payload, queue: str, call_next: Callable[[], Any]
+    ) -> Any:
+        return call_next()
+
+    def settled(
+        self,
+        spec: JobSpec | None,
+        payload: Payload,
+        queue: str,
+        outcome: str,
+        error: BaseException | None,
+    ) -> None:
+        bid = payload.get("bid")
+        if not bid or outcome not in RESULTS:
+            return
+        text = f"{error_class_name(error)}: {error}" if error is not None else ""
+        if job_settled(self.redis, str(bid), payload["jid"], RESULTS[outcome], text) == -1:
+            log.warning(
+                "batch %s of jid=%s class=%s is unknown or expired; its result is not counted",
+                bid,
+                payload["jid"],
+                payload["class"],
+            )

@@ -1,0 +1,151 @@
+"""Unique jobs: while a job holds its lock, an identical job is not pushed.
+
+A job opts in with ``unique_for`` (seconds or a timedelta)::
+
+    @limitd.job(unique_for=600)                       # released when it succeeds
+    def import_account(account_id): ...
+
+    @limitd.job(unique_for=60, unique_until="executing")
+    def refresh_cache(key): ...
+
+"Identical" means the same job class, the same queue (the one asked for, before tenant
+fairness may reroute it) and the same arguments, compared in a canonical JSON form and
+hashed so the key stays short. The lock is ``SET NX PX`` with the jid as its value; a
+duplicate gets ``None`` from ``perform_async``, is counted in ``limitd:unique:skipped``
+and logged at debug level. A scheduled job's lock lives for its delay plus
+``unique_for``. ``unique_until`` says when the lock goes before its lifetime ends:
+
+- ``"executed"`` (default): when the job succeeds, is discarded or dies; a failing job
+  keeps its lock across retries;
+- ``"executing"``: when the job starts, so a new copy may be queued while it runs;
+- ``"timeout"``: never; the lock only expires.
+
+Release is compare-and-delete, so a job whose lock expired never frees the lock a newer
+copy took. A process killed while holding a lock needs nothing: the lock expires.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from limitd import clock, keys, options
+from limitd.payload import Payload
+from limitd.redis import LuaScript
+
+if TYPE_CHECKING:
+    from limitd.job import JobSpec
+
+log = logging.getLogger("limitd.unique")
+
+ACQUIRE = LuaScript(__package__ or "limitd.middleware", "unique_acquire.lua")
+RELEASE = LuaScript(__package__ or "limitd.middleware", "unique_release.lua")
+POLICIES = ("executed", "executing", "timeout")
+DEFAULT_POLICY = "executed"
+LOCK_FIELD = "unique_key"  # payload field naming the lock the job holds
+
+
+def _policy_option(value: Any) -> str:
+    if value not in POLICIES:
+        raise ValueError(f"expected one of {', '.join(repr(p) for p in POLICIES)}")
+    return str(value)
+
+
+options.declare("unique_for", options.seconds, owner="limitd.middleware.unique")
+options.declare("unique_until", _policy_option, owner="limitd.middleware.unique")
+
+
+def args_digest(args: list[Any]) -> str:
+    """The arguments in one canonical form (sorted keys, no spaces), hashed: two
+    enqueues with equal arguments get the same lock whatever their dict order."""
+    canonical = json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def lock_key(payload: Payload) -> str:
+    return keys.unique_lock(payload["class"], payload["queue"], args_digest(payload["args"]))
+
+
+def lock_milliseconds(payload: Payload, now: float) -> int:
+    """``unique_for``, plus the delay of a scheduled job: its copy must stay unique
+    until it has had its chance to run."""
+    delay = max(0.0, float(payload.get("at") or now) - now)
+    return max(1, math.ceil((float(payload["unique_for"]) + delay) * 1000))
+
+
+def release(redis: Any, payload: Payload) -> bool:
+    """Free the lock ``payload`` holds, if it still holds it."""
+    key = payload.get(LOCK_FIELD)
+    if not key:
+        return False
+    return bool(RELEASE(redis, [key], [payload["jid"]]))
+
+
+class UniqueJobs:
+    """Client middleware: take the lock before the push, or halt the duplicate."""
+
+    def __call__(
+        self,
+        spec: JobSpec | None,
+        payload: Payload,
+        redis: Any,
+        call_next: Callable[[Payload], Payload | None],
+    ) -> Payload | None:
+        if not payload.get("unique_for"):
+            return call_next(payload)
+        key = lock_key(payload)
+        ttl = lock_milliseconds(payload, clock.now())
+        if not ACQUIRE(redis, [key, keys.UNIQUE_SKIPPED], [payload["jid"], ttl]):
+            log.debug(
+                "duplicate not pushed class=%s queue=%s lock=%s",
+                payload["class"],
+                payload["queue"],
+                key,
+            )
+            return None
+        payload[LOCK_FIELD] = key
+        try:
+            pushed = call_next(payload)
+        except BaseException:
+            release(redis, payload)
+            raise
+        if pushed is None:  # a later middleware halted it: the lock guards nothing
+            release(redis, payload)
+        return pushed
+
+
+class UniqueRelease:
+    """Server middleware: free the lock when the job's policy says so."""
+
+    def __init__(self, redis: Any) -> None:
+        self.redis = redis
+
+    def __call__(
+        self, spec: JobSpec, payload: Payload, queue: str, call_next: Callable[[], Any]
+    ) -> Any:
+        if payload.get(LOCK_FIELD) and _policy(payload) == "executing":
+            release(self.redis, payload)
+        return call_next()
+
+    def settled(
+        self,
+        spec: JobSpec | None,
+        payload: Payload,
+        queue: str,
+        outcome: str,
+        error: BaseException | None,
+    ) -> None:
+        """After the job's fate is recorded: a job that will not run again frees its
+        lock under ``executed``; one waiting for a retry keeps it."""
+        if outcome == "retry" or not payload.get(LOCK_FIELD):
+            return
+        if _policy(payload) == "executed":
+            release(self.redis, payload)
+
+
+def _policy(payload: Payload) -> str:
+    return str(payload.get("unique_until") or DEFAULT_POLICY)
