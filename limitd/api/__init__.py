@@ -1,8 +1,8 @@
 """The admin API: what operators (and the CLI) read and steer at run time.
 
 Queues (their jobs, limits, pause flag and busy slots), the ``schedule`` / ``retry`` /
-``dead`` sorted sets, the limit-fetch capsules, the global counters and the tenants that
-tenant fairness tracks, read straight
+``dead`` sorted sets, the limit-fetch capsules, the global counters, the tenants that
+tenant fairness tracks and the batches, read straight
 from Sidekiq's data model and limitd's ``limitd:`` keys, so the same calls work on jobs
 a Ruby client pushed. The server never imports this package: nothing here is on a
 running job's path::
@@ -16,9 +16,10 @@ running job's path::
     print(Queue("default").latency(), Stats().enqueued)
 
 One module per part: ``records`` (the job record shared by all), ``queues``,
-``sorted_sets``, ``capsules``, ``stats`` and ``tenants``.
+``sorted_sets``, ``capsules``, ``stats``, ``tenants`` and ``batches``.
 """
 
+from limitd.api.batches import BatchStatus, batch_status, list_batches
 from limitd.api.capsules import Capsule, Capsules
 from limitd.api.processes import Processes, ProcessStatus
 from limitd.api.queues import Queue, QueueEntry
@@ -37,6 +38,7 @@ from limitd.api.tenants import RuleWindow, TenantStatus, reroutes, top_tenants
 
 __all__ = [
     "PAGE_SIZE",
+    "BatchStatus",
     "Capsule",
     "Capsules",
     "DeadSet",
@@ -55,6 +57,8 @@ __all__ = [
     "SortedSet",
     "Stats",
     "TenantStatus",
+    "batch_status",
+    "list_batches",
     "queue_overview",
     "reroutes",
     "top_tenants",

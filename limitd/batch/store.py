@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from limitd import clock, keys
 from limitd.redis import LuaScript
@@ -126,13 +126,25 @@ class BatchStatus:
 
 def read_status(redis: Any, bid: str) -> BatchStatus | None:
     """The batch's status, or None when it does not exist (or expired)."""
-    pipe = redis.pipeline(transaction=True)
-    pipe.hgetall(keys.batch(bid))
-    pipe.hgetall(keys.batch_failures(bid))
-    meta_raw, failures_raw = pipe.execute()
+    return read_statuses(redis, [bid])[0]
+
+
+def read_statuses(redis: Any, bids: Sequence[str]) -> list[BatchStatus | None]:
+    """Statuses of several batches in one round trip, None for those that are gone."""
+    pipe = redis.pipeline(transaction=False)
+    for bid in bids:
+        pipe.hgetall(keys.batch(bid))
+        pipe.hgetall(keys.batch_failures(bid))
+    replies = pipe.execute()
+    return [_status(bid, replies[2 * i], replies[2 * i + 1]) for i, bid in enumerate(bids)]
+
+
+def _status(
+    bid: str, meta_raw: dict[bytes, bytes], failures_raw: dict[bytes, bytes]
+) -> BatchStatus | None:
     if not meta_raw:
         return None
-    meta = {_text(k): _text(v) for k, v in cast("dict[bytes, bytes]", meta_raw).items()}
+    meta = {_text(k): _text(v) for k, v in meta_raw.items()}
     return BatchStatus(
         bid=bid,
         description=meta.get("description", ""),

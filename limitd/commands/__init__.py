@@ -2,7 +2,7 @@
 
 ``limitd status``, ``limitd queues``, ``limitd limit set|clear|reset``, ``limitd
 pause|resume``, ``limitd retries|dead|scheduled list|retry|delete`` and ``limitd
-tenants``: a thin layer
+tenants`` and ``limitd batches``: a thin layer
 over ``limitd.api``, which does every read and write, so the command line and a Python
 shell can never disagree. ``cli.py`` owns the parser and how Redis is found; it hands
 both to :func:`add_admin_commands`. One module per command group, ``table`` for the
@@ -14,6 +14,7 @@ input; 69 no Redis configured or reachable.
 
 from __future__ import annotations
 
+from limitd.commands.batches import add_batches_command
 from limitd.commands.common import ResolveRedis, Subparsers
 from limitd.commands.limits import add_limit_commands, add_pause_commands
 from limitd.commands.queues import add_queues_command
@@ -36,3 +37,4 @@ def add_admin_commands(subparsers: Subparsers, resolve_redis: ResolveRedis) -> N
     add_pause_commands(subparsers, resolve_redis)
     add_set_commands(subparsers, resolve_redis)
     add_tenants_command(subparsers, resolve_redis)
+    add_batches_command(subparsers, resolve_redis)
