@@ -175,7 +175,11 @@ def test_an_idle_capsule_starts_a_pushed_job_without_polling(redis: redis_py.Red
     """The fallback poll is 30 s: only the wake-up signal can start these in time."""
     capsules = run_capsules(redis, config("a", poll_range=(30.0, 30.0)))
     try:
-        wait_for(lambda: capsules[0].fetch.gate._waiting == 10, message="idle capsule")
+        idle = capsules[0]
+        wait_for(
+            lambda: idle.dispatcher.waiting == 10 and idle.gate._waiting == 1,
+            message="idle capsule: every processor waiting, the dispatcher on the gate",
+        )
         short.perform_async(1)
         wait_for(lambda: meter.done == [1], timeout=5, message="job started by wake-up")
         short.perform_bulk([[i] for i in range(2, 30)])

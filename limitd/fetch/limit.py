@@ -1,8 +1,10 @@
 """Limit fetch: the default fetch, aware of queue limits and reliable.
 
-One Lua call (``limit_fetch.lua``) settles the job the calling thread just finished and
-takes the next one: it picks the first eligible queue in this fetch's order, moves one
-job into this capsule's in-progress list and counts the busy slot. The job stays in
+One Lua call (``limit_fetch.lua``) settles the jobs the capsule just finished and takes
+the next ones: for each, it picks the first eligible queue in this fetch's order, moves
+the job into this capsule's in-progress list and counts the busy slot. A capsule's
+processor threads do not call it themselves: its :class:`~limitd.fetch.dispatcher.
+Dispatcher` does, for all of them (see there why). The job stays in
 Redis until it is settled (acknowledged or requeued), so a capsule killed with SIGKILL
 loses nothing: the reaper returns its in-progress jobs to their queues.
 
@@ -16,7 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -100,10 +102,15 @@ class LimitFetch:
 
     def try_retrieve(self, done: UnitOfWork | None = None) -> LimitUnitOfWork | None:
         """Settle ``done`` and make one fetch attempt, without waiting."""
-        found = self._call(done, ACK, self.queue_names())
-        if len(found) < 3:
-            return None
-        return LimitUnitOfWork(found[1].decode(), found[2], self)
+        found = self.settle_and_take([done] if done is not None else [], 1)
+        return found[0] if found else None
+
+    def settle_and_take(self, finished: Sequence[UnitOfWork], want: int) -> list[LimitUnitOfWork]:
+        """Acknowledge ``finished`` and take up to ``want`` jobs, in one call."""
+        reply = self._call(finished, ACK, self.queue_names() if want > 0 else [], want)
+        return [
+            LimitUnitOfWork(reply[i].decode(), reply[i + 1], self) for i in range(1, len(reply), 2)
+        ]
 
     def queue_names(self) -> list[str]:
         """This fetch's order; with ``dynamic``, queues known to Redis but not configured
@@ -120,17 +127,14 @@ class LimitFetch:
     def release(self, unit: UnitOfWork, *, requeue: bool) -> bool:
         """Acknowledge or requeue one unit now; False when it was no longer this
         capsule's (it was reaped and requeued already)."""
-        return bool(self._call(unit, REQUEUE if requeue else ACK, [])[0])
+        return bool(self._call([unit], REQUEUE if requeue else ACK, [], 0)[0])
 
     def bulk_requeue(self, units: Iterable[UnitOfWork]) -> None:
-        """Requeue several units in one round trip (hard shutdown)."""
+        """Requeue several units in one round trip (hard shutdown, a quieting dispatcher),
+        the first given ending up first in line again."""
         batch = list(units)
-        if not batch:
-            return
-        pipe = self.redis.pipeline(transaction=False)
-        for unit in batch:
-            self._call(unit, REQUEUE, [], conn=pipe)
-        pipe.execute()
+        if batch:
+            self._call(batch[::-1], REQUEUE, [], 0)
 
     def recover_orphans(self, held: Iterable[UnitOfWork]) -> int:
         """Requeue in-progress entries that no thread of this capsule holds, once they
@@ -163,21 +167,19 @@ class LimitFetch:
             self._extra_refreshed = float("-inf")
 
     def _call(
-        self, settle: UnitOfWork | None, mode: bytes, names: list[str], conn: Any = None
+        self, settle: Sequence[UnitOfWork], mode: bytes, names: list[str], want: int
     ) -> list[Any]:
         script_keys = list(self._fixed_keys)
-        args = [self._id, b"", b"", mode, self._channel]
-        if settle is None:
-            script_keys += self._fixed_keys[4:6]  # unused placeholders
-        else:
-            queue_key, in_progress_key, name, _ = self._queue(settle.queue)
+        args = [self._id, self._channel, mode, len(settle), want]
+        for unit in settle:
+            queue_key, in_progress_key, name, _ = self._queue(unit.queue)
             script_keys += [in_progress_key, queue_key]
-            args[1:3] = [settle.job, name]
+            args += [unit.job, name]
         for queue_name in names:
             queue_key, in_progress_key, name, blocking = self._queue(queue_name)
             script_keys += [queue_key, in_progress_key]
             args += [name, blocking]
-        return cast("list[Any]", LIMIT_FETCH(conn or self.redis, script_keys, args))
+        return cast("list[Any]", LIMIT_FETCH(self.redis, script_keys, args))
 
     def _queue(self, name: str) -> tuple[bytes, bytes, bytes, bytes]:
         """Encoded once: keys and arguments are rebuilt for every fetch."""

@@ -1,5 +1,5 @@
--- limit_fetch: settle the job this thread finished (optional), then take one job from
--- the first eligible queue (optional), in one call.
+-- limit_fetch: settle the jobs this capsule finished (any number, maybe none), then take
+-- up to ``want`` jobs, each from the first eligible queue, in one call.
 --
 -- KEYS[1]  limitd:limits          hash  queue -> global limit (absent/non-number: none)
 -- KEYS[2]  limitd:process_limits  hash  queue -> per-capsule limit
@@ -7,19 +7,21 @@
 -- KEYS[4]  limitd:busy            hash  queue -> jobs in progress in every capsule
 -- KEYS[5]  limitd:capsule:<id>:queues  set of queues this capsule holds jobs from
 -- KEYS[6]  limitd:capsules        set   capsule ids that may hold jobs
--- KEYS[7], KEYS[8]  the settled job's in-progress list and queue list (any key when
---          ARGV[2] is empty)
--- KEYS[7 + 2i], KEYS[8 + 2i]  for the i-th queue to fetch from (i = 1..n): queue:<name>
---          and limitd:capsule:<id>:inprogress:<name>
+-- KEYS[5 + 2j], KEYS[6 + 2j]  for the j-th settled job (j = 1..s): its in-progress list
+--          and its queue list
+-- KEYS[5 + 2s + 2i], KEYS[6 + 2s + 2i]  for the i-th queue to fetch from (i = 1..n):
+--          queue:<name> and limitd:capsule:<id>:inprogress:<name>
 -- ARGV[1]  this capsule's id
--- ARGV[2]  the settled job exactly as fetched, or "" for none
--- ARGV[3]  its queue name
--- ARGV[4]  "ack" (done with it) or "requeue" (push it back to the front of its queue)
--- ARGV[5]  the wake-up channel (limitd:wake)
--- ARGV[4 + 2i], ARGV[5 + 2i]  for the i-th queue: its name, and "1" if it is blocking
+-- ARGV[2]  the wake-up channel (limitd:wake)
+-- ARGV[3]  "ack" (done with the settled jobs) or "requeue" (push them back to the front)
+-- ARGV[4]  s, the number of jobs to settle
+-- ARGV[5]  want, the most jobs to take
+-- ARGV[4 + 2j], ARGV[5 + 2j]  the j-th settled job exactly as fetched, and its queue name
+-- ARGV[4 + 2s + 2i], ARGV[5 + 2s + 2i]  the i-th queue: its name, "1" if it is blocking
 --
--- Returns {settled, queue name, job}, or {settled} when nothing was taken; settled is 1
--- if the settled job was this capsule's, 0 if it was not in its in-progress list.
+-- Returns {settled, name 1, job 1, name 2, job 2, ...}: settled counts the settled jobs
+-- that were in this capsule's in-progress lists (a job that was not, was reaped and
+-- requeued already), then the jobs taken, oldest first.
 --
 -- Why atomic: the limit check, the pop and the slot count must not interleave with
 -- other fetchers, or two of them could both see "2 of 3 busy" and take the third slot.
@@ -27,13 +29,14 @@
 -- busy count equal to the number of in-progress entries. The entry is the proof of
 -- ownership: a capsule that was reaped (its jobs requeued, its slots freed by another
 -- process) finds nothing to remove, so its late ack frees no slot it no longer holds.
--- Settling in the same call as the next fetch halves the round trips per job.
+-- Settling in the same call as the next fetch halves the round trips per job, and a
+-- capsule's dispatcher settles and takes several jobs per call under load.
 --
--- Cost: O(1) per queue tried (HGET, LLEN, SISMEMBER, LMOVE), nothing scans a queue or a
--- busy count; only settling scans this capsule's own in-progress list (LREM), whose
--- length is bounded by the capsule's threads.
+-- Cost: O(1) per queue tried per job taken (HGET, LLEN, SISMEMBER, LMOVE), nothing scans
+-- a queue or a busy count; only settling scans this capsule's own in-progress list
+-- (LREM), whose length is bounded by the capsule's threads.
 local limits, process_limits, paused, busy = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local held, capsules, capsule_id, channel = KEYS[5], KEYS[6], ARGV[1], ARGV[5]
+local held, capsules, capsule_id, channel = KEYS[5], KEYS[6], ARGV[1], ARGV[2]
 
 local function settle(in_progress_key, queue_key, job, name, mode)
   if redis.call('LREM', in_progress_key, 1, job) == 0 then
@@ -63,30 +66,52 @@ local function at_limit(name, in_progress_key)
   return limit ~= nil and tonumber(redis.call('HGET', busy, name) or '0') >= limit
 end
 
+local settles, want = tonumber(ARGV[4]), tonumber(ARGV[5])
 local settled = 0
-if ARGV[2] ~= '' then
-  settled = settle(KEYS[7], KEYS[8], ARGV[2], ARGV[3], ARGV[4])
+for j = 1, settles do
+  settled = settled + settle(KEYS[5 + 2 * j], KEYS[6 + 2 * j], ARGV[4 + 2 * j],
+    ARGV[5 + 2 * j], ARGV[3])
 end
 
-for i = 1, (#ARGV - 5) / 2 do
-  local name, blocking = ARGV[4 + 2 * i], ARGV[5 + 2 * i] == '1'
-  local queue_key, in_progress_key = KEYS[7 + 2 * i], KEYS[8 + 2 * i]
-  -- An empty queue is skipped before its limits are read: an idle poll costs one LLEN
-  -- (and one SISMEMBER) per queue.
-  if redis.call('LLEN', queue_key) > 0 and redis.call('SISMEMBER', paused, name) == 0 then
-    if not at_limit(name, in_progress_key) then
-      -- The oldest job (right end) moves to the left of the in-progress list.
-      local job = redis.call('LMOVE', queue_key, in_progress_key, 'RIGHT', 'LEFT')
-      if job then
-        redis.call('HINCRBY', busy, name, 1)
-        redis.call('SADD', held, name)
-        redis.call('SADD', capsules, capsule_id)
-        return {settled, name, job}
+-- Take one job from the first eligible queue. Returns the queue's name and the job,
+-- "stop" when a blocking queue holds the rest back, or nil when no queue has one.
+local first_queue, queues = 4 + 2 * settles, (#ARGV - 5 - 2 * settles) / 2
+local function take_one()
+  for i = 1, queues do
+    local name = ARGV[first_queue + 2 * i]
+    local blocking = ARGV[first_queue + 1 + 2 * i] == '1'
+    local queue_key = KEYS[1 + first_queue + 2 * i]
+    local in_progress_key = KEYS[2 + first_queue + 2 * i]
+    -- An empty queue is skipped before its limits are read: an idle poll costs one LLEN
+    -- (and one SISMEMBER) per queue.
+    if redis.call('LLEN', queue_key) > 0 and redis.call('SISMEMBER', paused, name) == 0 then
+      if not at_limit(name, in_progress_key) then
+        -- The oldest job (right end) moves to the left of the in-progress list.
+        local job = redis.call('LMOVE', queue_key, in_progress_key, 'RIGHT', 'LEFT')
+        if job then
+          redis.call('HINCRBY', busy, name, 1)
+          redis.call('SADD', held, name)
+          return name, job
+        end
+      elseif blocking then
+        -- A blocking queue with work waiting for a slot: lower queues must not jump ahead.
+        return 'stop'
       end
-    elseif blocking then
-      -- A blocking queue with work waiting for a slot: lower queues must not jump ahead.
-      return {settled}
     end
   end
+  return nil
 end
-return {settled}
+
+local taken = {settled}
+-- Each job starts again from the first queue, so a strict order stays strict and every
+-- job sees the busy counts the previous one updated.
+while #taken < 1 + 2 * want do
+  local name, job = take_one()
+  if not job then break end
+  taken[#taken + 1] = name
+  taken[#taken + 1] = job
+end
+if #taken > 1 then
+  redis.call('SADD', capsules, capsule_id)
+end
+return taken

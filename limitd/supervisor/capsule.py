@@ -1,4 +1,5 @@
-"""A capsule: N processor threads sharing one fetch, plus the poller and the heartbeat.
+"""A capsule: N processor threads sharing one fetch (through one dispatcher for the limit
+fetch), plus the poller and the heartbeat.
 
 This is the unit the supervisor runs in each child process; tests and scripts can also
 run it in-process. Lifecycle (Sidekiq's verbs): ``start``; ``quiet`` (finish current
@@ -28,6 +29,7 @@ import redis as redis_py
 from limitd import __version__, clock
 from limitd.config import CapsuleConfig
 from limitd.fetch.basic import BasicFetch, UnitOfWork
+from limitd.fetch.dispatcher import Dispatcher
 from limitd.fetch.limit import LimitFetch
 from limitd.fetch.order import QueueOrder
 from limitd.fetch.wakeup import IdleGate, WakeupListener
@@ -65,6 +67,10 @@ class Capsule:
         self.order = QueueOrder(self.config.queues)
         self.gate = IdleGate(self.config.poll_range)
         self.fetch = self._build_fetch()
+        # Limit fetch: one dispatcher fetches for every processor (see its module).
+        self.dispatcher = (
+            Dispatcher(self.fetch, self.gate) if isinstance(self.fetch, LimitFetch) else None
+        )
         self.stats = JobStats()
         retry = RetryHandler(self.redis, self.config.dead_set, self.config.death_handlers)
         chain = middleware if middleware is not None else default_server_chain(self.redis)
@@ -94,7 +100,8 @@ class Capsule:
 
     def start(self) -> None:
         self.heartbeat.start()
-        if self.limited:
+        if self.dispatcher is not None:
+            self.dispatcher.start()
             self.wakeup.start()
         with self._lock:
             for index in range(self.config.concurrency):
@@ -127,6 +134,8 @@ class Capsule:
             processors = list(self._processors)
         for processor in processors:
             processor.terminate()
+        if self.dispatcher is not None:
+            self.dispatcher.close()
         self.gate.close()
         self.poller.terminate()
         self.record.quiet = True
@@ -141,6 +150,8 @@ class Capsule:
         self.quiet()
         self._wait_for_processors(deadline)
         requeued = self._hard_shutdown(grace)
+        if self.dispatcher is not None:
+            self.dispatcher.stop()
         self.wakeup.stop()
         self.poller.join(1.0)
         self.heartbeat.stop()
@@ -194,7 +205,8 @@ class Capsule:
     def _held(self) -> list[UnitOfWork]:
         with self._lock:
             processors = list(self._processors)
-        return [unit for processor in processors for unit in processor.held()]
+        held = [unit for processor in processors for unit in processor.held()]
+        return held + (self.dispatcher.held() if self.dispatcher is not None else [])
 
     def _build_fetch(self) -> LimitFetch | BasicFetch:
         if self.config.fetch == "basic":
@@ -218,7 +230,7 @@ class Capsule:
     def _spawn(self, index: int) -> None:
         processor = Processor(
             index,
-            self.fetch,
+            self.dispatcher or self.fetch,
             self.executor,
             self._processor_exited,
             capsule=self.config.name,

@@ -1,0 +1,118 @@
+"""The limit fetch taking several jobs per call, and the capsule's dispatcher that uses
+it: never more jobs than processors are waiting, limits and order kept within one call,
+finished jobs settled and untaken jobs requeued at stop."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+
+import pytest
+import redis as redis_py
+
+import limitd
+from limitd import keys
+from limitd.fetch import LimitFetch, QueueOrder
+from limitd.fetch import limits as queue_limits
+from limitd.fetch.dispatcher import Dispatcher
+from limitd.fetch.wakeup import IdleGate
+from limitd.supervisor import Capsule, CapsuleConfig
+from tests.helpers import wait_for
+
+release = threading.Event()
+started: list[int] = []
+
+
+@limitd.job(name="dispatch_test.Held", queue="a")
+def held(n: int) -> None:
+    started.append(n)
+    release.wait(10)
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> Iterator[None]:
+    release.clear()
+    started.clear()
+    yield
+    release.set()
+
+
+def push(redis: redis_py.Redis, queue: str, count: int) -> None:
+    limitd.Client(redis).push_bulk({"class": "dispatch_test.Held", "queue": queue},
+                                   [[i] for i in range(count)])  # fmt: skip
+
+
+def fetch_for(redis: redis_py.Redis, *queues: str, blocking: tuple[str, ...] = ()) -> LimitFetch:
+    return LimitFetch(redis, QueueOrder(list(queues)), "cap-1", blocking=blocking)
+
+
+def busy(redis: redis_py.Redis, queue: str) -> int:
+    return int(redis.hget(keys.BUSY, queue) or 0)
+
+
+def test_one_call_takes_up_to_want_within_the_limit(redis) -> None:
+    push(redis, "a", 10)
+    queue_limits.set_limit(redis, "a", 3)
+    units = fetch_for(redis, "a").settle_and_take([], 5)
+    assert len(units) == 3
+    assert busy(redis, "a") == 3
+    assert redis.llen(keys.in_progress("cap-1", "a")) == 3
+
+
+def test_one_call_keeps_the_strict_order_across_queues(redis) -> None:
+    push(redis, "a", 2)
+    push(redis, "b", 5)
+    units = fetch_for(redis, "a", "b").settle_and_take([], 5)
+    assert [u.queue for u in units] == ["a", "a", "b", "b", "b"]
+    assert [json.loads(u.job)["args"] for u in units][:2] == [[0], [1]]  # oldest first
+
+
+def test_a_blocking_queue_at_its_limit_stops_the_whole_call(redis) -> None:
+    push(redis, "a", 5)
+    push(redis, "b", 5)
+    queue_limits.set_limit(redis, "a", 2)
+    units = fetch_for(redis, "a", "b", blocking=("a",)).settle_and_take([], 5)
+    assert [u.queue for u in units] == ["a", "a"]
+
+
+def test_one_call_settles_many_and_requeues_to_the_front(redis) -> None:
+    push(redis, "a", 6)
+    fetch = fetch_for(redis, "a")
+    units = fetch.settle_and_take([], 6)
+    again = fetch.settle_and_take(units[:4], 0)
+    assert again == [] and busy(redis, "a") == 2
+    fetch.bulk_requeue(units[4:])
+    assert busy(redis, "a") == 0
+    assert redis.llen(keys.in_progress("cap-1", "a")) == 0
+    assert [json.loads(u.job)["args"] for u in fetch.settle_and_take([], 2)] == [[4], [5]]
+
+
+def test_the_dispatcher_fetches_no_more_than_processors_wait_for(redis) -> None:
+    push(redis, "a", 10)
+    capsule = Capsule(CapsuleConfig(queues=["a"], concurrency=3), redis=redis)
+    capsule.start()
+    try:
+        wait_for(lambda: len(started) == 3, message="three jobs running")
+        assert redis.llen(keys.in_progress(capsule.id, "a")) == 3  # none fetched ahead
+        assert redis.llen(keys.queue("a")) == 7
+        release.set()
+        wait_for(lambda: len(started) == 10, message="every job")
+        wait_for(lambda: busy(redis, "a") == 0, message="every job settled")
+    finally:
+        capsule.stop(timeout=5)
+    assert redis.llen(keys.in_progress(capsule.id, "a")) == 0
+
+
+def test_stop_settles_finished_jobs_and_requeues_untaken_ones(redis) -> None:
+    push(redis, "a", 3)
+    fetch = fetch_for(redis, "a")
+    dispatcher = Dispatcher(fetch, IdleGate())  # never started: driven by hand
+    finished, untaken, _ = fetch.settle_and_take([], 3)
+    dispatcher._finished.append(finished)
+    dispatcher._ready.append(untaken)
+    assert {u.job for u in dispatcher.held()} == {finished.job, untaken.job}
+    dispatcher.stop()
+    assert busy(redis, "a") == 1  # only the third, which nobody handed back
+    assert redis.llen(keys.queue("a")) == 1
+    assert redis.lindex(keys.queue("a"), -1) == untaken.job  # next to be fetched
