@@ -22,6 +22,10 @@ from limitd.supervisor.titles import CapsuleTitle, capsule_title
 log = logging.getLogger("limitd.launcher")
 
 HANDLED_SIGNALS = (*STOP, ORPHANED, signal.SIGTSTP, signal.SIGTTIN, signal.SIGHUP)
+# The kernel may deliver a signal to any thread; Python runs its handler in the main
+# thread only when that thread next runs bytecode, which an untimed wait on the signal
+# queue would postpone forever. Waking this often bounds the delay.
+SERVE_SLICE = 0.5
 
 
 class Launcher:
@@ -47,7 +51,7 @@ class Launcher:
 
     def _serve(self) -> int:
         while True:
-            signum = self._signals.get()
+            signum = self._signals.get(timeout=SERVE_SLICE)
             if signum in STOP:
                 log.info("received %s: stopping", signal.Signals(signum).name)
                 self.capsule.stop()
