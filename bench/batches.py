@@ -4,9 +4,10 @@ batch, in the same run, with one in-process capsule.
     python bench/batches.py [--jobs 20000] [--threads 10] [--rounds 3] [--redis URL]
 
 Rounds alternate (plain, batch, plain, batch, ...) so a noisy machine affects both
-alike; prints each round, the medians and their ratio (batch / plain, target >= 0.8),
-and Redis commands per job. A batch round ends when the batch's success callback has
-been enqueued, so the last job's bookkeeping is inside the time. Enqueue is timed too.
+alike; prints each round (with Redis commands and Redis server CPU per job), the
+medians and their ratio (batch / plain, target >= 0.8). A batch round ends when the
+batch's success callback has been enqueued, so the last job's bookkeeping is inside the
+time. Enqueue is timed too.
 """
 
 from __future__ import annotations
@@ -48,14 +49,27 @@ def one_round(conn: redis_py.Redis, jobs: int, threads: int, in_batch: bool) -> 
     enqueue_s = time.perf_counter() - started
     capsule = Capsule(CapsuleConfig(queues=["bench"], concurrency=threads), redis=conn)
     calls = command_calls(conn)
+    redis_cpu = _redis_cpu(conn)
     started = time.perf_counter()
     timed_drain(conn, capsule, done, jobs)
     while batch is not None and conn.llen("queue:bench_callbacks") == 0:
         time.sleep(0.0005)  # the last jobs' bookkeeping, then the callback
     drain_s = time.perf_counter() - started
     drain_calls = command_calls(conn) - calls
+    redis_us = (_redis_cpu(conn) - redis_cpu) / jobs * 1e6
     capsule.stop(timeout=5)
-    return {"enqueue": jobs / enqueue_s, "drain": jobs / drain_s, "cmds": drain_calls / jobs}
+    return {
+        "enqueue": jobs / enqueue_s,
+        "drain": jobs / drain_s,
+        "cmds": drain_calls / jobs,
+        "redis_us": redis_us,
+    }
+
+
+def _redis_cpu(conn: redis_py.Redis) -> float:
+    """Seconds of CPU the Redis server has used (user + system)."""
+    info = conn.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
 def main() -> None:
@@ -68,7 +82,10 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     results: dict[str, list[dict[str, float]]] = {"plain": [], "batch": []}
     print(f"jobs: {args.jobs}, capsule threads: {args.threads}, rounds: {args.rounds}")
-    print(f"{'round':<6} {'kind':<6} {'enqueue/s':>10} {'drain/s':>9} {'cmds/job':>9}")
+    print(
+        f"{'round':<6} {'kind':<6} {'enqueue/s':>10} {'drain/s':>9} {'cmds/job':>9} "
+        f"{'redis us/job':>12}"
+    )
     with redis_for_bench(args.redis) as conn:
         for number in range(1, args.rounds + 1):
             for kind in ("plain", "batch"):
@@ -76,7 +93,7 @@ def main() -> None:
                 results[kind].append(result)
                 print(
                     f"{number:<6} {kind:<6} {result['enqueue']:>10,.0f} "
-                    f"{result['drain']:>9,.0f} {result['cmds']:>9.2f}"
+                    f"{result['drain']:>9,.0f} {result['cmds']:>9.2f} {result['redis_us']:>12.1f}"
                 )
     medians = {kind: statistics.median(r["drain"] for r in rs) for kind, rs in results.items()}
     print(f"median drain: plain {medians['plain']:,.0f} jobs/s, batch {medians['batch']:,.0f}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any, TypeVar, cast
 
@@ -58,6 +59,85 @@ def connect(
     )
 
 
+@dataclass(frozen=True)
+class ScriptCall:
+    """A script call prepared now and made later: server middleware return these from
+    ``settled`` so a job's bookkeeping travels with its acknowledgement, in the same
+    round trip. ``on_reply`` (optional) receives the script's reply.
+
+    A call with ``shared_args`` set is *mergeable*: its script takes that many leading
+    arguments shared by all, then groups of the remaining size, one per job, and returns
+    one reply per group. Calls of the same script with the same keys and shared
+    arguments are sent as one call (see :func:`merge_calls`): ten jobs of one batch
+    finishing together cost the batch one script run, not ten."""
+
+    script: LuaScript
+    keys: Sequence[Any]
+    args: Sequence[Any]
+    on_reply: Callable[[Any], None] | None = None
+    shared_args: int | None = None
+
+    def run(self, conn: Any) -> Any:
+        reply = self.script(conn, self.keys, self.args)
+        if self.shared_args is not None:
+            reply = reply[0]
+        if self.on_reply is not None:
+            self.on_reply(reply)
+        return reply
+
+    def packed(self) -> bytes:
+        return self.script.packed(self.keys, self.args)
+
+    def merge_key(self) -> tuple[Any, ...] | None:
+        if self.shared_args is None:
+            return None
+        return (self.script.name, *self.keys, *self.args[: self.shared_args])
+
+
+@dataclass
+class MergedCall:
+    """Mergeable calls sent as one; ``parts`` receive their own replies."""
+
+    call: ScriptCall
+    parts: list[ScriptCall]
+
+    def deliver(self, conn: Any, reply: Any) -> None:
+        if isinstance(reply, NoScriptError):
+            reply = self.call.script(conn, self.call.keys, self.call.args)
+        elif isinstance(reply, Exception):
+            raise reply
+        replies = reply if self.call.shared_args is not None else [reply]
+        for part, part_reply in zip(self.parts, replies, strict=False):
+            if part.on_reply is not None:
+                part.on_reply(part_reply)
+
+
+def merge_calls(calls: Sequence[ScriptCall]) -> list[MergedCall]:
+    """Group mergeable calls (same script, keys and shared arguments), keeping the order
+    in which each group first appears; other calls stay as they are."""
+    merged: list[MergedCall] = []
+    groups: dict[tuple[Any, ...], MergedCall] = {}
+    for call in calls:
+        key = call.merge_key()
+        group = groups.get(key) if key is not None else None
+        if group is None:
+            group = MergedCall(call, [call])
+            merged.append(group)
+            if key is not None:
+                groups[key] = group
+            continue
+        first = group.call
+        group.call = ScriptCall(
+            first.script,
+            first.keys,
+            [*first.args, *call.args[first.shared_args or 0 :]],
+            None,
+            first.shared_args,
+        )
+        group.parts.append(call)
+    return merged
+
+
 class LuaScript:
     """One atomic operation, kept in a ``.lua`` file beside the module that runs it.
 
@@ -76,12 +156,25 @@ class LuaScript:
         """Run on ``conn`` (a client or a pipeline)."""
         if isinstance(conn, Pipeline):
             return self._script(keys=list(keys), args=list(args), client=conn)
-        command = pack_command(b"EVALSHA", self._sha, len(keys), *keys, *args)
+        command = self.packed(keys, args)
         try:
             return send_packed(conn, command)
         except NoScriptError:
             conn.script_load(self.source)
             return send_packed(conn, command)
+
+    def packed(self, keys: Sequence[Any], args: Sequence[Any]) -> bytes:
+        return pack_command(b"EVALSHA", self._sha, len(keys), *keys, *args)
+
+    def later(
+        self,
+        keys: Sequence[Any],
+        args: Sequence[Any],
+        on_reply: Callable[[Any], None] | None = None,
+        shared_args: int | None = None,
+    ) -> ScriptCall:
+        """This call, to be made later (see :class:`ScriptCall`)."""
+        return ScriptCall(self, keys, args, on_reply, shared_args)
 
 
 def pack_command(*parts: bytes | str | int | float) -> bytes:
@@ -107,6 +200,34 @@ def send_packed(conn: redis.Redis, command: bytes) -> Any:
         raise
     finally:
         pool.release(connection)
+
+
+def send_calls_then(conn: redis.Redis, calls: Sequence[ScriptCall], command: bytes) -> Any:
+    """Send ``calls`` (merged where they can be) and then ``command`` in one write, read
+    every reply, and return the last one. A call whose script the server lost (NOSCRIPT,
+    after a restart) is loaded and made again; another call's error is re-raised once
+    every reply was read, so the connection stays in step."""
+    merged = merge_calls(calls)
+    pool = conn.connection_pool
+    connection = pool.get_connection()
+    replies: list[Any] = []
+    try:
+        connection.send_packed_command([*(group.call.packed() for group in merged), command])
+        for _ in range(len(merged) + 1):
+            try:
+                replies.append(connection.read_response())
+            except ResponseError as exc:
+                replies.append(exc)
+    except (ConnectionError, TimeoutError, OSError):
+        connection.disconnect()
+        raise
+    finally:
+        pool.release(connection)
+    for group, reply in zip(merged, replies, strict=False):
+        group.deliver(conn, reply)
+    if isinstance(replies[-1], Exception):
+        raise replies[-1]
+    return replies[-1]
 
 
 def set_members(conn: redis.Redis, key: str) -> list[str]:

@@ -9,13 +9,14 @@ succeeded" from "its callback was enqueued" (they do not pass the client middlew
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from limitd import clock, keys
-from limitd.redis import LuaScript
+from limitd.redis import LuaScript, ScriptCall
 
 _PACKAGE = __package__ or "limitd.batch"
 _LIB = ("batch_lib.lua",)
@@ -80,13 +81,29 @@ def remove_jobs(redis: Any, bid: str, jids: Sequence[str]) -> int:
 def job_settled(redis: Any, bid: str, jid: str, result: str, error: str = "") -> int:
     """Record one run's ``result`` (success, failure or death). Returns 1 when it
     changed the batch, 0 for a repeat, -1 for an unknown batch."""
-    return int(
-        JOB_SETTLED(
-            redis,
-            [*keys.batch_keys(bid), keys.QUEUES],
-            [jid, result, error, repr(clock.now()), keys.WAKE_CHANNEL],
-        )
+    return int(job_settled_call(bid, jid, result, error).run(redis))
+
+
+def job_settled_call(
+    bid: str,
+    jid: str,
+    result: str,
+    error: str = "",
+    on_reply: Callable[[Any], None] | None = None,
+) -> ScriptCall:
+    """The same, as a call to make with the job's acknowledgement; calls for one batch
+    made together are merged into one script run."""
+    return JOB_SETTLED.later(
+        _settled_keys(bid),
+        [keys.WAKE_CHANNEL, jid, result, error, repr(clock.now())],
+        on_reply,
+        shared_args=1,
     )
+
+
+@functools.lru_cache(maxsize=1024)
+def _settled_keys(bid: str) -> tuple[str, ...]:
+    return (*keys.batch_keys(bid), keys.QUEUES)
 
 
 def _callbacks_json(new: NewBatch | None, event: str) -> str:

@@ -8,7 +8,7 @@ capsule hands unfinished units back with :meth:`BasicFetch.bulk_requeue`.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -16,7 +16,7 @@ import redis as redis_py
 
 from limitd import keys
 from limitd.fetch.order import QueueOrder
-from limitd.redis import retry_on_failover
+from limitd.redis import ScriptCall, retry_on_failover
 
 # BRPOP returns at least this often so a stopping processor notices promptly.
 BLOCK_SECONDS = 1.0
@@ -33,6 +33,12 @@ class UnitOfWork:
 
     def acknowledge(self) -> None:
         """Nothing to do: BRPOP already removed the job."""
+
+    def defer(self, calls: Sequence[ScriptCall]) -> None:
+        """Make ``calls`` (a job's bookkeeping, see ``ScriptCall``) before the job is
+        acknowledged. BRPOP has no acknowledgement to carry them: made now."""
+        for call in calls:
+            call.run(self.fetch.redis)
 
     def requeue(self) -> None:
         self.fetch.bulk_requeue([self])

@@ -19,16 +19,17 @@ import logging
 import threading
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import redis as redis_py
+from redis.exceptions import NoScriptError
 
 from limitd import clock, keys
 from limitd.fetch.basic import UnitOfWork
 from limitd.fetch.order import QueueOrder
 from limitd.fetch.wakeup import IdleGate
-from limitd.redis import LuaScript, set_members
+from limitd.redis import LuaScript, ScriptCall, send_calls_then, set_members
 
 log = logging.getLogger("limitd.fetch")
 
@@ -40,6 +41,12 @@ ACK, REQUEUE = b"ack", b"requeue"
 @dataclass
 class LimitUnitOfWork(UnitOfWork):
     fetch: LimitFetch  # type: ignore[assignment]
+    after_run: list[ScriptCall] = field(default_factory=list)
+
+    def defer(self, calls: Sequence[ScriptCall]) -> None:
+        """Keep ``calls`` to send with this job's acknowledgement, in the same round
+        trip (they run first)."""
+        self.after_run.extend(calls)
 
     def acknowledge(self) -> None:
         """Remove the job from the in-progress list and free its slot now. (Processors
@@ -179,7 +186,17 @@ class LimitFetch:
             queue_key, in_progress_key, name, blocking = self._queue(queue_name)
             script_keys += [queue_key, in_progress_key]
             args += [name, blocking]
-        return cast("list[Any]", LIMIT_FETCH(self.redis, script_keys, args))
+        calls = _calls_before_ack(settle) if mode == ACK else []
+        if not calls:
+            return cast("list[Any]", LIMIT_FETCH(self.redis, script_keys, args))
+        try:
+            reply = send_calls_then(self.redis, calls, LIMIT_FETCH.packed(script_keys, args))
+        except NoScriptError:  # the calls were made; only the fetch script was missing
+            reply = LIMIT_FETCH(self.redis, script_keys, args)
+        for unit in settle:
+            if isinstance(unit, LimitUnitOfWork):
+                unit.after_run = []
+        return cast("list[Any]", reply)
 
     def _queue(self, name: str) -> tuple[bytes, bytes, bytes, bytes]:
         """Encoded once: keys and arguments are rebuilt for every fetch."""
@@ -203,3 +220,8 @@ class LimitFetch:
                 self._extra_queues = [name for name in names if name not in known]
                 self._extra_refreshed = now
             return list(self._extra_queues)
+
+
+def _calls_before_ack(units: Sequence[UnitOfWork]) -> list[ScriptCall]:
+    """The bookkeeping server middleware left on these units (see ``ScriptCall``)."""
+    return [call for unit in units if isinstance(unit, LimitUnitOfWork) for call in unit.after_run]

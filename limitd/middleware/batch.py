@@ -16,8 +16,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from limitd.batch import building
-from limitd.batch.store import add_jobs, job_settled, remove_jobs
+from limitd.batch.store import add_jobs, job_settled_call, remove_jobs
 from limitd.payload import Payload
+from limitd.redis import ScriptCall
 from limitd.retry import error_class_name
 
 if TYPE_CHECKING:
@@ -69,9 +70,6 @@ class BatchMembership:
 class BatchProgress:
     """Server middleware: after each run of a batch job, tell the batch how it ended."""
 
-    def __init__(self, redis: Any) -> None:
-        self.redis = redis
-
     def __call__(
         self, spec: JobSpec, payload: Payload, queue: str, call_next: Callable[[], Any]
     ) -> Any:
@@ -84,15 +82,21 @@ class BatchProgress:
         queue: str,
         outcome: str,
         error: BaseException | None,
-    ) -> None:
+    ) -> ScriptCall | None:
+        """The batch's update, sent with the job's acknowledgement."""
         bid = payload.get("bid")
         if not bid or outcome not in RESULTS:
-            return
+            return None
         text = f"{error_class_name(error)}: {error}" if error is not None else ""
-        if job_settled(self.redis, str(bid), payload["jid"], RESULTS[outcome], text) == -1:
-            log.warning(
-                "batch %s of jid=%s class=%s is unknown or expired; its result is not counted",
-                bid,
-                payload["jid"],
-                payload["class"],
-            )
+        jid, job_class = payload["jid"], payload["class"]
+
+        def check(reply: object) -> None:
+            if reply == -1:
+                log.warning(
+                    "batch %s of jid=%s class=%s is unknown or expired; its result is not counted",
+                    bid,
+                    jid,
+                    job_class,
+                )
+
+        return job_settled_call(str(bid), jid, RESULTS[outcome], text, check)

@@ -18,9 +18,13 @@ Server middleware::
 
     def settled(self, spec, payload, queue, outcome, error):   # optional
         ...  # the job's fate is recorded: "done", "retry", "dead" or "discarded"
+        return SCRIPT.later(keys, args)   # optional: Redis work to send with the ack
 
 ``settled`` exists because a middleware around ``perform`` sees an exception but not
-what becomes of the job: the retry decision is taken after the chain unwinds.
+what becomes of the job: the retry decision is taken after the chain unwinds. The
+script calls it returns (``limitd.redis.ScriptCall``, one or a list) are made before the
+job is acknowledged, in the same round trip as the acknowledgement when the fetch can
+(the limit fetch does): bookkeeping such as a batch's costs no round trip of its own.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from limitd.payload import Payload
+from limitd.redis import ScriptCall
 
 if TYPE_CHECKING:
     from limitd.job import JobSpec
@@ -125,11 +130,18 @@ class ServerChain(Chain):
         queue: str,
         outcome: str,
         error: BaseException | None,
-    ) -> None:
-        """Tell the middleware that have a ``settled`` method how the job ended. Runs
-        before the job is acknowledged: if it raises, the job is requeued and runs
-        again, so ``settled`` must be idempotent per jid."""
+    ) -> list[ScriptCall]:
+        """Tell the middleware that have a ``settled`` method how the job ended, and
+        collect the script calls they return. These run before the job is acknowledged:
+        if they fail, the job runs again, so ``settled`` work must be idempotent per jid."""
+        calls: list[ScriptCall] = []
         for middleware in self._entries:
             settled = getattr(middleware, "settled", None)
-            if settled is not None:
-                settled(spec, payload, queue, outcome, error)
+            if settled is None:
+                continue
+            returned = settled(spec, payload, queue, outcome, error)
+            if isinstance(returned, ScriptCall):
+                calls.append(returned)
+            elif returned:
+                calls.extend(returned)
+        return calls

@@ -22,4 +22,4 @@ def default_client_chain(fair_tenant: FairTenantSettings | None = None) -> Clien
 
 def default_server_chain(redis: Any) -> ServerChain:
     """Batch progress, then unique-lock release, both reporting on the capsule's Redis."""
-    return ServerChain([BatchProgress(redis), UniqueRelease(redis)])
+    return ServerChain([BatchProgress(), UniqueRelease(redis)])

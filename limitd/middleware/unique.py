@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from limitd import clock, keys, options
 from limitd.payload import Payload
-from limitd.redis import LuaScript
+from limitd.redis import LuaScript, ScriptCall
 
 if TYPE_CHECKING:
     from limitd.job import JobSpec
@@ -138,13 +138,14 @@ class UniqueRelease:
         queue: str,
         outcome: str,
         error: BaseException | None,
-    ) -> None:
+    ) -> ScriptCall | None:
         """After the job's fate is recorded: a job that will not run again frees its
-        lock under ``executed``; one waiting for a retry keeps it."""
-        if outcome == "retry" or not payload.get(LOCK_FIELD):
-            return
-        if _policy(payload) == "executed":
-            release(self.redis, payload)
+        lock under ``executed`` (with its acknowledgement); one waiting for a retry
+        keeps it."""
+        key = payload.get(LOCK_FIELD)
+        if outcome == "retry" or not key or _policy(payload) != "executed":
+            return None
+        return RELEASE.later([key], [payload["jid"]])
 
 
 def _policy(payload: Payload) -> str:

@@ -15,6 +15,7 @@ from limitd import clock
 from limitd.job import finished, running
 from limitd.middleware.chain import ServerChain
 from limitd.payload import MalformedPayload, Payload, dead_entry_for_malformed, parse
+from limitd.redis import ScriptCall
 from limitd.registry import JobRegistry, registry
 from limitd.retry import RetryHandler
 from limitd.supervisor.stats import JobStats
@@ -60,12 +61,14 @@ class JobExecutor:
             outcome = "dead"
             log.error("dead queue=%s reason=%s", unit.queue, exc)
         else:
-            outcome = self._run(payload, unit.queue)
+            outcome, calls = self._run(payload, unit.queue)
+            if calls:
+                unit.defer(calls)  # made before the acknowledgement, with it if possible
             _log_outcome(payload, unit.queue, outcome, clock.monotonic() - started)
         self.stats.record(failed=outcome != "done")
         return outcome
 
-    def _run(self, payload: Payload, queue: str) -> str:
+    def _run(self, payload: Payload, queue: str) -> tuple[str, list[ScriptCall]]:
         spec = self.jobs.resolve(payload["class"])
         token = running(payload)
         error: BaseException | None = None
@@ -91,8 +94,7 @@ class JobExecutor:
             outcome = self.retry.job_failed(spec, payload, queue, exc)
         finally:
             finished(token)
-        self.chain.settle(spec, payload, queue, outcome, error)
-        return outcome
+        return outcome, self.chain.settle(spec, payload, queue, outcome, error)
 
 
 def _log_outcome(payload: Payload, queue: str, outcome: str, elapsed: float) -> None:

@@ -1,0 +1,94 @@
+"""Script calls that server middleware leave for a job's acknowledgement: made in the
+same round trip as the limit fetch's settle, merged per batch, robust to a server that
+lost its scripts, and made at once where the fetch has no acknowledgement (BRPOP)."""
+
+from __future__ import annotations
+
+import pytest
+import redis as redis_py
+
+import limitd
+from limitd import keys
+from limitd.batch import store
+from limitd.fetch import LimitFetch, QueueOrder
+from limitd.middleware import unique
+from limitd.redis import LuaScript, merge_calls
+from limitd.supervisor import Capsule, CapsuleConfig
+from tests.test_batch import callback, work
+
+replies: list[object] = []
+
+
+def batch_of(redis: redis_py.Redis, count: int) -> tuple[limitd.Batch, list[str]]:
+    batch = limitd.Batch("merged").on("success", callback)
+    with batch.jobs():
+        jids = [work.perform_async(n) for n in range(count)]
+    return batch, jids
+
+
+def test_calls_for_one_batch_merge_into_one_run_with_a_reply_each(redis) -> None:
+    batch, jids = batch_of(redis, 3)
+    other, other_jids = batch_of(redis, 1)
+    calls = [store.job_settled_call(batch.bid, jid, "success", "", replies.append)
+             for jid in [jids[0], jids[1], jids[0]]]  # fmt: skip
+    calls.insert(1, store.job_settled_call(other.bid, other_jids[0], "success"))
+    merged = merge_calls(calls)
+    assert [len(group.parts) for group in merged] == [3, 1]
+    replies.clear()
+    for group in merged:
+        group.deliver(redis, group.call.script(redis, group.call.keys, group.call.args))
+    assert replies == [1, 1, 0]  # the repeated jid counts once
+    assert limitd.Batch.status(batch.bid).pending == 1
+    assert limitd.Batch.status(other.bid).success
+
+
+def test_a_busy_capsule_settles_a_batch_with_its_fetch(redis) -> None:
+    batch, _ = batch_of(redis, 6)
+    fetch = LimitFetch(redis, QueueOrder(["default"]), "cap-1")
+    capsule = Capsule(CapsuleConfig(queues=["default"]), redis=redis)
+    units = fetch.settle_and_take([], 6)
+    for unit in units:
+        capsule.executor.execute(unit)  # each leaves its batch update on the unit
+    assert limitd.Batch.status(batch.bid).pending == 6  # nothing sent yet
+    counts = redis.info("commandstats")["cmdstat_evalsha"]["calls"]
+    fetch.settle_and_take(units, 0)
+    # One write: the six updates merged into one script run, then the settle.
+    assert redis.info("commandstats")["cmdstat_evalsha"]["calls"] - counts == 2
+    status = limitd.Batch.status(batch.bid)
+    assert (status.pending, status.success) == (0, True)
+    assert redis.hget(keys.BUSY, "default") == b"0"
+
+
+def test_calls_survive_a_server_that_lost_its_scripts(redis) -> None:
+    batch, _ = batch_of(redis, 2)
+    fetch = LimitFetch(redis, QueueOrder(["default"]), "cap-1")
+    capsule = Capsule(CapsuleConfig(queues=["default"]), redis=redis)
+    units = fetch.settle_and_take([], 2)
+    for unit in units:
+        capsule.executor.execute(unit)
+    redis.script_flush()  # as after a Redis restart
+    assert fetch.settle_and_take(units, 1) == []
+    assert limitd.Batch.status(batch.bid).success
+
+
+def test_a_call_that_fails_is_raised_and_the_settle_can_be_made_again(redis) -> None:
+    broken = LuaScript("limitd.batch", "batch_remove.lua")  # HINCRBY on "x" fails
+    redis.set("not-a-hash", "x")
+    fetch = LimitFetch(redis, QueueOrder(["default"]), "cap-1")
+    work.perform_async(1)
+    [unit] = fetch.settle_and_take([], 1)
+    unit.defer([broken.later(["not-a-hash", "p", "u", "f"], ["jid"])])
+    with pytest.raises(redis_py.ResponseError, match="not an integer"):
+        fetch.settle_and_take([unit], 0)
+    assert redis.hget(keys.BUSY, "default") == b"0"  # the settle itself went through
+
+
+def test_with_basic_fetch_the_calls_are_made_at_once(redis) -> None:
+    capsule = Capsule(CapsuleConfig(queues=["default"], fetch="basic"), redis=redis)
+    job = limitd.job(name="calls_test.Unique", unique_for=60)(lambda n: None)
+    job.perform_async(1)
+    lock = keys.unique_lock("calls_test.Unique", "default", unique.args_digest([1]))
+    assert redis.exists(lock)
+    assert capsule.drain() == {"done": 1}
+    assert not redis.exists(lock)
+    assert redis.get(keys.UNIQUE_SKIPPED) is None
