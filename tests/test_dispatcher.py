@@ -116,3 +116,19 @@ def test_stop_settles_finished_jobs_and_requeues_untaken_ones(redis) -> None:
     assert busy(redis, "a") == 1  # only the third, which nobody handed back
     assert redis.llen(keys.queue("a")) == 1
     assert redis.lindex(keys.queue("a"), -1) == untaken.job  # next to be fetched
+
+
+def test_an_idle_capsule_polls_once_per_interval_not_once_per_thread(redis) -> None:
+    """Processors waiting in vain re-wait every poll interval; that must not make the
+    dispatcher fetch for each of them (ten threads would make ten calls a poll)."""
+    config = CapsuleConfig(queues=["a"], concurrency=10, poll_range=(0.1, 0.1))
+    capsule = Capsule(config, redis=redis)
+    capsule.start()
+    try:
+        wait_for(lambda: capsule.dispatcher.waiting == 10, message="idle processors")
+        before = redis.info("commandstats")["cmdstat_evalsha"]["calls"]
+        threading.Event().wait(1.0)  # ten poll intervals, each thread timing out ten times
+        calls = redis.info("commandstats")["cmdstat_evalsha"]["calls"] - before
+    finally:
+        capsule.stop(timeout=5)
+    assert calls <= 15, f"{calls} fetch calls in 1 s from an idle capsule (expected ~10)"

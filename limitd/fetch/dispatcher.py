@@ -44,6 +44,7 @@ class Dispatcher:
         self._ready: deque[UnitOfWork] = deque()  # fetched, for the next idle processor
         self._finished: list[UnitOfWork] = []  # run, to settle with the next call
         self._waiting = 0  # processors waiting for a job
+        self._local = threading.local()  # per processor: did its last wait time out?
         self._closed = False
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="limitd-dispatcher", daemon=True)
@@ -68,11 +69,17 @@ class Dispatcher:
                 self._finished.append(done)
             if not self._ready and not self._closed:
                 self._waiting += 1
-                self.gate.wake()  # one more processor to serve (and maybe a job to settle)
+                if done is not None or not getattr(self._local, "idle", False):
+                    # One more processor to serve (and maybe a job to settle). One that
+                    # waited in vain is no news: the dispatcher polls for it already.
+                    self.gate.wake()
                 try:
-                    self._cond.wait_for(lambda: self._ready or self._closed, self.block_seconds)
+                    got = self._cond.wait_for(
+                        lambda: self._ready or self._closed, self.block_seconds
+                    )
                 finally:
                     self._waiting -= 1
+                self._local.idle = not got
             elif done is not None:
                 self.gate.wake()
             if self._closed or not self._ready:
