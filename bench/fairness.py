@@ -225,7 +225,7 @@ def reroutes(conn: redis_py.Redis) -> Counter[str]:
     """The middleware's own count of this job's reroutes, per tenant kind and queue."""
     counts: Counter[str] = Counter()
     for raw, value in conn.hgetall(keys.FAIR_TENANT_REROUTES).items():
-        job, tenant, queue = json.loads(raw)
+        job, tenant, queue, _rule = json.loads(raw)
         if job == JOB_NAME:
             counts[f"{kind(tenant)} -> {queue}"] += int(value)
     return counts

@@ -71,7 +71,8 @@ def in_progress(capsule_id: str, queue_name: str) -> str:
 # Tenant fairness.
 FAIR_TENANT_DEFAULT_KEY = LIMITD_PREFIX + "fair_tenant:enqueued:{job_class}:tenant:{fair_tenant}"
 FAIR_TENANT_TENANTS = LIMITD_PREFIX + "fair_tenant:tenants"  # zset JSON [job, tenant] -> last seen
-FAIR_TENANT_REROUTES = LIMITD_PREFIX + "fair_tenant:reroutes"  # hash JSON [job, tenant, queue] -> n
+# hash JSON [job, tenant, queue, rule number] -> jobs rerouted
+FAIR_TENANT_REROUTES = LIMITD_PREFIX + "fair_tenant:reroutes"
 FAIR_TENANT_RULES = LIMITD_PREFIX + "fair_tenant:rules"  # hash job -> rules JSON
 FAIR_TENANT_PLACEHOLDERS = ("queue", "job_class", "fair_tenant")
 
