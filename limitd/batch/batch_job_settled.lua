@@ -16,12 +16,15 @@ if redis.call('EXISTS', k[1]) == 0 then
   return results
 end
 
+local has_failures = redis.call('EXISTS', k[4]) == 1
+local succeeded = 0
+
 local function record(jid, result, error_text, now)
   if result == 'success' then
     redis.call('SREM', k[3], jid)
-    redis.call('HDEL', k[4], jid)
+    if has_failures then redis.call('HDEL', k[4], jid) end
     if redis.call('SREM', k[2], jid) == 0 then return 0 end
-    redis.call('HINCRBY', k[1], 'pending', -1)
+    succeeded = succeeded + 1
     return 1
   end
   if redis.call('SISMEMBER', k[2], jid) == 0 then
@@ -29,6 +32,7 @@ local function record(jid, result, error_text, now)
   end
   redis.call('SREM', k[3], jid)
   redis.call('HSET', k[4], jid, error_text)
+  has_failures = true
   if result == 'death' and redis.call('HSETNX', k[1], 'death_at', now) == 1 then
     push_callbacks(k, 'death', now, KEYS[5], ARGV[1])
   end
@@ -40,6 +44,9 @@ for i = 1, runs do
   local at = 2 + 4 * (i - 1)
   now = ARGV[at + 3]
   results[i] = record(ARGV[at], ARGV[at + 1], ARGV[at + 2], now)
+end
+if succeeded > 0 then
+  redis.call('HINCRBY', k[1], 'pending', -succeeded) -- once for all the runs
 end
 settle_batch(k, now, KEYS[5], ARGV[1])
 return results
