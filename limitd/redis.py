@@ -9,7 +9,8 @@ SCRIPT FLUSH), which redis-py's ``Script`` already handles.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, TypeVar, cast
@@ -115,27 +116,22 @@ class MergedCall:
 def merge_calls(calls: Sequence[ScriptCall]) -> list[MergedCall]:
     """Group mergeable calls (same script, keys and shared arguments), keeping the order
     in which each group first appears; other calls stay as they are."""
-    merged: list[MergedCall] = []
-    groups: dict[tuple[Any, ...], MergedCall] = {}
-    for call in calls:
+    groups: dict[Any, list[ScriptCall]] = {}
+    for index, call in enumerate(calls):
         key = call.merge_key()
-        group = groups.get(key) if key is not None else None
-        if group is None:
-            group = MergedCall(call, [call])
-            merged.append(group)
-            if key is not None:
-                groups[key] = group
-            continue
-        first = group.call
-        group.call = ScriptCall(
-            first.script,
-            first.keys,
-            [*first.args, *call.args[first.shared_args or 0 :]],
-            None,
-            first.shared_args,
-        )
-        group.parts.append(call)
-    return merged
+        groups.setdefault(key if key is not None else index, []).append(call)
+    return [MergedCall(_merged(parts), parts) for parts in groups.values()]
+
+
+def _merged(parts: list[ScriptCall]) -> ScriptCall:
+    first = parts[0]
+    if len(parts) == 1:
+        return first
+    shared = first.shared_args or 0
+    args = list(first.args)
+    for part in parts[1:]:
+        args.extend(part.args[shared:])
+    return ScriptCall(first.script, first.keys, args, None, first.shared_args)
 
 
 class LuaScript:
@@ -160,7 +156,7 @@ class LuaScript:
         try:
             return send_packed(conn, command)
         except NoScriptError:
-            conn.script_load(self.source)
+            client_of(conn).script_load(self.source)
             return send_packed(conn, command)
 
     def packed(self, keys: Sequence[Any], args: Sequence[Any]) -> bytes:
@@ -187,42 +183,73 @@ def pack_command(*parts: bytes | str | int | float) -> bytes:
     return b"".join(chunks)
 
 
-def send_packed(conn: redis.Redis, command: bytes) -> Any:
-    """Send a packed command on a pooled connection and read the reply. Not retried on
-    a connection error: the caller decides, since a script may have run regardless."""
+class OwnConnection:
+    """One connection kept by one thread (a capsule's dispatcher) outside the pool. On
+    the hottest path the pool's checkout (a pid check, a liveness poll of the socket,
+    event hooks) cost about as much as packing the call. Not for sharing."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        pool = client.connection_pool
+        self.connection = pool.connection_class(**pool.connection_kwargs)
+
+    def close(self) -> None:
+        self.connection.disconnect()
+
+
+Conn = redis.Redis | OwnConnection
+
+
+@contextmanager
+def _connection(conn: Conn) -> Iterator[Any]:
+    """The connection to send on: ``conn``'s own, or one borrowed from its pool. A
+    connection that failed is dropped (it reconnects on next use)."""
+    if isinstance(conn, OwnConnection):
+        yield from _using(conn.connection)
+        return
     pool = conn.connection_pool
     connection = pool.get_connection()
     try:
-        connection.send_packed_command([command])
-        return connection.read_response()
-    except (ConnectionError, TimeoutError, OSError):
-        connection.disconnect()
-        raise
+        yield from _using(connection)
     finally:
         pool.release(connection)
 
 
-def send_calls_then(conn: redis.Redis, calls: Sequence[ScriptCall], command: bytes) -> Any:
+def _using(connection: Any) -> Iterator[Any]:
+    try:
+        yield connection
+    except (ConnectionError, TimeoutError, OSError):
+        connection.disconnect()
+        raise
+
+
+def client_of(conn: Conn) -> redis.Redis:
+    return conn.client if isinstance(conn, OwnConnection) else conn
+
+
+def send_packed(conn: Conn, command: bytes) -> Any:
+    """Send a packed command and read the reply. Not retried on a connection error: the
+    caller decides, since a script may have run regardless."""
+    with _connection(conn) as connection:
+        connection.send_packed_command([command], check_health=False)
+        return connection.read_response()
+
+
+def send_calls_then(conn: Conn, calls: Sequence[ScriptCall], command: bytes) -> Any:
     """Send ``calls`` (merged where they can be) and then ``command`` in one write, read
     every reply, and return the last one. A call whose script the server lost (NOSCRIPT,
     after a restart) is loaded and made again; another call's error is re-raised once
     every reply was read, so the connection stays in step."""
     merged = merge_calls(calls)
-    pool = conn.connection_pool
-    connection = pool.get_connection()
     replies: list[Any] = []
-    try:
-        connection.send_packed_command([*(group.call.packed() for group in merged), command])
+    with _connection(conn) as connection:
+        packed = [*(group.call.packed() for group in merged), command]
+        connection.send_packed_command(packed, check_health=False)
         for _ in range(len(merged) + 1):
             try:
                 replies.append(connection.read_response())
             except ResponseError as exc:
                 replies.append(exc)
-    except (ConnectionError, TimeoutError, OSError):
-        connection.disconnect()
-        raise
-    finally:
-        pool.release(connection)
     for group, reply in zip(merged, replies, strict=False):
         group.deliver(conn, reply)
     if isinstance(replies[-1], Exception):

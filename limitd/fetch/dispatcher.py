@@ -26,6 +26,7 @@ import redis as redis_py
 from limitd.fetch.basic import UnitOfWork
 from limitd.fetch.limit import LimitFetch
 from limitd.fetch.wakeup import IdleGate
+from limitd.redis import OwnConnection
 
 log = logging.getLogger("limitd.fetch")
 
@@ -40,6 +41,7 @@ class Dispatcher:
     def __init__(self, fetch: LimitFetch, gate: IdleGate) -> None:
         self.fetch = fetch
         self.gate = gate
+        self._conn = OwnConnection(fetch.redis)  # used by the dispatcher thread only
         self._cond = threading.Condition()
         self._ready: deque[UnitOfWork] = deque()  # fetched, for the next idle processor
         self._finished: list[UnitOfWork] = []  # run, to settle with the next call
@@ -113,6 +115,7 @@ class Dispatcher:
         if self._thread.ident is not None:
             self._thread.join(timeout)
         self._flush()
+        self._conn.close()
 
     def _run(self) -> None:
         while not self._stopped.is_set():
@@ -131,7 +134,7 @@ class Dispatcher:
             want = 0 if closed else self._waiting - len(self._ready)
         if finished or want > 0:
             try:
-                units = self.fetch.settle_and_take(finished, want)
+                units = self.fetch.settle_and_take(finished, want, self._conn)
             except redis_py.RedisError as exc:
                 self._keep(finished)
                 log.warning("fetch failed, retrying in %.0fs: %s", ERROR_PAUSE, exc)

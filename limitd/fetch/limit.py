@@ -29,7 +29,7 @@ from limitd import clock, keys
 from limitd.fetch.basic import UnitOfWork
 from limitd.fetch.order import QueueOrder
 from limitd.fetch.wakeup import IdleGate
-from limitd.redis import LuaScript, ScriptCall, send_calls_then, set_members
+from limitd.redis import Conn, LuaScript, ScriptCall, send_calls_then, set_members
 
 log = logging.getLogger("limitd.fetch")
 
@@ -112,9 +112,13 @@ class LimitFetch:
         found = self.settle_and_take([done] if done is not None else [], 1)
         return found[0] if found else None
 
-    def settle_and_take(self, finished: Sequence[UnitOfWork], want: int) -> list[LimitUnitOfWork]:
-        """Acknowledge ``finished`` and take up to ``want`` jobs, in one call."""
-        reply = self._call(finished, ACK, self.queue_names() if want > 0 else [], want)
+    def settle_and_take(
+        self, finished: Sequence[UnitOfWork], want: int, conn: Conn | None = None
+    ) -> list[LimitUnitOfWork]:
+        """Acknowledge ``finished`` and take up to ``want`` jobs, in one call (on
+        ``conn``, a dispatcher's own connection, else the pool)."""
+        names = self.queue_names() if want > 0 else []
+        reply = self._call(finished, ACK, names, want, conn or self.redis)
         return [
             LimitUnitOfWork(reply[i].decode(), reply[i + 1], self) for i in range(1, len(reply), 2)
         ]
@@ -134,14 +138,14 @@ class LimitFetch:
     def release(self, unit: UnitOfWork, *, requeue: bool) -> bool:
         """Acknowledge or requeue one unit now; False when it was no longer this
         capsule's (it was reaped and requeued already)."""
-        return bool(self._call([unit], REQUEUE if requeue else ACK, [], 0)[0])
+        return bool(self._call([unit], REQUEUE if requeue else ACK, [], 0, self.redis)[0])
 
     def bulk_requeue(self, units: Iterable[UnitOfWork]) -> None:
         """Requeue several units in one round trip (hard shutdown, a quieting dispatcher),
         the first given ending up first in line again."""
         batch = list(units)
         if batch:
-            self._call(batch[::-1], REQUEUE, [], 0)
+            self._call(batch[::-1], REQUEUE, [], 0, self.redis)
 
     def recover_orphans(self, held: Iterable[UnitOfWork]) -> int:
         """Requeue in-progress entries that no thread of this capsule holds, once they
@@ -174,7 +178,7 @@ class LimitFetch:
             self._extra_refreshed = float("-inf")
 
     def _call(
-        self, settle: Sequence[UnitOfWork], mode: bytes, names: list[str], want: int
+        self, settle: Sequence[UnitOfWork], mode: bytes, names: list[str], want: int, conn: Conn
     ) -> list[Any]:
         script_keys = list(self._fixed_keys)
         args = [self._id, self._channel, mode, len(settle), want]
@@ -188,11 +192,11 @@ class LimitFetch:
             args += [name, blocking]
         calls = _calls_before_ack(settle) if mode == ACK else []
         if not calls:
-            return cast("list[Any]", LIMIT_FETCH(self.redis, script_keys, args))
+            return cast("list[Any]", LIMIT_FETCH(conn, script_keys, args))
         try:
-            reply = send_calls_then(self.redis, calls, LIMIT_FETCH.packed(script_keys, args))
+            reply = send_calls_then(conn, calls, LIMIT_FETCH.packed(script_keys, args))
         except NoScriptError:  # the calls were made; only the fetch script was missing
-            reply = LIMIT_FETCH(self.redis, script_keys, args)
+            reply = LIMIT_FETCH(conn, script_keys, args)
         for unit in settle:
             if isinstance(unit, LimitUnitOfWork):
                 unit.after_run = []
