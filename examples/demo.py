@@ -3,6 +3,7 @@
     limitd start conf/example.yml
     limitd -C conf/example.yml enqueue examples.demo.fan_out '[20]'
     limitd -C conf/example.yml queues
+    limitd -C conf/example.yml batches
 """
 
 from __future__ import annotations
@@ -38,9 +39,22 @@ def export_tenant(tenant: str) -> None:
 
 
 @limitd.job
+def reports_finished(status: dict, options: dict) -> None:
+    """The batch callback: every report has run (some may still be retrying)."""
+    log.info(
+        "batch %r complete: %d jobs, %d of them failing (retrying or dead)",
+        status["description"],
+        status["total"],
+        status["failures"],
+    )
+
+
+@limitd.job
 def fan_out(count: int) -> None:
-    """Enqueue ``count`` reports spread over the tenants in one bulk push, an export per
-    tenant, and a greeting."""
-    build_report.perform_bulk([[random.choice(TENANTS), n] for n in range(count)])
+    """Enqueue ``count`` reports spread over the tenants in one bulk push (as a batch,
+    with a callback when all have run), an export per tenant, and a greeting."""
+    batch = limitd.Batch(f"{count} reports").on("complete", reports_finished)
+    with batch.jobs():
+        build_report.perform_bulk([[random.choice(TENANTS), n] for n in range(count)])
     export_tenant.perform_bulk([[tenant] for tenant in TENANTS])
     greet.perform_async("world")
