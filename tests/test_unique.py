@@ -4,6 +4,7 @@ freezegun, compare-and-delete after expiry, bulk, and concurrent enqueues."""
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import threading
 from collections.abc import Iterator
 
@@ -214,3 +215,14 @@ def test_eight_threads_enqueueing_the_same_job_push_exactly_one(redis) -> None:
 def test_bad_unique_options_fail_at_definition(options: dict, message: str) -> None:
     with pytest.raises(limitd.InvalidJobOption, match=message):
         limitd.job(name="unique_test.Bad", **options)(lambda: None)
+
+
+def test_a_skipped_duplicate_is_logged_at_debug_level(
+    redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="limitd.unique")
+    import_account.perform_async(11)
+    import_account.perform_async(11)
+    [record] = [r for r in caplog.records if r.name == "limitd.unique"]
+    assert record.levelno == logging.DEBUG
+    assert "class=unique_test.Import queue=default" in record.getMessage()
