@@ -5,7 +5,9 @@ finished jobs settled and untaken jobs requeued at stop."""
 from __future__ import annotations
 
 import json
+import random
 import threading
+from collections import Counter
 from collections.abc import Iterator
 
 import pytest
@@ -132,3 +134,15 @@ def test_an_idle_capsule_polls_once_per_interval_not_once_per_thread(redis) -> N
     finally:
         capsule.stop(timeout=5)
     assert calls <= 15, f"{calls} fetch calls in 1 s from an idle capsule (expected ~10)"
+
+
+def test_weighted_orders_are_drawn_per_job_within_one_call(redis) -> None:
+    """Taking 40 jobs in one call must look like 40 fetches: with weights 3:1, both
+    queues give jobs, the heavier about three times as many."""
+    push(redis, "a", 100)
+    push(redis, "b", 100)
+    order = QueueOrder([["a", 3], ["b", 1]], rng=random.Random(7))
+    units = LimitFetch(redis, order, "cap-1").settle_and_take([], 40)
+    taken = Counter(unit.queue for unit in units)
+    assert sum(taken.values()) == 40
+    assert 20 <= taken["a"] <= 38 and taken["b"] >= 2, taken

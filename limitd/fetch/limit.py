@@ -117,11 +117,18 @@ class LimitFetch:
     ) -> list[LimitUnitOfWork]:
         """Acknowledge ``finished`` and take up to ``want`` jobs, in one call (on
         ``conn``, a dispatcher's own connection, else the pool)."""
-        names = self.queue_names() if want > 0 else []
-        reply = self._call(finished, ACK, names, want, conn or self.redis)
+        reply = self._call(finished, ACK, self._orders(want), want, conn or self.redis)
         return [
             LimitUnitOfWork(reply[i].decode(), reply[i + 1], self) for i in range(1, len(reply), 2)
         ]
+
+    def _orders(self, want: int) -> list[list[str]]:
+        """One queue order per job to take: weighted and random orders are drawn for
+        each job, as if each were fetched on its own; a strict order is the same for all."""
+        if want <= 0:
+            return []
+        draws = 1 if self.order.mode == "strict" else want
+        return [self.queue_names() for _ in range(draws)]
 
     def queue_names(self) -> list[str]:
         """This fetch's order; with ``dynamic``, queues known to Redis but not configured
@@ -178,10 +185,17 @@ class LimitFetch:
             self._extra_refreshed = float("-inf")
 
     def _call(
-        self, settle: Sequence[UnitOfWork], mode: bytes, names: list[str], want: int, conn: Conn
+        self,
+        settle: Sequence[UnitOfWork],
+        mode: bytes,
+        orders: list[list[str]],
+        want: int,
+        conn: Conn,
     ) -> list[Any]:
+        """``orders``: the queue order of each job to take (one order: all alike)."""
+        names = list(dict.fromkeys(name for order in orders for name in order))
         script_keys = list(self._fixed_keys)
-        args = [self._id, self._channel, mode, len(settle), want]
+        args = [self._id, self._channel, mode, len(settle), want, len(names)]
         for unit in settle:
             queue_key, in_progress_key, name, _ = self._queue(unit.queue)
             script_keys += [in_progress_key, queue_key]
@@ -190,6 +204,9 @@ class LimitFetch:
             queue_key, in_progress_key, name, blocking = self._queue(queue_name)
             script_keys += [queue_key, in_progress_key]
             args += [name, blocking]
+        if len(orders) > 1:
+            number = {name: str(index) for index, name in enumerate(names, 1)}
+            args += [",".join(number[name] for name in order) for order in orders]
         calls = _calls_before_ack(settle) if mode == ACK else []
         if not calls:
             return cast("list[Any]", LIMIT_FETCH(conn, script_keys, args))

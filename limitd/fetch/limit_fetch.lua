@@ -16,8 +16,12 @@
 -- ARGV[3]  "ack" (done with the settled jobs) or "requeue" (push them back to the front)
 -- ARGV[4]  s, the number of jobs to settle
 -- ARGV[5]  want, the most jobs to take
--- ARGV[4 + 2j], ARGV[5 + 2j]  the j-th settled job exactly as fetched, and its queue name
--- ARGV[4 + 2s + 2i], ARGV[5 + 2s + 2i]  the i-th queue: its name, "1" if it is blocking
+-- ARGV[6]  n, the number of queues
+-- ARGV[5 + 2j], ARGV[6 + 2j]  the j-th settled job exactly as fetched, and its queue name
+-- ARGV[5 + 2s + 2i], ARGV[6 + 2s + 2i]  the i-th queue: its name, "1" if it is blocking
+-- ARGV[6 + 2s + 2n + m]  optional: the order in which the m-th job tries the queues, as
+--          queue numbers ("2,1,3"; weighted and random orders differ per job); a job
+--          without one tries them in the order given
 --
 -- Returns {settled, name 1, job 1, name 2, job 2, ...}: settled counts the settled jobs
 -- that were in this capsule's in-progress lists (a job that was not, was reaped and
@@ -66,22 +70,31 @@ local function at_limit(name, in_progress_key)
   return limit ~= nil and tonumber(redis.call('HGET', busy, name) or '0') >= limit
 end
 
-local settles, want = tonumber(ARGV[4]), tonumber(ARGV[5])
+local settles, want, queues = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local settled = 0
 for j = 1, settles do
-  settled = settled + settle(KEYS[5 + 2 * j], KEYS[6 + 2 * j], ARGV[4 + 2 * j],
-    ARGV[5 + 2 * j], ARGV[3])
+  settled = settled + settle(KEYS[5 + 2 * j], KEYS[6 + 2 * j], ARGV[5 + 2 * j],
+    ARGV[6 + 2 * j], ARGV[3])
 end
 
--- Take one job from the first eligible queue. Returns the queue's name and the job,
--- "stop" when a blocking queue holds the rest back, or nil when no queue has one.
-local first_queue, queues = 4 + 2 * settles, (#ARGV - 5 - 2 * settles) / 2
-local function take_one()
-  for i = 1, queues do
-    local name = ARGV[first_queue + 2 * i]
-    local blocking = ARGV[first_queue + 1 + 2 * i] == '1'
-    local queue_key = KEYS[1 + first_queue + 2 * i]
-    local in_progress_key = KEYS[2 + first_queue + 2 * i]
+local natural = {}
+for i = 1, queues do natural[i] = i end
+
+local function order_of(m)
+  local given = ARGV[6 + 2 * settles + 2 * queues + m]
+  if not given then return natural end
+  local order = {}
+  for number in string.gmatch(given, '%d+') do order[#order + 1] = tonumber(number) end
+  return order
+end
+
+-- Take one job from the first eligible queue of ``order``. Returns the queue's name and
+-- the job, "stop" when a blocking queue holds the rest back, or nil when no queue has one.
+local function take_one(order)
+  for _, i in ipairs(order) do
+    local at = 2 * settles + 2 * i -- queue i's pair is at 5 + at, 6 + at in both tables
+    local name, blocking = ARGV[5 + at], ARGV[6 + at] == '1'
+    local queue_key, in_progress_key = KEYS[5 + at], KEYS[6 + at]
     -- An empty queue is skipped before its limits are read: an idle poll costs one LLEN
     -- (and one SISMEMBER) per queue.
     if redis.call('LLEN', queue_key) > 0 and redis.call('SISMEMBER', paused, name) == 0 then
@@ -103,10 +116,11 @@ local function take_one()
 end
 
 local taken = {settled}
--- Each job starts again from the first queue, so a strict order stays strict and every
--- job sees the busy counts the previous one updated.
+-- Each job starts again from the first queue of its order, so a strict order stays
+-- strict, weights apply per job, and every job sees the busy counts the previous one
+-- updated.
 while #taken < 1 + 2 * want do
-  local name, job = take_one()
+  local name, job = take_one(order_of((#taken + 1) / 2))
   if not job then break end
   taken[#taken + 1] = name
   taken[#taken + 1] = job
