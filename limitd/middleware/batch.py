@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from limitd.batch import building
 from limitd.batch.store import add_jobs, job_settled_call, remove_jobs
+from limitd.middleware.chain import call_next_or_undo
 from limitd.payload import Payload
 from limitd.redis import ScriptCall
 from limitd.retry import error_class_name
@@ -57,14 +58,7 @@ class BatchMembership:
         jid = payload["jid"]
         if jid not in getattr(self._registered, "jids", ()):
             add_jobs(redis, batch.bid, [jid])
-        try:
-            pushed = call_next(payload)
-        except BaseException:
-            remove_jobs(redis, batch.bid, [jid])
-            raise
-        if pushed is None:
-            remove_jobs(redis, batch.bid, [jid])
-        return pushed
+        return call_next_or_undo(call_next, payload, lambda: remove_jobs(redis, batch.bid, [jid]))
 
 
 class BatchProgress:

@@ -43,6 +43,22 @@ ClientMiddleware = Callable[["JobSpec | None", Payload, Any, PushNext], "Payload
 ServerMiddleware = Callable[["JobSpec", Payload, str, Callable[[], Any]], Any]
 
 
+def call_next_or_undo(
+    call_next: PushNext, payload: Payload, undo: Callable[[], object]
+) -> Payload | None:
+    """For client middleware that reserve something before the push (a unique lock, a
+    place in a batch): run the rest of the chain, and ``undo`` the reservation if it
+    halts the push or raises."""
+    try:
+        pushed = call_next(payload)
+    except BaseException:
+        undo()
+        raise
+    if pushed is None:
+        undo()
+    return pushed
+
+
 class Chain:
     """An ordered list of middleware instances, with Sidekiq's ordering verbs."""
 

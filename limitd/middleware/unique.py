@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from limitd import clock, keys, options
+from limitd.middleware.chain import call_next_or_undo
 from limitd.payload import Payload
 from limitd.redis import LuaScript, ScriptCall
 
@@ -79,10 +80,14 @@ def lock_milliseconds(payload: Payload, now: float) -> int:
 
 def release(redis: Any, payload: Payload) -> bool:
     """Free the lock ``payload`` holds, if it still holds it."""
+    call = release_call(payload)
+    return bool(call.run(redis)) if call is not None else False
+
+
+def release_call(payload: Payload) -> ScriptCall | None:
+    """The compare-and-delete of the lock ``payload`` holds, to make now or later."""
     key = payload.get(LOCK_FIELD)
-    if not key:
-        return False
-    return bool(RELEASE(redis, [key], [payload["jid"]]))
+    return RELEASE.later([key], [payload["jid"]]) if key else None
 
 
 class UniqueJobs:
@@ -108,14 +113,8 @@ class UniqueJobs:
             )
             return None
         payload[LOCK_FIELD] = key
-        try:
-            pushed = call_next(payload)
-        except BaseException:
-            release(redis, payload)
-            raise
-        if pushed is None:  # a later middleware halted it: the lock guards nothing
-            release(redis, payload)
-        return pushed
+        # Halted later in the chain, or failed: the lock would guard nothing.
+        return call_next_or_undo(call_next, payload, lambda: release(redis, payload))
 
 
 class UniqueRelease:
@@ -142,10 +141,9 @@ class UniqueRelease:
         """After the job's fate is recorded: a job that will not run again frees its
         lock under ``executed`` (with its acknowledgement); one waiting for a retry
         keeps it."""
-        key = payload.get(LOCK_FIELD)
-        if outcome == "retry" or not key or _policy(payload) != "executed":
+        if outcome == "retry" or _policy(payload) != "executed":
             return None
-        return RELEASE.later([key], [payload["jid"]])
+        return release_call(payload)
 
 
 def _policy(payload: Payload) -> str:
