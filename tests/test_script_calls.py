@@ -42,13 +42,20 @@ def test_calls_for_one_batch_merge_into_one_run_with_a_reply_each(redis) -> None
     assert limitd.Batch.status(other.bid).success
 
 
-def test_a_busy_capsule_settles_a_batch_with_its_fetch(redis) -> None:
-    batch, _ = batch_of(redis, 6)
+def run_without_settling(redis: redis_py.Redis, count: int) -> tuple[LimitFetch, list]:
+    """Fetch ``count`` jobs and run them, as processors do, without acknowledging them:
+    each unit keeps the batch update its middleware left for the acknowledgement."""
     fetch = LimitFetch(redis, QueueOrder(["default"]), "cap-1")
     capsule = Capsule(CapsuleConfig(queues=["default"]), redis=redis)
-    units = fetch.settle_and_take([], 6)
+    units = fetch.settle_and_take([], count)
     for unit in units:
-        capsule.executor.execute(unit)  # each leaves its batch update on the unit
+        capsule.executor.execute(unit)
+    return fetch, units
+
+
+def test_a_busy_capsule_settles_a_batch_with_its_fetch(redis) -> None:
+    batch, _ = batch_of(redis, 6)
+    fetch, units = run_without_settling(redis, 6)
     assert limitd.Batch.status(batch.bid).pending == 6  # nothing sent yet
     counts = redis.info("commandstats")["cmdstat_evalsha"]["calls"]
     fetch.settle_and_take(units, 0)
@@ -61,11 +68,7 @@ def test_a_busy_capsule_settles_a_batch_with_its_fetch(redis) -> None:
 
 def test_calls_survive_a_server_that_lost_its_scripts(redis) -> None:
     batch, _ = batch_of(redis, 2)
-    fetch = LimitFetch(redis, QueueOrder(["default"]), "cap-1")
-    capsule = Capsule(CapsuleConfig(queues=["default"]), redis=redis)
-    units = fetch.settle_and_take([], 2)
-    for unit in units:
-        capsule.executor.execute(unit)
+    fetch, units = run_without_settling(redis, 2)
     redis.script_flush()  # as after a Redis restart
     assert fetch.settle_and_take(units, 1) == []
     assert limitd.Batch.status(batch.bid).success
