@@ -381,11 +381,11 @@ def test_reroutes_are_counted_per_job_tenant_and_rule(redis: redis_py.Redis) -> 
         sync.perform_bulk([[3, n] for n in range(4)])  # 3rd and 4th: over 2 a minute
         for _ in range(3):
             report.perform_async("y")
+        [status] = [s for s in top_tenants(redis) if s.tenant == "acct-3"]
     assert reroutes(redis) == {
         (SYNC, "acct-3", SLOWER, 2): 2,
         (REPORT, "y", REPORTS_SLOW, 1): 2,
     }
-    [status] = [s for s in top_tenants(redis) if s.tenant == "acct-3"]
     assert status.rerouted_by_rule == {2: 2}
     assert status.rerouted == {SLOWER: 2}
 
