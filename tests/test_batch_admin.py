@@ -86,6 +86,21 @@ def test_cli_shows_one_batch_with_its_failures(cli: Cli, redis) -> None:
     assert "no batch nope" in missing.err
 
 
+def test_new_bids_never_read_as_flags() -> None:
+    bids = {limitd.Batch().bid for _ in range(1_000)}
+    assert len(bids) == 1_000
+    assert all(len(bid) == 24 and int(bid, 16) >= 0 for bid in bids)
+
+
+def test_cli_shows_a_batch_whose_bid_starts_with_a_dash(cli: Cli, redis) -> None:
+    # Sidekiq's bids are URL-safe base64, so one made elsewhere may begin with "-".
+    made_elsewhere = store.NewBatch("-Zx9_q2", "from ruby", expires_in=60)
+    store.open_batch(redis, made_elsewhere.bid, made_elsewhere)
+    result = cli("batches", "--", made_elsewhere.bid)
+    assert result.code == 0
+    assert "from ruby" in result.out
+
+
 def test_cli_with_no_batches(cli: Cli) -> None:
     assert cli("batches").out.strip() == "no batches"
     assert cli("batches", "--json").json() == []

@@ -70,6 +70,12 @@ def building() -> Batch | None:
     return _building.get()
 
 
+def new_bid() -> str:
+    """A fresh batch id: 24 hex characters, like a jid. Hex rather than URL-safe base64
+    because a bid is typed on command lines, where one starting with "-" reads as a flag."""
+    return secrets.token_hex(12)
+
+
 class Batch:
     """A group of jobs with callbacks. Create, register callbacks, then add jobs."""
 
@@ -86,7 +92,7 @@ class Batch:
             expires_in = expires_in.total_seconds()
         if expires_in <= 0:
             raise ValueError("expires_in must be a positive number of seconds")
-        self.bid = bid or secrets.token_urlsafe(12)
+        self.bid = bid or new_bid()
         self.description = description
         self.callback_queue = callback_queue
         self.expires_in = float(expires_in)

@@ -43,7 +43,9 @@ def add_batches_command(commands: Subparsers, resolve_redis: ResolveRedis) -> No
             "death_at, parent, children, building, complete, success)."
         ),
     )
-    parser.add_argument("bid", nargs="?", help="show this batch only")
+    parser.add_argument(
+        "bid", nargs="?", help="show this batch only (write -- BID for a bid starting with -)"
+    )
     parser.add_argument(
         "--limit", default=DEFAULT_LIMIT, metavar="N", help="show at most N batches (20)"
     )
