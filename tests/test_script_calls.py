@@ -4,6 +4,8 @@ lost its scripts, and made at once where the fetch has no acknowledgement (BRPOP
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 import pytest
 import redis as redis_py
 
@@ -12,7 +14,7 @@ from limitd import keys
 from limitd.batch import store
 from limitd.fetch import LimitFetch, QueueOrder
 from limitd.middleware import unique
-from limitd.redis import LuaScript, merge_calls
+from limitd.redis import LuaScript, merge_calls, pack_command, send_packed
 from limitd.supervisor import Capsule, CapsuleConfig
 from tests.test_batch import callback, work
 
@@ -36,10 +38,51 @@ def test_calls_for_one_batch_merge_into_one_run_with_a_reply_each(redis) -> None
     assert [len(group.parts) for group in merged] == [3, 1]
     replies.clear()
     for group in merged:
-        group.deliver(redis, group.call.script(redis, group.call.keys, group.call.args))
+        group.deliver(redis, group.call.script(redis, group.call.keys, group.call.all_args()))
     assert replies == [1, 1, 0]  # the repeated jid counts once
     assert limitd.Batch.status(batch.bid).pending == 1
     assert limitd.Batch.status(other.bid).success
+
+
+def test_every_argument_type_reaches_redis(redis) -> None:
+    # hiredis packs str, bytes, int and float itself; anything else goes as its str().
+    args = ["é", b"\x00raw", 7, 1.25, True, None, Decimal("1.10")]
+    reply = send_packed(redis, pack_command("EVAL", "return ARGV", 0, *args))
+    assert reply == ["é".encode(), b"\x00raw", b"7", b"1.25", b"True", b"None", b"1.10"]
+
+
+def merged_run(redis: redis_py.Redis, bid: str, runs: list[tuple[str, str]]) -> list[object]:
+    """Record ``runs`` (jid, result) of one batch in one merged script run."""
+    replies.clear()
+    calls = [store.job_settled_call(bid, jid, result, "boom" if result != "success" else "",
+                                    replies.append)
+             for jid, result in runs]  # fmt: skip
+    (group,) = merge_calls(calls)
+    group.deliver(redis, group.call.script(redis, group.call.keys, group.call.all_args()))
+    return list(replies)
+
+
+def test_runs_in_one_call_take_effect_in_their_order(redis) -> None:
+    batch, (a, b, c) = batch_of(redis, 3)
+    # a fails then succeeds; b succeeds then a late failure arrives; c dies.
+    runs = [(a, "failure"), (b, "success"), (a, "success"), (b, "failure"), (c, "death")]
+    assert merged_run(redis, batch.bid, runs) == [1, 1, 1, 0, 1]
+    status = limitd.Batch.status(batch.bid)
+    assert (status.pending, status.failures) == (1, {c: "boom"})
+    assert status.complete and not status.success and status.death_at is not None
+
+
+def test_a_call_with_more_successes_than_one_flush_holds(redis) -> None:
+    batch = limitd.Batch("big").on("success", callback)
+    with batch.jobs():
+        jids = work.perform_bulk([[n] for n in range(1_200)])  # the script flushes at 1,000
+    assert merged_run(redis, batch.bid, [(jid, "success") for jid in [*jids, jids[0]]]) == [
+        *[1] * 1_200,
+        0,
+    ]
+    status = limitd.Batch.status(batch.bid)
+    assert (status.total, status.pending, status.success) == (1_200, 0, True)
+    assert redis.llen("queue:callbacks") == 1
 
 
 def run_without_settling(redis: redis_py.Redis, count: int) -> tuple[LimitFetch, list]:

@@ -16,35 +16,58 @@ if redis.call('EXISTS', k[1]) == 0 then
   return results
 end
 
-local has_failures = redis.call('EXISTS', k[4]) == 1
+-- Successes are the common case and are recorded together, a few commands for all of
+-- them instead of a few per job. A failure in between flushes those before it, so
+-- runs still take effect in the order they are given.
+local successes, success_runs, in_group = {}, {}, {}
 local succeeded = 0
+local FLUSH_AT = 1000 -- stays well below Lua's limit on unpack()
 
-local function record(jid, result, error_text, now)
-  if result == 'success' then
-    redis.call('SREM', k[3], jid)
-    if has_failures then redis.call('HDEL', k[4], jid) end
-    if redis.call('SREM', k[2], jid) == 0 then return 0 end
-    succeeded = succeeded + 1
-    return 1
+local function record_successes()
+  if #successes == 0 then return end
+  local was_pending = redis.call('SMISMEMBER', k[2], unpack(successes))
+  redis.call('SREM', k[2], unpack(successes))
+  redis.call('SREM', k[3], unpack(successes))
+  redis.call('HDEL', k[4], unpack(successes))
+  for i, run in ipairs(success_runs) do
+    results[run] = was_pending[i]
+    succeeded = succeeded + was_pending[i]
   end
+  successes, success_runs, in_group = {}, {}, {}
+end
+
+local function record_failure(jid, result, error_text, now)
   if redis.call('SISMEMBER', k[2], jid) == 0 then
     return 0 -- a late failure of a run that already succeeded changes nothing
   end
   redis.call('SREM', k[3], jid)
   redis.call('HSET', k[4], jid, error_text)
-  has_failures = true
   if result == 'death' and redis.call('HSETNX', k[1], 'death_at', now) == 1 then
     push_callbacks(k, 'death', now, KEYS[5], ARGV[1])
   end
   return 1
 end
 
-local now = ARGV[5]
-for i = 1, runs do
-  local at = 2 + 4 * (i - 1)
+local now
+for run = 1, runs do
+  local at = 2 + 4 * (run - 1)
+  local jid, result = ARGV[at], ARGV[at + 1]
   now = ARGV[at + 3]
-  results[i] = record(ARGV[at], ARGV[at + 1], ARGV[at + 2], now)
+  if result == 'success' then
+    if in_group[jid] then
+      results[run] = 0 -- the same jid twice in one call: the first run counts
+    else
+      in_group[jid] = true
+      successes[#successes + 1] = jid
+      success_runs[#success_runs + 1] = run
+      if #successes >= FLUSH_AT then record_successes() end
+    end
+  else
+    record_successes()
+    results[run] = record_failure(jid, result, ARGV[at + 2], now)
+  end
 end
+record_successes()
 if succeeded > 0 then
   redis.call('HINCRBY', k[1], 'pending', -succeeded) -- once for all the runs
 end

@@ -94,11 +94,11 @@ def job_settled_call(
     """The same, as a call to make with the job's acknowledgement; calls for one batch
     made together are merged into one script run."""
     return JOB_SETTLED.later(
-        _settled_keys(bid),
-        [keys.WAKE_CHANNEL, jid, result, error, repr(clock.now())],
-        on_reply,
-        shared_args=1,
+        _settled_keys(bid), (jid, result, error, repr(clock.now())), on_reply, _SHARED
     )
+
+
+_SHARED = (keys.WAKE_CHANNEL,)  # the arguments every update of every batch begins with
 
 
 @functools.lru_cache(maxsize=1024)
