@@ -1,7 +1,7 @@
 """Batches through real Redis, in one process: events and their order, failures and
 retries, death, half-built and empty batches, repeated runs, nesting, reopening,
-uniqueness inside a batch, the status and expiry. The two-process run is in
-test_batch_processes.py."""
+uniqueness inside a batch and the status. Lifetimes are in test_batch_expiry.py, the
+two-process run in test_batch_processes.py."""
 
 from __future__ import annotations
 
@@ -305,15 +305,6 @@ def test_pending_never_goes_below_zero(redis) -> None:
     store.job_settled(redis, batch.bid, "not-in-the-batch", "success")
     assert limitd.Batch.status(batch.bid).pending == 0
     assert int(redis.hget(keys.batch(batch.bid), "pending")) == 0
-
-
-def test_batch_data_expires_after_completion(capsule: Capsule, redis) -> None:
-    batch = new_batch(expires_in=dt.timedelta(days=2))
-    with batch.jobs():
-        work.perform_async(1)
-    assert redis.ttl(keys.batch(batch.bid)) == -1  # kept while it runs
-    capsule.drain()
-    assert 2 * 86_400 - 5 <= redis.ttl(keys.batch(batch.bid)) <= 2 * 86_400
 
 
 def test_callbacks_must_be_registered_before_jobs_are_added(redis) -> None:

@@ -28,7 +28,10 @@ child succeeds. A running batch job may add jobs to its own batch with
 ``limitd.Batch.current().jobs()`` until the batch has completed. Jobs a batch job pushes
 outside such a block are not in the batch.
 
-A batch's data expires ``expires_in`` (default 30 days) after it completed.
+A batch's data expires ``expires_in`` (default 30 days, at least a second) after the last
+change to it: jobs added, a job's run recorded, a child batch finishing. So a running
+batch stays as long as it makes progress, and one that never finishes (its builder was
+killed inside ``jobs()``, a dead job is never retried) still goes away.
 """
 
 from __future__ import annotations
@@ -90,8 +93,8 @@ class Batch:
     ) -> None:
         if isinstance(expires_in, dt.timedelta):
             expires_in = expires_in.total_seconds()
-        if expires_in <= 0:
-            raise ValueError("expires_in must be a positive number of seconds")
+        if expires_in < 1:
+            raise ValueError(f"expires_in must be at least one second, not {expires_in!r}")
         self.bid = bid or new_bid()
         self.description = description
         self.callback_queue = callback_queue

@@ -11,6 +11,16 @@
 -- Key names come from Python: a parent's four names are stored as JSON in the child's
 -- meta (parent_keys), a callback's queue key in its template. Nothing here builds one.
 
+-- Every change to a batch restarts its lifetime: its data expires `seconds` (the batch's
+-- expires_in) after the last thing that happened to it. A batch nobody finishes (its
+-- builder was killed inside jobs(), a dead job is never retried) so still goes away, and
+-- a key a change has just created (the first failure, a set refilled) gets the same
+-- lifetime as the rest. EXPIRE on a key that does not exist does nothing.
+local function keep_alive(k, seconds)
+  if not seconds then return end
+  for i = 1, 4 do redis.call('EXPIRE', k[i], seconds) end
+end
+
 -- The first argument of every callback job: a small JSON snapshot of the batch.
 local function batch_status(k, event)
   local f = redis.call('HMGET', k[1], 'bid', 'total', 'pending', 'description')
@@ -39,12 +49,14 @@ end
 -- Fire what has just become true of batch k: complete (nothing unfinished), then
 -- success (nothing pending), each once, and never while jobs are being added (building
 -- > 0). A batch that fired carries itself out of its parent's sets, so the same checks
--- run up the tree until a batch has nothing new to report.
+-- run up the tree until a batch has nothing new to report. Each batch visited has
+-- changed, so each one's lifetime restarts.
 local function settle_batch(k, now, queues_key, wake_channel)
   while k do
     if redis.call('EXISTS', k[1]) == 0 then return end -- expired, or an unknown bid
     local m = redis.call('HMGET', k[1], 'building', 'complete_at', 'success_at',
       'parent_keys', 'expires_in', 'member')
+    keep_alive(k, m[5]) -- k has changed: the caller's batch, or a parent on the way up
     if tonumber(m[1] or '0') > 0 then return end
     local completed, succeeded = false, false
     if not m[2] and redis.call('SCARD', k[3]) == 0 then
@@ -57,9 +69,7 @@ local function settle_batch(k, now, queues_key, wake_channel)
       push_callbacks(k, 'success', now, queues_key, wake_channel)
       succeeded = true
     end
-    if not (completed or succeeded) then return end
-    for i = 1, 4 do redis.call('EXPIRE', k[i], m[5]) end -- counted from completion
-    if not m[4] then return end
+    if not (completed or succeeded) or not m[4] then return end
     local parent = cjson.decode(m[4])
     if completed then redis.call('SREM', parent[3], m[6]) end
     if succeeded then redis.call('SREM', parent[2], m[6]) end

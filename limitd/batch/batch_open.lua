@@ -1,7 +1,7 @@
 -- Open a batch for adding jobs: create it on first use, then count one more open block
 -- (building), which holds its callbacks back until the block closes.
 -- KEYS[1..4] the batch (see batch_lib.lua); KEYS[5] the index of batches (zset)
--- KEYS[6..8] the parent's meta, pending and unfinished keys, when created nested
+-- KEYS[6..9] the parent's four keys, when created nested
 -- ARGV[1] bid        ARGV[2] now          ARGV[3] "1" to create, "0" to reopen only
 -- ARGV[4] description ARGV[5] expires_in seconds ARGV[6] member (name in a parent's sets)
 -- ARGV[7] parent bid or ""  ARGV[8] parent's four keys as JSON or ""
@@ -25,8 +25,11 @@ if redis.call('EXISTS', meta) == 0 then
     redis.call('SADD', KEYS[7], ARGV[6])
     redis.call('SADD', KEYS[8], ARGV[6])
     redis.call('HINCRBY', KEYS[6], 'children', 1)
+    local parent = {KEYS[6], KEYS[7], KEYS[8], KEYS[9]}
+    keep_alive(parent, redis.call('HGET', KEYS[6], 'expires_in'))
   end
   redis.call('ZADD', KEYS[5], ARGV[2], ARGV[1])
 end
 redis.call('HINCRBY', meta, 'building', 1)
+keep_alive({KEYS[1], KEYS[2], KEYS[3], KEYS[4]}, redis.call('HGET', meta, 'expires_in'))
 return 1

@@ -22,8 +22,8 @@ _PACKAGE = __package__ or "limitd.batch"
 _LIB = ("batch_lib.lua",)
 OPEN = LuaScript(_PACKAGE, "batch_open.lua", _LIB)
 CLOSE = LuaScript(_PACKAGE, "batch_close.lua", _LIB)
-ADD = LuaScript(_PACKAGE, "batch_add.lua")
-REMOVE = LuaScript(_PACKAGE, "batch_remove.lua")
+ADD = LuaScript(_PACKAGE, "batch_add.lua", _LIB)
+REMOVE = LuaScript(_PACKAGE, "batch_remove.lua", _LIB)
 JOB_SETTLED = LuaScript(_PACKAGE, "batch_job_settled.lua", _LIB)
 
 EVENTS = ("success", "complete", "death")
@@ -58,7 +58,7 @@ def open_batch(redis: Any, bid: str, new: NewBatch | None = None) -> None:
         json.dumps(parent_keys) if parent_keys else "",
         *(_callbacks_json(new, event) for event in EVENTS),
     ]
-    opened = OPEN(redis, [*keys.batch_keys(bid), keys.BATCHES, *parent_keys[:3]], args)
+    opened = OPEN(redis, [*keys.batch_keys(bid), keys.BATCHES, *parent_keys], args)
     if opened == 0:
         raise BatchNotOpen(f"batch {bid} has already completed: no jobs can be added to it")
     if opened == -1:
