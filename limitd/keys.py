@@ -117,6 +117,7 @@ def unique_lock(job_class: str, queue_name: str, args_digest: str) -> str:
 # Batches. A batch is four keys; the Lua scripts find a parent's keys in the child's
 # hash (written there from these functions), so they still never build a name.
 BATCHES = LIMITD_PREFIX + "batches"  # zset bid -> created_at: the index the admin API lists
+BATCH_INDEX_PRUNE_LOCK = LIMITD_PREFIX + "batches:prune_lock"  # one pruner an hour
 BATCH_CHILD_PREFIX = "batch:"  # member of a parent's sets that stands for a child batch
 
 

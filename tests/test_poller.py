@@ -10,6 +10,7 @@ import redis as redis_py
 from freezegun import freeze_time
 
 import limitd
+from limitd import keys
 from limitd.supervisor.poller import ScheduledPoller
 from tests.helpers import wait_for
 
@@ -102,12 +103,33 @@ def test_cleanup_prunes_dead_processes_once_a_minute(redis: redis_py.Redis) -> N
     assert 0 < redis.ttl("process_cleanup") <= 60
 
 
-def test_running_poller_enqueues_due_jobs(redis: redis_py.Redis) -> None:
+def test_expired_batches_leave_the_index_once_an_hour(redis: redis_py.Redis) -> None:
+    # 1,200 batches whose data expired, around 3 live ones, across pages of 500.
+    redis.zadd(keys.BATCHES, {f"expired-{n}": n for n in range(1_200)})
+    live = []
+    for score in (250.5, 600.5, 1_100.5):
+        with limitd.Batch("live").jobs() as batch:
+            pass
+        redis.zadd(keys.BATCHES, {batch.bid: score})
+        live.append(batch.bid)
+    poller = ScheduledPoller(redis)
+    assert poller.prune_batch_index() == 1_200
+    assert [bid.decode() for bid in redis.zrange(keys.BATCHES, 0, -1)] == live
+    redis.zadd(keys.BATCHES, {"expired-later": 1})
+    assert poller.prune_batch_index() == 0, "one pruning an hour across the cluster"
+    assert 3_590 < redis.ttl(keys.BATCH_INDEX_PRUNE_LOCK) <= 3_600
+
+
+def test_running_poller_enqueues_due_jobs_and_prunes_the_batch_index(
+    redis: redis_py.Redis,
+) -> None:
     schedule(redis, 0.0)
+    redis.zadd(keys.BATCHES, {"expired": 1})
     poller = ScheduledPoller(redis, poll_interval_average=0.05)
     poller.start()
     try:
         wait_for(lambda: redis.llen("queue:later") == 1, message="the poller to move the job")
+        wait_for(lambda: redis.zcard(keys.BATCHES) == 0, message="the index to be pruned")
     finally:
         poller.terminate()
         poller.join(2)

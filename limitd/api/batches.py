@@ -1,8 +1,8 @@
 """Batches for operators: the newest first, with their counts and flags.
 
 The index (``limitd:batches``, bid -> creation time) outlives batches whose data has
-expired; listing drops those entries as it meets them, so the index shrinks as batches
-expire without a sweeper.
+expired; listing drops those entries as it meets them, and running capsules' pollers
+sweep the rest once an hour (``limitd.batch.store.prune_index``).
 """
 
 from __future__ import annotations

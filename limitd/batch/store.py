@@ -106,6 +106,24 @@ def _settled_keys(bid: str) -> tuple[str, ...]:
     return (*keys.batch_keys(bid), keys.QUEUES)
 
 
+def prune_index(redis: Any, page: int = 500) -> int:
+    """Drop the index entries of batches whose data has expired, oldest first, a page
+    at a time; returns how many went. The index is only read by the admin API, so
+    without this it would keep one entry for every batch ever made."""
+    removed = start = 0
+    while True:
+        bids = [bid.decode() for bid in redis.zrange(keys.BATCHES, start, start + page - 1)]
+        if not bids:
+            return removed
+        pipe = redis.pipeline(transaction=False)
+        for bid in bids:
+            pipe.exists(keys.batch(bid))
+        gone = [bid for bid, alive in zip(bids, pipe.execute(), strict=True) if not alive]
+        if gone:
+            removed += int(redis.zrem(keys.BATCHES, *gone))
+        start += len(bids) - len(gone)
+
+
 def _callbacks_json(new: NewBatch | None, event: str) -> str:
     entries = new.callbacks.get(event) if new else None
     return json.dumps(entries) if entries else ""

@@ -4,7 +4,8 @@ Each job moves in one atomic Lua call (see ``limitd/sorted_set_moves.py``). Poll
 processes do not coordinate; instead each sleeps a random interval whose average grows
 with the number of live processes, so that together they poll about every
 ``average_scheduled_poll_interval`` seconds (Sidekiq's scheme). At start the poller
-also prunes ``processes`` of identities whose heartbeat hash has expired.
+also prunes ``processes`` of identities whose heartbeat hash has expired, and once an
+hour across the cluster it drops expired batches from the batch index.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import TypeVar, cast
 import redis as redis_py
 
 from limitd import clock, keys
+from limitd.batch.store import prune_index
 from limitd.payload import MalformedPayload, dead_entry_for_malformed, parse
 from limitd.retry import DeadSetPolicy, trim_dead
 from limitd.sorted_set_moves import bury_member, enqueue_member
@@ -30,6 +32,7 @@ PEEK = 100
 INITIAL_WAIT = 10.0
 ERROR_PAUSE = 5.0
 CLEANUP_LOCK_SECONDS = 60
+BATCH_PRUNE_SECONDS = 3600
 
 
 class ScheduledPoller:
@@ -78,6 +81,12 @@ class ScheduledPoller:
         gone = [ident for ident, info in zip(identities, infos, strict=True) if info is None]
         return int(self.redis.srem(keys.PROCESSES, *gone)) if gone else 0
 
+    def prune_batch_index(self) -> int:
+        """Forget batches whose data expired; one process an hour does it (the lock)."""
+        if not self.redis.set(keys.BATCH_INDEX_PRUNE_LOCK, "1", nx=True, ex=BATCH_PRUNE_SECONDS):
+            return 0
+        return prune_index(self.redis)
+
     def random_poll_interval(self) -> float:
         """Random around the average, ±50% for small clusters, so restarts don't
         synchronise the pollers (a thundering herd)."""
@@ -114,6 +123,7 @@ class ScheduledPoller:
         self._safely(self.cleanup_processes)
         while not self._done.is_set():
             self._safely(self.enqueue_due)
+            self._safely(self.prune_batch_index)
             self._wait(self._safely(self.random_poll_interval) or ERROR_PAUSE)
 
     def _initial_wait(self) -> float:
