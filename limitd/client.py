@@ -77,15 +77,21 @@ class Client:
                 normalize({**item, "args": args}, spec)
                 for args in args_list[start : start + batch_size]
             ]
-            self.middleware.prepare_bulk(spec, chunk, self.redis)
-            accepted: list[Payload] = []
-            for payload in chunk:
-                kept = self.middleware.invoke(spec, payload, self.redis, _keep)
-                jids.append(kept["jid"] if kept else None)
-                if kept:
-                    accepted.append(kept)
-            self.raw_push(accepted)
+            jids += self._push_chunk(spec, chunk)
         return jids
+
+    def _push_chunk(self, spec: JobSpec | None, chunk: list[Payload]) -> list[str | None]:
+        """Each job through the chain, then one write for those it kept. If anything
+        raises, nothing of the chunk was written: middleware give back what they
+        reserved for it (unique locks, places in a batch) before the error goes on."""
+        self.middleware.prepare_bulk(spec, chunk, self.redis)
+        try:
+            kept = [self.middleware.invoke(spec, payload, self.redis, _keep) for payload in chunk]
+            self.raw_push(payload for payload in kept if payload)
+        except BaseException:
+            self.middleware.abandon_bulk(spec, chunk, self.redis)
+            raise
+        return [payload["jid"] if payload else None for payload in kept]
 
     def raw_push(self, payloads: Iterable[Payload]) -> None:
         """Write payloads that already went through the middleware chain."""

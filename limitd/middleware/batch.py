@@ -44,6 +44,13 @@ class BatchMembership:
             add_jobs(redis, batch.bid, jids)
         self._registered.jids = set(jids)
 
+    def abandon_bulk(self, spec: JobSpec | None, payloads: list[Payload], redis: Any) -> None:
+        """The chunk was not written: its jobs leave the batch (all of them were
+        registered by ``prepare_bulk``; removing one already gone changes nothing)."""
+        batch = building()
+        if batch is not None and payloads:
+            remove_jobs(redis, batch.bid, [payload["jid"] for payload in payloads])
+
     def __call__(
         self,
         spec: JobSpec | None,

@@ -29,6 +29,7 @@ job is acknowledged, in the same round trip as the acknowledgement when the fetc
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +38,8 @@ from limitd.redis import ScriptCall
 
 if TYPE_CHECKING:
     from limitd.job import JobSpec
+
+log = logging.getLogger("limitd.client")
 
 PushNext = Callable[[Payload], "Payload | None"]
 ClientMiddleware = Callable[["JobSpec | None", Payload, Any, PushNext], "Payload | None"]
@@ -110,6 +113,26 @@ class ClientChain(Chain):
             prepare = getattr(middleware, "prepare_bulk", None)
             if prepare is not None:
                 prepare(spec, payloads, redis)
+
+    def abandon_bulk(self, spec: JobSpec | None, payloads: list[Payload], redis: Any) -> None:
+        """A bulk chunk was not written (a middleware or the write raised): let middleware
+        that reserved something for its jobs before the write (``abandon_bulk`` method)
+        give it back, as a single push's middleware do when the push raises. Each runs
+        even if another fails; their failures are logged, the caller re-raises the
+        original error."""
+        for middleware in self._entries:
+            abandon = getattr(middleware, "abandon_bulk", None)
+            if abandon is None:
+                continue
+            try:
+                abandon(spec, payloads, redis)
+            except Exception:
+                log.exception(
+                    "%s could not undo its reservations for %d jobs of class=%s",
+                    type(middleware).__name__,
+                    len(payloads),
+                    payloads[0].get("class") if payloads else None,
+                )
 
     def invoke(
         self, spec: JobSpec | None, payload: Payload, redis: Any, push: PushNext

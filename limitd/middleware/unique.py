@@ -116,6 +116,11 @@ class UniqueJobs:
         # Halted later in the chain, or failed: the lock would guard nothing.
         return call_next_or_undo(call_next, payload, lambda: release(redis, payload))
 
+    def abandon_bulk(self, spec: JobSpec | None, payloads: list[Payload], redis: Any) -> None:
+        """The chunk was not written: free the locks its jobs took."""
+        for payload in payloads:
+            release(redis, payload)
+
 
 class UniqueRelease:
     """Server middleware: free the lock when the job's policy says so."""
