@@ -62,6 +62,33 @@ def test_a_recorded_run_restarts_every_keys_lifetime(capsule: Capsule, redis) ->
     assert all(fresh(ttl) for ttl in ttls(redis, batch.bid)), ttls(redis, batch.bid)
 
 
+def test_the_first_failure_gives_the_failures_hash_the_batchs_lifetime(
+    capsule: Capsule, redis
+) -> None:
+    fail_first_run.add(1)
+    batch = limitd.Batch(expires_in=DAYS_2)
+    with batch.jobs():
+        work.perform_async(1)
+        work.set(queue="elsewhere").perform_async(2)
+    assert capsule.drain() == {"retry": 1}
+    assert fresh(ttls(redis, batch.bid)[3])
+
+
+def test_a_lifetime_is_renewed_once_it_has_run_down_by_an_hour(redis) -> None:
+    # Recording runs happens with every job, so it renews lazily: one TTL read per call.
+    batch = limitd.Batch(expires_in=DAYS_2)
+    with batch.jobs():
+        jids = work.perform_bulk([[1], [2], [3]])
+    for key in keys.batch_keys(batch.bid):
+        redis.expire(key, DAYS_2 - 600)  # ten minutes old
+    store.job_settled(redis, batch.bid, jids[0], "success")
+    assert DAYS_2 - 605 <= ttls(redis, batch.bid)[0] <= DAYS_2 - 600
+    for key in keys.batch_keys(batch.bid):
+        redis.expire(key, DAYS_2 - 3_700)  # over an hour old
+    store.job_settled(redis, batch.bid, jids[1], "success")
+    assert fresh(ttls(redis, batch.bid)[0])
+
+
 def test_adding_jobs_restarts_its_lifetime(redis) -> None:
     batch = limitd.Batch(expires_in=DAYS_2)
     with batch.jobs():

@@ -29,9 +29,10 @@ child succeeds. A running batch job may add jobs to its own batch with
 outside such a block are not in the batch.
 
 A batch's data expires ``expires_in`` (default 30 days, at least a second) after the last
-change to it: jobs added, a job's run recorded, a child batch finishing. So a running
-batch stays as long as it makes progress, and one that never finishes (its builder was
-killed inside ``jobs()``, a dead job is never retried) still goes away.
+change to it: jobs added, a job's run recorded, a child batch finishing (recorded runs
+renew it once it has run down by an hour, or a tenth of a shorter lifetime). So a
+running batch stays as long as it makes progress, and one that never finishes (its
+builder was killed inside ``jobs()``, a dead job is never retried) still goes away.
 """
 
 from __future__ import annotations

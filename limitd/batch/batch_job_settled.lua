@@ -11,7 +11,8 @@
 local k = {KEYS[1], KEYS[2], KEYS[3], KEYS[4]}
 local runs = (#ARGV - 1) / 4
 local results = {}
-if redis.call('EXISTS', k[1]) == 0 then
+local meta = read_meta(k) -- read once, for settle_batch too: recording runs changes none of it
+if not meta[5] then
   for i = 1, runs do results[i] = -1 end
   return results
 end
@@ -41,7 +42,9 @@ local function record_failure(jid, result, error_text, now)
     return 0 -- a late failure of a run that already succeeded changes nothing
   end
   redis.call('SREM', k[3], jid)
-  redis.call('HSET', k[4], jid, error_text)
+  if redis.call('HSET', k[4], jid, error_text) == 1 and redis.call('TTL', k[4]) == -1 then
+    redis.call('EXPIRE', k[4], meta[5]) -- the first failure created the hash
+  end
   if result == 'death' and redis.call('HSETNX', k[1], 'death_at', now) == 1 then
     push_callbacks(k, 'death', now, KEYS[5], ARGV[1])
   end
@@ -71,5 +74,5 @@ record_successes()
 if succeeded > 0 then
   redis.call('HINCRBY', k[1], 'pending', -succeeded) -- once for all the runs
 end
-settle_batch(k, now, KEYS[5], ARGV[1])
+settle_batch(k, now, KEYS[5], ARGV[1], meta)
 return results

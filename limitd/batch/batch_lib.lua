@@ -13,12 +13,28 @@
 
 -- Every change to a batch restarts its lifetime: its data expires `seconds` (the batch's
 -- expires_in) after the last thing that happened to it. A batch nobody finishes (its
--- builder was killed inside jobs(), a dead job is never retried) so still goes away, and
--- a key a change has just created (the first failure, a set refilled) gets the same
--- lifetime as the rest. EXPIRE on a key that does not exist does nothing.
+-- builder was killed inside jobs(), a dead job is never retried) so still goes away.
+-- Used where a change may have created a key (SADD into a set that had emptied), so the
+-- new key gets the lifetime of the rest. EXPIRE on a missing key does nothing.
 local function keep_alive(k, seconds)
   if not seconds then return end
   for i = 1, 4 do redis.call('EXPIRE', k[i], seconds) end
+end
+
+-- The same for changes that create no key (recording runs, firing), which happen with
+-- every job: renew only once the lifetime has run down by a tenth of it, at most an
+-- hour, so most calls read one TTL instead of writing four.
+local function keep_alive_lazily(k, seconds)
+  local left = redis.call('TTL', k[1])
+  local slack = math.min(3600, math.floor(tonumber(seconds) / 10))
+  if left < 0 or left < tonumber(seconds) - slack then keep_alive(k, seconds) end
+end
+
+-- What settle_batch needs of a batch's meta hash. expires_in is set when a batch is
+-- created, so a false there means the batch does not exist (expired, or an unknown bid).
+local function read_meta(k)
+  return redis.call('HMGET', k[1], 'building', 'complete_at', 'success_at',
+    'parent_keys', 'expires_in', 'member')
 end
 
 -- The first argument of every callback job: a small JSON snapshot of the batch.
@@ -50,13 +66,12 @@ end
 -- success (nothing pending), each once, and never while jobs are being added (building
 -- > 0). A batch that fired carries itself out of its parent's sets, so the same checks
 -- run up the tree until a batch has nothing new to report. Each batch visited has
--- changed, so each one's lifetime restarts.
-local function settle_batch(k, now, queues_key, wake_channel)
+-- changed, so each one's lifetime restarts. `m`: k's read_meta, if the caller has it.
+local function settle_batch(k, now, queues_key, wake_channel, m)
   while k do
-    if redis.call('EXISTS', k[1]) == 0 then return end -- expired, or an unknown bid
-    local m = redis.call('HMGET', k[1], 'building', 'complete_at', 'success_at',
-      'parent_keys', 'expires_in', 'member')
-    keep_alive(k, m[5]) -- k has changed: the caller's batch, or a parent on the way up
+    m = m or read_meta(k)
+    if not m[5] then return end -- expired, or an unknown bid
+    keep_alive_lazily(k, m[5]) -- k has changed: the caller's batch, or a parent
     if tonumber(m[1] or '0') > 0 then return end
     local completed, succeeded = false, false
     if not m[2] and redis.call('SCARD', k[3]) == 0 then
@@ -73,6 +88,6 @@ local function settle_batch(k, now, queues_key, wake_channel)
     local parent = cjson.decode(m[4])
     if completed then redis.call('SREM', parent[3], m[6]) end
     if succeeded then redis.call('SREM', parent[2], m[6]) end
-    k = parent
+    k, m = parent, nil
   end
 end
