@@ -11,5 +11,5 @@ for _, jid in ipairs(ARGV) do
 end
 redis.call('HINCRBY', KEYS[1], 'total', added)
 redis.call('HINCRBY', KEYS[1], 'pending', added)
-keep_alive({KEYS[1], KEYS[2], KEYS[3], KEYS[4]}, redis.call('HGET', KEYS[1], 'expires_in'))
+renew({KEYS[1], KEYS[2], KEYS[3], KEYS[4]})
 return added

@@ -21,6 +21,11 @@ local function keep_alive(k, seconds)
   for i = 1, 4 do redis.call('EXPIRE', k[i], seconds) end
 end
 
+-- keep_alive with the batch's own expires_in, for scripts that have not read its meta.
+local function renew(k)
+  keep_alive(k, redis.call('HGET', k[1], 'expires_in'))
+end
+
 -- The same for changes that create no key (recording runs, firing), which happen with
 -- every job: renew only once the lifetime has run down by a tenth of it, at most an
 -- hour, so most calls read one TTL instead of writing four.

@@ -25,11 +25,10 @@ if redis.call('EXISTS', meta) == 0 then
     redis.call('SADD', KEYS[7], ARGV[6])
     redis.call('SADD', KEYS[8], ARGV[6])
     redis.call('HINCRBY', KEYS[6], 'children', 1)
-    local parent = {KEYS[6], KEYS[7], KEYS[8], KEYS[9]}
-    keep_alive(parent, redis.call('HGET', KEYS[6], 'expires_in'))
+    renew({KEYS[6], KEYS[7], KEYS[8], KEYS[9]}) -- its sets may have been created anew
   end
   redis.call('ZADD', KEYS[5], ARGV[2], ARGV[1])
 end
 redis.call('HINCRBY', meta, 'building', 1)
-keep_alive({KEYS[1], KEYS[2], KEYS[3], KEYS[4]}, redis.call('HGET', meta, 'expires_in'))
+renew({KEYS[1], KEYS[2], KEYS[3], KEYS[4]})
 return 1
