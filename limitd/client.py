@@ -82,10 +82,12 @@ class Client:
 
     def _push_chunk(self, spec: JobSpec | None, chunk: list[Payload]) -> list[str | None]:
         """Each job through the chain, then one write for those it kept. If anything
-        raises, nothing of the chunk was written: middleware give back what they
-        reserved for it (unique locks, places in a batch) before the error goes on."""
-        self.middleware.prepare_bulk(spec, chunk, self.redis)
+        raises, the chunk counts as not written: middleware give back what they reserved
+        for it (unique locks, places in a batch) before the error goes on. (A write that
+        failed part-way, on one of several queues, may have pushed some jobs; those run
+        outside the batch and without a lock, as after a single push that raised.)"""
         try:
+            self.middleware.prepare_bulk(spec, chunk, self.redis)
             kept = [self.middleware.invoke(spec, payload, self.redis, _keep) for payload in chunk]
             self.raw_push(payload for payload in kept if payload)
         except BaseException:

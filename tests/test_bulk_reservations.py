@@ -64,3 +64,22 @@ def test_an_undo_that_fails_is_logged_and_the_original_error_raised(
         sync.set(client=client).perform_bulk([[1]])
     assert "BrokenUndo could not undo its reservations for 1 jobs" in caplog.text
     assert lock_holder(redis, 1) is None  # the other middleware still gave theirs back
+
+
+def test_a_later_middleware_failing_to_prepare_the_chunk_gives_back_the_batch_places(
+    redis,
+) -> None:
+    class FailsToPrepare:
+        def __call__(self, spec, payload, conn, call_next):
+            return call_next(payload)
+
+        def prepare_bulk(self, spec, payloads, conn) -> None:
+            raise redis_py.ConnectionError("lost Redis while preparing")
+
+    client = limitd.Client(redis)
+    client.middleware.add(FailsToPrepare())  # after BatchMembership, which registered them
+    batch = limitd.Batch("import", client=client)
+    with pytest.raises(redis_py.ConnectionError), batch.jobs():
+        sync.set(client=client).perform_bulk([[1], [2]])
+    status = limitd.Batch.status(batch.bid)
+    assert (status.total, status.pending) == (0, 0)
