@@ -26,9 +26,9 @@ local function renew(k)
   keep_alive(k, redis.call('HGET', k[1], 'expires_in'))
 end
 
--- The same for changes that create no key (recording runs, firing), which happen with
--- every job: renew only once the lifetime has run down by a tenth of it, at most an
--- hour, so most calls read one TTL instead of writing four.
+-- keep_alive for changes that create no key (recording runs, firing), which happen
+-- with every job: renew only once the lifetime has run down by a tenth of it, at most
+-- an hour, so most calls read one TTL instead of writing four.
 local function keep_alive_lazily(k, seconds)
   local left = redis.call('TTL', k[1])
   local slack = math.min(3600, math.floor(tonumber(seconds) / 10))
