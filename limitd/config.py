@@ -21,7 +21,9 @@ class CapsuleConfig:
     ``fetch="limit"`` (the default) is the limit-aware, reliable fetch; ``"basic"`` is
     Sidekiq's plain BRPOP (no limits, jobs lost on SIGKILL), kept for comparison.
     ``capsule_id`` is set by a supervisor that vouches for the capsule; otherwise each
-    capsule gets a random one."""
+    capsule gets a random one. ``record_period`` is how often the Sidekiq process record
+    (``busy``, running jobs) is rewritten, 5 s as in Sidekiq, however long
+    ``heartbeat_period`` (liveness and reaping) is; tests shorten it."""
 
     name: str = "default"
     queues: Sequence[QueueSpec] = ("default",)
@@ -35,6 +37,7 @@ class CapsuleConfig:
     dynamic: bool = False
     fetch: str = "limit"
     heartbeat_period: float = 15.0
+    record_period: float = 5.0
     poll_range: tuple[float, float] = (0.4, 0.5)
     dead_set: DeadSetPolicy = field(default_factory=DeadSetPolicy)
     death_handlers: Sequence[DeathHandler] = ()
@@ -58,6 +61,8 @@ class CapsuleConfig:
             raise ValueError(f"{where}: fetch must be one of {FETCHES}, got {self.fetch!r}")
         if self.heartbeat_period <= 0:
             raise ValueError(f"{where}: heartbeat_period must be > 0 seconds")
+        if self.record_period <= 0:
+            raise ValueError(f"{where}: record_period must be > 0 seconds")
         low, high = self.poll_range
         if not 0 < low <= high:
             raise ValueError(f"{where}: poll_range must be two seconds values, 0 < low <= high")

@@ -38,8 +38,13 @@ def daily_stat(stat_key: str, day: str) -> str:
 
 
 def process_work(identity: str) -> str:
-    """Hash of what each processor thread of a process is running (Sidekiq's ``:work``)."""
+    """Hash of what each processor thread of a process is running (Sidekiq 7's ``:work``)."""
     return f"{identity}:work"
+
+
+def process_workers(identity: str) -> str:
+    """The same hash under Sidekiq 6's name, which its ``Workers`` API and Busy page read."""
+    return f"{identity}:workers"
 
 
 # Limit fetch (everything under the limitd: prefix). Per-queue settings and counts are

@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -63,6 +64,14 @@ class HardJob(limitd.Job, name="HardJob", queue="critical"):
 @limitd.job(name="interop.PythonFails", retry=2)
 def python_fails() -> None:
     raise KeyError("raised in python")
+
+
+ruby_looked = threading.Event()
+
+
+@limitd.job(name="interop.WaitsForRuby", queue="busy_page")
+def waits_for_ruby() -> None:
+    ruby_looked.wait(60)
 
 
 @pytest.fixture
@@ -155,3 +164,30 @@ def test_limitd_retries_are_readable_by_ruby(
         redis_server,
     )
     assert out.split("\n")[:2] == [f"{jid} interop.PythonFails 0 KeyError default", "1"]
+
+
+def test_ruby_sidekiq_6_lists_running_limitd_jobs(
+    ruby_app: Path, redis_server: RedisServer, redis: redis_py.Redis
+) -> None:
+    """Sidekiq 6's ``Workers`` (its Busy page) reads ``<identity>:workers``, not ``:work``."""
+    ruby_looked.clear()
+    config = CapsuleConfig(queues=["busy_page"], concurrency=2, record_period=0.05)
+    capsule = Capsule(config, redis=redis)
+    capsule.start()
+    try:
+        jid = waits_for_ruby.perform_async()
+        workers_key = f"{capsule.identity}:workers"
+        wait_for(lambda: redis.hlen(workers_key) == 1, message="the running job's row")
+        out = ruby(
+            ruby_app,
+            'require "sidekiq/api"\n'
+            "Sidekiq::Workers.new.each { |process, _thread, work| puts [process, "
+            'work["queue"], work["payload"]["class"], work["payload"]["jid"]].join(" ") }\n'
+            "puts Sidekiq::Workers.new.size",
+            redis_server,
+        )
+    finally:
+        ruby_looked.set()
+        capsule.stop(timeout=5)
+    row = f"{capsule.identity} busy_page interop.WaitsForRuby {jid}"
+    assert out.split("\n")[:2] == [row, "1"]

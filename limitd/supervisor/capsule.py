@@ -8,10 +8,11 @@ then give unfinished jobs back to their queues *before* abandoning their threads
 worse to lose a job than to run it twice); ``drain`` (run in the calling thread until
 the queues are empty: deterministic, for tests and one-off scripts).
 
-Every heartbeat writes the Sidekiq process record, marks the capsule alive, re-applies
-configured limits where Redis has none (after a flush, say), reaps capsules that stopped
-beating, requeues jobs this capsule holds in Redis but no thread runs (a fetch whose reply
-was lost), and flushes the job counters.
+The Sidekiq process record is rewritten every ``record_period`` (5 s). Every heartbeat
+writes it too, marks the capsule alive, re-applies configured limits where Redis has none
+(after a flush, say), reaps capsules that stopped beating, requeues jobs this capsule
+holds in Redis but no thread runs (a fetch whose reply was lost), and flushes the job
+counters.
 """
 
 from __future__ import annotations
@@ -87,7 +88,12 @@ class Capsule:
             self.work,
             ttl=liveness.EXPIRY_PERIODS * self.config.heartbeat_period,
         )
-        self.heartbeat = Heartbeat(self.beat, self.config.heartbeat_period)
+        self.heartbeat = Heartbeat(
+            self.beat,
+            self.config.heartbeat_period,
+            refresh=lambda: self.record.write(self.redis),
+            refresh_period=self.config.record_period,
+        )
         self.wakeup = WakeupListener(self.redis, self._on_wake)
         self._processors: set[Processor] = set()
         self._lock = threading.Lock()

@@ -1,10 +1,16 @@
 """The heartbeat thread, and the Sidekiq-format process record it refreshes.
 
 Record keys (Sidekiq's format): ``processes`` (set of identities); ``<identity>`` (hash:
-``info`` JSON, ``busy``, ``beat``, ``quiet``; expires unless refreshed); and
-``<identity>:work`` (hash: thread id -> JSON of the job that thread runs). A process that
-dies stops beating, its hash expires, and the poller's cleanup drops it from
-``processes``.
+``info`` JSON, ``busy``, ``beat``, ``quiet``; expires unless refreshed); and the hash of
+thread id -> JSON of the job that thread runs (``queue``, ``payload`` as the job's JSON
+text, ``run_at`` in integer epoch seconds), written twice: ``<identity>:work`` for
+Sidekiq 7+ and ``<identity>:workers`` for Sidekiq 6, whose ``Workers`` API and Busy page
+read only that name. A process that dies stops beating, its keys expire, and the poller's
+cleanup drops it from ``processes``.
+
+The capsule refreshes the record every ``CapsuleConfig.record_period`` (5 s, as Sidekiq
+does), so ``busy`` and the Busy page follow the jobs closely; its heavier heartbeat
+(liveness, reaping, counters) keeps its own, usually longer, ``heartbeat_period``.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ MIN_RECORD_TTL = 60
 
 @dataclass(frozen=True)
 class WorkItem:
-    """What one processor thread is running, as shown in the ``:work`` hash."""
+    """What one processor thread is running, as shown in the ``:work``/``:workers`` hashes."""
 
     thread: str
     queue: str
@@ -61,7 +67,6 @@ class ProcessRecord:
     def write(self, redis: redis_py.Redis) -> None:
         """Refresh the record, in one round trip."""
         work = self.work()
-        work_key = keys.process_work(self.identity)
         pipe = redis.pipeline(transaction=True)
         pipe.sadd(keys.PROCESSES, self.identity)
         pipe.hset(
@@ -74,28 +79,47 @@ class ProcessRecord:
             },
         )
         pipe.expire(self.identity, self.ttl)
-        pipe.delete(work_key)
+        work_keys = self._work_keys()
+        pipe.delete(*work_keys)
         if work:
-            pipe.hset(work_key, mapping={item.thread: _work_json(item) for item in work})
-            pipe.expire(work_key, self.ttl)
+            rows = [(item.thread, _work_json(item)) for item in work]
+            for work_key in work_keys:
+                pipe.hset(work_key, mapping={thread: row for thread, row in rows})
+                pipe.expire(work_key, self.ttl)
         pipe.execute()
 
     def clear(self, redis: redis_py.Redis) -> None:
         """Remove the record: a stopped process is not a dead one."""
         pipe = redis.pipeline(transaction=True)
         pipe.srem(keys.PROCESSES, self.identity)
-        pipe.delete(self.identity, keys.process_work(self.identity))
+        pipe.delete(self.identity, *self._work_keys())
         pipe.execute()
+
+    def _work_keys(self) -> tuple[str, str]:
+        """Sidekiq 7 reads ``:work``, Sidekiq 6 ``:workers``: both get the same rows."""
+        return keys.process_work(self.identity), keys.process_workers(self.identity)
 
 
 class Heartbeat:
     """Calls ``beat`` every ``period`` seconds on its own thread (and once at start), and
-    again as soon as ``beat_soon`` asks. A failing beat is logged and retried at the next
-    period: the heartbeat never stops while work drains."""
+    again as soon as ``beat_soon`` asks. Between beats, ``refresh`` (a lighter write, such
+    as the process record alone) runs every ``refresh_period`` seconds (default: never
+    between beats); a beat is expected to include it, so a tick never writes it twice. A
+    failing call is logged and retried at the next tick: the heartbeat never stops while
+    work drains."""
 
-    def __init__(self, beat: Callable[[], None], period: float) -> None:
+    def __init__(
+        self,
+        beat: Callable[[], None],
+        period: float,
+        *,
+        refresh: Callable[[], None] | None = None,
+        refresh_period: float | None = None,
+    ) -> None:
         self.beat = beat
         self.period = period
+        self.refresh = refresh
+        self.refresh_period = refresh_period if refresh and refresh_period else period
         self._done = threading.Event()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="limitd-heartbeat", daemon=True)
@@ -114,24 +138,38 @@ class Heartbeat:
             self._thread.join(5)
 
     def _run(self) -> None:
+        next_beat = clock.monotonic() + self.period
+        next_refresh = clock.monotonic() + self.refresh_period
         while not self._done.is_set():
-            self._wake.wait(self.period)
+            self._wake.wait(max(0.0, min(next_beat, next_refresh) - clock.monotonic()))
+            asked = self._wake.is_set()
             self._wake.clear()
-            if not self._done.is_set():
+            if self._done.is_set():
+                return
+            now = clock.monotonic()
+            if asked or now >= next_beat:
                 self._safe_beat()
+                next_beat = now + self.period
+            elif self.refresh is not None:
+                self._safe(self.refresh, "record refresh")
+            next_refresh = now + self.refresh_period
 
     def _safe_beat(self) -> None:
+        self._safe(self.beat, "heartbeat")
+
+    @staticmethod
+    def _safe(call: Callable[[], None], what: str) -> None:
         try:
-            self.beat()
+            call()
         except redis_py.RedisError as exc:
-            log.warning("heartbeat failed: %s", exc)
+            log.warning("%s failed: %s", what, exc)
 
 
 def _work_json(item: WorkItem) -> str:
     return json.dumps(
         {
             "queue": item.queue,
-            "run_at": item.run_at,
+            "run_at": int(item.run_at),
             "payload": item.payload.decode("utf-8", "backslashreplace"),
         }
     )
