@@ -3,8 +3,10 @@ check the arguments, then write.
 
 An immediate job is ``SADD queues <q>`` + ``LPUSH queue:<q> <json>`` + ``PUBLISH
 limitd:wake <q>`` (which wakes idle capsules) in one round trip; a scheduled job is
-``ZADD schedule <at> <json>``. A bulk push writes one LPUSH per queue per
-chunk. After a Redis failover (READONLY, NOREPLICAS, UNBLOCKED) the push reconnects and
+``ZADD schedule <at> <json>`` + ``PUBLISH limitd:wake:due <at>`` (sleeping pollers then
+wake at ``<at>`` if that is sooner than they planned). A bulk push writes one LPUSH per
+queue per chunk, and one ZADD and one PUBLISH (of the earliest time) for its scheduled
+jobs. After a Redis failover (READONLY, NOREPLICAS, UNBLOCKED) the push reconnects and
 is tried once more, as Sidekiq does.
 """
 
@@ -122,6 +124,7 @@ class Client:
         pipe = self.redis.pipeline(transaction=False)
         if scheduled:
             pipe.zadd(keys.SCHEDULE, scheduled)
+            pipe.publish(keys.DUE_CHANNEL, repr(min(scheduled.values())))
         for queue, bodies in immediate.items():
             pipe.sadd(keys.QUEUES, queue)
             pipe.lpush(keys.queue(queue), *bodies)

@@ -12,6 +12,7 @@ from limitd.middleware.fair_tenant import FairTenantSettings
 from limitd.retry import DeadSetPolicy, DeathHandler
 
 FETCHES = ("limit", "basic")
+SCHEDULED_POLLS = ("due", "interval")  # see supervisor/poller.py
 
 
 @dataclass
@@ -43,6 +44,7 @@ class CapsuleConfig:
     death_handlers: Sequence[DeathHandler] = ()
     poll_interval_average: float | None = None
     average_scheduled_poll_interval: float = 5.0
+    scheduled_poll: str = "due"  # "interval": Sidekiq's blind polling, for comparison
     capsule_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def __post_init__(self) -> None:
@@ -66,6 +68,11 @@ class CapsuleConfig:
         low, high = self.poll_range
         if not 0 < low <= high:
             raise ValueError(f"{where}: poll_range must be two seconds values, 0 < low <= high")
+        if self.scheduled_poll not in SCHEDULED_POLLS:
+            raise ValueError(
+                f"{where}: scheduled_poll must be one of {SCHEDULED_POLLS}, "
+                f"got {self.scheduled_poll!r}"
+            )
         self._check_limits(where)
 
     def _check_limits(self, where: str) -> None:

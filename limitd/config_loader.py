@@ -17,7 +17,8 @@ of its own.
 - A named capsule must list its own ``queues``; ``concurrency``, ``limits``,
   ``process_limits``, ``blocking``, ``dynamic``, ``processes`` and ``max_memory_mb`` are its
   own too (defaults otherwise, never the top-level values). It inherits ``timeout``,
-  ``heartbeat_period``, ``poll_range``, ``fetch``, ``tag`` and ``dead`` (key by key) from
+  ``heartbeat_period``, ``poll_range``, ``fetch``, ``scheduled_poll``, ``tag`` and
+  ``dead`` (key by key) from
   the top level unless it sets them. Its ``require`` *adds* modules to the top-level
   list: the supervisor imports those before forking, so they cannot be taken away.
 - ``LIMITD_REDIS_URL`` in the environment overrides ``redis.url``, and
@@ -38,6 +39,7 @@ from typing import Any
 from limitd import keys
 from limitd.config import (
     FETCHES,
+    SCHEDULED_POLLS,
     CapsuleConfig,
     CapsuleSpec,
     Config,
@@ -65,7 +67,16 @@ OWN_KEYS = (
     "processes",
     "max_memory_mb",
 )
-SHARED_KEYS = ("timeout", "heartbeat_period", "poll_range", "fetch", "tag", "dead", "require")
+SHARED_KEYS = (
+    "timeout",
+    "heartbeat_period",
+    "poll_range",
+    "fetch",
+    "tag",
+    "dead",
+    "require",
+    "scheduled_poll",
+)
 CAPSULE_KEYS = frozenset(OWN_KEYS + SHARED_KEYS)
 TOP_KEYS = CAPSULE_KEYS | {"redis", "logging", "fair_tenant", "capsules"}
 REDIS_KEYS = frozenset({"url", "pool_size", "socket_timeout", "connect_timeout"})
@@ -92,6 +103,7 @@ class Shared:
     tag: str = _DEFAULTS.tag
     dead: DeadSetPolicy = _DEFAULTS.dead_set
     require: tuple[str, ...] = ()
+    scheduled_poll: str = _DEFAULTS.scheduled_poll
 
 
 def load_config(paths: Sequence[str | Path], env: Mapping[str, str] | None = None) -> Config:
@@ -122,6 +134,7 @@ def read_shared(section: Section, base: Shared) -> Shared:
         heartbeat_period=section.number("heartbeat_period", base.heartbeat_period, 0, above=True),
         poll_range=section.poll_range("poll_range", base.poll_range),
         fetch=section.choice("fetch", FETCHES, base.fetch),
+        scheduled_poll=section.choice("scheduled_poll", SCHEDULED_POLLS, base.scheduled_poll),
         tag=section.string("tag", base.tag),
         dead=read_dead(section.section("dead"), base.dead),
         require=tuple(
@@ -273,6 +286,7 @@ def read_capsule(name: str, section: Section, shared: Shared) -> CapsuleSpec:
             blocking=blocking,
             dynamic=dynamic,
             fetch=shared.fetch,
+            scheduled_poll=shared.scheduled_poll,
             heartbeat_period=shared.heartbeat_period,
             poll_range=shared.poll_range,
             dead_set=shared.dead,
@@ -374,6 +388,7 @@ def capsule_as_dict(spec: CapsuleSpec) -> dict[str, Any]:
         "heartbeat_period": capsule.heartbeat_period,
         "poll_range": list(capsule.poll_range),
         "fetch": capsule.fetch,
+        "scheduled_poll": capsule.scheduled_poll,
         "tag": capsule.tag,
         "dead": {
             "max_jobs": capsule.dead_set.max_jobs,

@@ -56,6 +56,8 @@ PAUSED = LIMITD_PREFIX + "paused"  # set of paused queue names
 BUSY = LIMITD_PREFIX + "busy"  # hash: queue -> jobs in progress, all capsules
 CAPSULES = LIMITD_PREFIX + "capsules"  # set of capsule ids that may hold jobs
 WAKE_CHANNEL = LIMITD_PREFIX + "wake"  # pub/sub: a queue name whose jobs may be fetchable
+# pub/sub: the earliest due time (epoch seconds) of jobs just added to schedule or retry
+DUE_CHANNEL = LIMITD_PREFIX + "wake:due"
 
 
 def capsule_heartbeat(capsule_id: str) -> str:

@@ -127,8 +127,16 @@ class RetryHandler:
             return "discarded"
         if decision == "kill":
             return self.retries_exhausted(spec, payload, exc)
-        self.redis.zadd(keys.RETRY, {dumps(payload): clock.now() + float(decision)})
+        self._schedule_retry(payload, clock.now() + float(decision))
         return "retry"
+
+    def _schedule_retry(self, payload: Payload, at: float) -> None:
+        """ZADD to ``retry`` and announce ``at`` in the same round trip, so that sleeping
+        pollers wake for it (a retry in 2 s runs in 2 s, not at their next poll)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zadd(keys.RETRY, {dumps(payload): at})
+        pipe.publish(keys.DUE_CHANNEL, repr(at))
+        pipe.execute()
 
     def retries_exhausted(self, spec: JobSpec | None, payload: Payload, exc: BaseException) -> str:
         hook = spec.retries_exhausted if spec else None

@@ -5,12 +5,20 @@ from __future__ import annotations
 import json
 import random
 import threading
+from pathlib import Path
+from typing import cast
 
+import pytest
 import redis as redis_py
 from freezegun import freeze_time
 
 import limitd
-from limitd import keys
+from limitd import clock, keys
+from limitd.config import CapsuleConfig, ConfigError
+from limitd.config_loader import load_config
+from limitd.fetch.wakeup import WakeupListener
+from limitd.retry import RetryHandler
+from limitd.supervisor.capsule import Capsule
 from limitd.supervisor.poller import ScheduledPoller
 from tests.helpers import wait_for
 
@@ -133,3 +141,206 @@ def test_running_poller_enqueues_due_jobs_and_prunes_the_batch_index(
     finally:
         poller.terminate()
         poller.join(2)
+
+
+# Waking when jobs are due (scheduled_poll: due).
+
+ran = threading.Event()
+
+
+@limitd.job(name="poller_test.OnTime", queue="on_time")
+def on_time(n: int) -> None:
+    ran.set()
+
+
+class ProbePoller(ScheduledPoller):
+    """Records each look (the earliest due time it returned), so a test knows the
+    poller has looked and gone to sleep."""
+
+    def __init__(self, redis: redis_py.Redis) -> None:
+        super().__init__(redis)
+        self.looks: list[float | None] = []
+
+    def move_due(self) -> float | None:
+        earliest = super().move_due()
+        self.looks.append(earliest)
+        return earliest
+
+
+def listening(poller: ScheduledPoller, redis: redis_py.Redis) -> WakeupListener:
+    """What a capsule does: its wake-up subscription carries the poller's channel."""
+    listener = WakeupListener(redis, poller.channels())
+    listener.start()
+    wait_for(lambda: redis.pubsub_numsub(keys.DUE_CHANNEL)[0][1] > 0, message="the subscription")
+    return listener
+
+
+def stop(poller: ScheduledPoller, listener: WakeupListener | None = None) -> None:
+    poller.terminate()
+    poller.join(2)
+    if listener is not None:
+        listener.stop()
+
+
+def test_a_job_due_soon_moves_when_due_not_at_the_next_poll(redis: redis_py.Redis) -> None:
+    # The first upkeep, which caps the sleep, is 10-15 s away; the job is due in 0.3 s.
+    poller = ScheduledPoller(redis)
+    later.perform_in(0.3, 1)
+    poller.start()
+    try:
+        wait_for(lambda: redis.llen("queue:later") == 1, timeout=8, message="the due job")
+    finally:
+        stop(poller)
+
+
+def test_a_job_sooner_than_the_planned_wake_up_wakes_the_poller(redis: redis_py.Redis) -> None:
+    later.perform_in(600, "far")
+    poller = ProbePoller(redis)
+    listener = listening(poller, redis)
+    poller.start()
+    try:
+        wait_for(lambda: poller.looks, message="the first look")
+        assert poller.looks[0] is not None and poller.looks[0] > clock.now() + 500
+        later.perform_in(0.3, "soon")
+        wait_for(lambda: redis.llen("queue:later") == 1, timeout=8, message="the sooner job")
+        assert json.loads(redis.lindex("queue:later", 0) or b"")["args"] == ["soon"]
+        assert redis.zcard("schedule") == 1, "the far job still waits"
+    finally:
+        stop(poller, listener)
+
+
+def test_an_announcement_wakes_the_poller_without_reading_redis(redis: redis_py.Redis) -> None:
+    poller = ScheduledPoller(redis)
+    with freeze_time("2026-11-21 12:00:00"):
+        upkeep_at = clock.monotonic() + 1000
+        assert poller.seconds_to_sleep(None, upkeep_at) == 1000, "nothing due: the cap"
+        assert poller.seconds_to_sleep(NOW + 30, upkeep_at) == 30
+        poller.announce(repr(NOW + 60))
+        assert poller.seconds_to_sleep(NOW + 30, upkeep_at) == 30, "a later job changes nothing"
+        poller.announce(repr(NOW + 5))
+        assert poller.seconds_to_sleep(NOW + 30, upkeep_at) == 5
+        poller.announce("")  # (re)subscribed: something may have been missed
+        assert poller.seconds_to_sleep(NOW + 30, upkeep_at) <= 0
+
+
+def test_the_poller_reads_the_earliest_score_instead_of_polling(redis: redis_py.Redis) -> None:
+    poller = ScheduledPoller(redis)
+    with freeze_time("2026-11-21 12:00:00"):
+        assert poller.move_due() is None, "both sets empty"
+        schedule(redis, NOW + 30)
+        redis.zadd("retry", {json.dumps({"class": "X", "args": [], "queue": "q"}): NOW + 45})
+        redis.config_resetstat()
+        assert poller.move_due() == NOW + 30
+        assert poller.seconds_to_sleep(NOW + 30, clock.monotonic() + 1000) == 30
+    calls = {
+        name.removeprefix("cmdstat_"): v["calls"] for name, v in redis.info("commandstats").items()
+    }
+    assert calls.get("zrange") == 2, calls
+    assert "zrangebyscore" not in calls and "evalsha" not in calls, "nothing due: no drain"
+
+
+def test_only_the_sets_with_due_jobs_are_drained(redis: redis_py.Redis) -> None:
+    schedule(redis, NOW - 1)
+    schedule(redis, NOW + 30)
+    redis.zadd("retry", {json.dumps({"class": "X", "args": [], "queue": "q"}): NOW + 45})
+    redis.config_resetstat()
+    with freeze_time("2026-11-21 12:00:00"):
+        assert ScheduledPoller(redis).move_due() == NOW + 30
+    calls = {
+        name.removeprefix("cmdstat_"): v["calls"] for name, v in redis.info("commandstats").items()
+    }
+    assert calls.get("zrangebyscore") == 1, "only schedule had a due job"
+    assert redis.llen("queue:later") == 1
+
+
+def test_many_pollers_waking_together_move_each_job_once(redis: redis_py.Redis) -> None:
+    pollers = [
+        ScheduledPoller(redis_py.Redis(connection_pool=redis.connection_pool)) for _ in range(3)
+    ]
+    listeners = [listening(poller, redis) for poller in pollers]
+    for poller in pollers:
+        poller.start()
+    try:
+        rng = random.Random(7)
+        for n in range(150):  # several due at the same instant
+            later.perform_at(clock.now() + 0.2 + rng.randrange(10) / 20, n)
+        wait_for(lambda: redis.llen("queue:later") == 150, timeout=15, message="150 jobs")
+        assert redis.zcard("schedule") == 0
+        queued = sorted(json.loads(job)["args"][0] for job in redis.lrange("queue:later", 0, -1))
+        assert queued == list(range(150))
+    finally:
+        for poller, listener in zip(pollers, listeners, strict=True):
+            stop(poller, listener)
+
+
+def test_scheduled_pushes_and_retries_announce_their_due_time(redis: redis_py.Redis) -> None:
+    pubsub = redis.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(keys.DUE_CHANNEL)
+    try:
+        later.perform_in(30, 1)
+        [(_, at)] = cast(
+            "list[tuple[bytes, float]]", redis.zrange("schedule", 0, 0, withscores=True)
+        )
+        assert next_message(pubsub) == at
+        payload = {"class": "X", "args": [], "queue": "q", "jid": "j1", "retry": True}
+        RetryHandler(redis).job_failed(None, payload, "q", ValueError("x"))  # a retry
+        [(_, retry_at)] = cast(
+            "list[tuple[bytes, float]]", redis.zrange("retry", 0, 0, withscores=True)
+        )
+        assert next_message(pubsub) == retry_at
+    finally:
+        pubsub.close()
+
+
+def next_message(pubsub: redis_py.client.PubSub) -> float:
+    deadline = clock.monotonic() + 5
+    while clock.monotonic() < deadline:
+        message = pubsub.get_message(timeout=0.1)
+        if message:
+            return float(message["data"])
+    raise AssertionError("no announcement")
+
+
+def test_a_capsule_shares_one_subscription_with_its_poller(redis: redis_py.Redis) -> None:
+    ran.clear()
+    capsule = Capsule(CapsuleConfig(queues=["on_time"], concurrency=2), redis=redis)
+    capsule.start()
+    try:
+        wait_for(
+            lambda: (
+                redis.pubsub_numsub(keys.DUE_CHANNEL, keys.WAKE_CHANNEL)
+                == [(keys.DUE_CHANNEL.encode(), 1), (keys.WAKE_CHANNEL.encode(), 1)]
+            ),
+            message="both channels subscribed",
+        )
+        subscribers = [c for c in redis.client_list() if int(c["sub"]) > 0]
+        assert [int(c["sub"]) for c in subscribers] == [2], "one connection, two channels"
+        on_time.perform_in(0.3, 1)
+        assert ran.wait(8), "the capsule's poller woke for the job and a processor ran it"
+    finally:
+        capsule.stop(timeout=5)
+
+
+def test_interval_mode_polls_blindly_and_subscribes_to_nothing(redis: redis_py.Redis) -> None:
+    assert ScheduledPoller(redis, mode="interval").channels() == {}
+    config = CapsuleConfig(queues=["on_time"], fetch="basic", scheduled_poll="interval")
+    assert Capsule(config, redis=redis).wakeup.handlers == {}
+    poller = ScheduledPoller(redis, mode="interval", poll_interval_average=0.05)
+    schedule(redis, 0.0)
+    poller.start()
+    try:
+        wait_for(lambda: redis.llen("queue:later") == 1, message="the interval poll")
+    finally:
+        stop(poller)
+
+
+def test_scheduled_poll_is_a_checked_setting(tmp_path: Path) -> None:
+    conf = tmp_path / "limitd.yml"
+    conf.write_text("queues: [a]\nscheduled_poll: interval\n")
+    [spec] = load_config([conf]).capsules
+    assert spec.config.scheduled_poll == "interval"
+    conf.write_text("queues: [a]\nscheduled_poll: sometimes\n")
+    with pytest.raises(ConfigError, match="scheduled_poll: expected one of"):
+        load_config([conf])
+    with pytest.raises(ValueError, match="scheduled_poll must be one of"):
+        CapsuleConfig(scheduled_poll="never")

@@ -14,11 +14,9 @@ from __future__ import annotations
 import logging
 import random
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import redis as redis_py
-
-from limitd import keys
 
 log = logging.getLogger("limitd.wakeup")
 
@@ -82,11 +80,16 @@ class IdleGate:
 
 
 class WakeupListener:
-    """One pub/sub subscription per capsule; calls ``on_wake(queue)`` for each message."""
+    """One pub/sub connection per capsule, for every channel the capsule listens to
+    (``limitd:wake`` for its fetch, ``limitd:wake:due`` for its scheduled poller).
+    ``handlers`` maps each channel to a callable given each message's text, and ""
+    after every (re)subscription: something may have been published meanwhile."""
 
-    def __init__(self, redis: redis_py.Redis, on_wake: Callable[[str], None]) -> None:
+    def __init__(
+        self, redis: redis_py.Redis, handlers: Mapping[str, Callable[[str], None]]
+    ) -> None:
         self.redis = redis
-        self.on_wake = on_wake
+        self.handlers = dict(handlers)
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="limitd-wakeup", daemon=True)
 
@@ -113,11 +116,13 @@ class WakeupListener:
     def _listen(self) -> None:
         pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
         try:
-            pubsub.subscribe(keys.WAKE_CHANNEL)
-            self.on_wake("")  # anything pushed while we were not subscribed
+            pubsub.subscribe(*self.handlers)
+            for handler in self.handlers.values():
+                handler("")  # anything published while we were not subscribed
             while not self._done.is_set():
                 message = pubsub.get_message(timeout=LISTEN_SLICE)
                 if message and message["type"] == "message":
-                    self.on_wake(message["data"].decode("utf-8", "replace"))
+                    handler = self.handlers[message["channel"].decode("utf-8", "replace")]
+                    handler(message["data"].decode("utf-8", "replace"))
         finally:
             pubsub.close()

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 
 import redis as redis_py
 
-from limitd import __version__, clock
+from limitd import __version__, clock, keys
 from limitd.config import CapsuleConfig
 from limitd.fetch.basic import BasicFetch, UnitOfWork
 from limitd.fetch.dispatcher import Dispatcher
@@ -80,6 +80,7 @@ class Capsule:
             self.redis,
             poll_interval_average=self.config.poll_interval_average,
             average_scheduled_poll_interval=self.config.average_scheduled_poll_interval,
+            mode=self.config.scheduled_poll,
         )
         self.identity = new_identity()
         self.record = ProcessRecord(
@@ -94,7 +95,11 @@ class Capsule:
             refresh=lambda: self.record.write(self.redis),
             refresh_period=self.config.record_period,
         )
-        self.wakeup = WakeupListener(self.redis, self._on_wake)
+        # One subscription for the dispatcher's wake-ups and the poller's due times.
+        channels = self.poller.channels()
+        if self.dispatcher is not None:
+            channels[keys.WAKE_CHANNEL] = self._on_wake
+        self.wakeup = WakeupListener(self.redis, channels)
         self._processors: set[Processor] = set()
         self._lock = threading.Lock()
         self._stopping = False
@@ -108,6 +113,7 @@ class Capsule:
         self.heartbeat.start()
         if self.dispatcher is not None:
             self.dispatcher.start()
+        if self.wakeup.handlers:
             self.wakeup.start()
         with self._lock:
             for index in range(self.config.concurrency):

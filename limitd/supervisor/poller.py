@@ -1,16 +1,32 @@
 """The scheduled poller: moves due jobs from ``schedule`` and ``retry`` to their queues.
 
-Each job moves in one atomic Lua call (see ``limitd/sorted_set_moves.py``). Pollers of many
-processes do not coordinate; instead each sleeps a random interval whose average grows
-with the number of live processes, so that together they poll about every
-``average_scheduled_poll_interval`` seconds (Sidekiq's scheme). At start the poller
-also prunes ``processes`` of identities whose heartbeat hash has expired, and once an
-hour across the cluster it drops expired batches from the batch index.
+Each job moves in one atomic Lua call (see ``limitd/sorted_set_moves.py``), so pollers of
+many processes never move a job twice: when several look at the same moment, they race
+for it harmlessly and one wins.
+
+When to look depends on the capsule's ``scheduled_poll``:
+
+- ``due`` (the default): read the earliest score of each set (``ZRANGE 0 0 WITHSCORES``)
+  and sleep until then. Whoever adds to ``schedule`` or ``retry`` publishes the due time
+  on ``limitd:wake:due`` in the same round trip; the capsule's wake-up listener passes it
+  to :meth:`ScheduledPoller.announce`, which brings the wake-up forward when it is sooner,
+  without a Redis command. A job starts within milliseconds of its time, and with nothing
+  scheduled the poller sleeps the long interval below.
+- ``interval``: Sidekiq's scheme, kept for comparison: look every long interval only.
+
+The long interval is random, with an average that grows with the number of live
+processes, so that together they look about every ``average_scheduled_poll_interval``
+seconds. It caps every sleep: a job whose announcement was lost (pushed by a client that
+does not publish, such as Ruby Sidekiq, or while the subscription was being remade)
+waits no longer than it would with Sidekiq. It also paces the upkeep: the first one (after
+heartbeats have registered) prunes ``processes`` of identities whose heartbeat hash has
+expired, and once an hour across the cluster one drops expired batches from the index.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import random
 import threading
 from collections.abc import Callable
@@ -28,6 +44,7 @@ log = logging.getLogger("limitd.poller")
 T = TypeVar("T")
 
 SORTED_SETS = (keys.RETRY, keys.SCHEDULE)
+MODES = ("due", "interval")
 PEEK = 100
 INITIAL_WAIT = 10.0
 ERROR_PAUSE = 5.0
@@ -42,13 +59,20 @@ class ScheduledPoller:
         *,
         poll_interval_average: float | None = None,
         average_scheduled_poll_interval: float = 5.0,
+        mode: str = "due",
         rng: random.Random | None = None,
     ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"scheduled poll mode must be one of {MODES}, not {mode!r}")
         self.redis = redis
         self.poll_interval_average = poll_interval_average
         self.average_scheduled_poll_interval = average_scheduled_poll_interval
+        self.mode = mode
         self.rng = rng or random.Random()
         self._done = threading.Event()
+        self._cond = threading.Condition()
+        self._announced: float | None = None  # earliest due time heard since the last look
+        self._cleaned = False
         self._thread = threading.Thread(target=self._run, name="limitd-poller", daemon=True)
 
     def start(self) -> None:
@@ -56,10 +80,27 @@ class ScheduledPoller:
 
     def terminate(self) -> None:
         self._done.set()
+        with self._cond:
+            self._cond.notify_all()
 
     def join(self, timeout: float | None = None) -> None:
         if self._thread.ident is not None:
             self._thread.join(timeout)
+
+    def channels(self) -> dict[str, Callable[[str], None]]:
+        """The pub/sub channels this poller needs, with their handlers: the capsule adds
+        them to its one wake-up subscription (see ``fetch/wakeup.py``)."""
+        return {keys.DUE_CHANNEL: self.announce} if self.mode == "due" else {}
+
+    def announce(self, message: str) -> None:
+        """A job was scheduled at ``message`` (epoch seconds): wake then if that is
+        sooner than planned. "" (sent after each subscription) means: look now, something
+        may have been announced while nobody listened. Called from the listener thread."""
+        due = due_time(message)
+        with self._cond:
+            if self._announced is None or due < self._announced:
+                self._announced = due
+                self._cond.notify_all()
 
     def enqueue_due(self, now: float | None = None) -> int:
         """Move every job due at ``now`` (default: the clock) and return how many."""
@@ -67,6 +108,33 @@ class ScheduledPoller:
         for zset in SORTED_SETS:
             moved += self._drain_set(zset, clock.now() if now is None else now)
         return moved
+
+    def heads(self) -> dict[str, float]:
+        """The earliest score of each non-empty set, in one round trip."""
+        pipe = self.redis.pipeline(transaction=False)
+        for zset in SORTED_SETS:
+            pipe.zrange(zset, 0, 0, withscores=True)
+        rows = zip(SORTED_SETS, pipe.execute(), strict=True)
+        return {zset: float(head[0][1]) for zset, head in rows if head}
+
+    def move_due(self) -> float | None:
+        """Move every job due now, reading only the sets whose earliest job is due.
+        Returns the earliest due time left (None: both sets are empty)."""
+        while not self._done.is_set():
+            now = clock.now()
+            heads = self.heads()
+            due = [zset for zset, score in heads.items() if score <= now]
+            if not due:
+                return min(heads.values(), default=None)
+            for zset in due:
+                self._drain_set(zset, now)
+        return None
+
+    def seconds_to_sleep(self, earliest: float | None, upkeep_at: float) -> float:
+        """Until the earliest due time known (read or announced; epoch seconds) or the
+        upkeep (``clock.monotonic`` time, the cap), whichever comes first."""
+        due = min((t for t in (earliest, self._announced) if t is not None), default=math.inf)
+        return min(upkeep_at - clock.monotonic(), due - clock.now())
 
     def cleanup_processes(self) -> int:
         """Forget processes whose heartbeat hash expired; at most once a minute across
@@ -119,23 +187,53 @@ class ScheduledPoller:
         return enqueue_member(self.redis, zset, member, payload, now)
 
     def _run(self) -> None:
-        self._wait(self._initial_wait())
-        self._safely(self.cleanup_processes)
+        upkeep_at = clock.monotonic() + self._initial_wait()
+        if self.mode == "interval":
+            self._sleep(None, upkeep_at)
         while not self._done.is_set():
-            self._safely(self.enqueue_due)
-            self._safely(self.prune_batch_index)
-            self._wait(self._safely(self.random_poll_interval) or ERROR_PAUSE)
+            earliest = self._safely(self._look)
+            if clock.monotonic() >= upkeep_at:
+                self._upkeep()
+                upkeep_at = clock.monotonic() + (self._safely(self.random_poll_interval) or 0)
+            self._sleep(earliest, upkeep_at)
+
+    def _look(self) -> float | None:
+        """Move what is due; the earliest due time left, when this mode knows it."""
+        if self.mode == "due":
+            return self.move_due()
+        self.enqueue_due()
+        return None
+
+    def _upkeep(self) -> None:
+        if not self._cleaned:
+            self._cleaned = True
+            self._safely(self.cleanup_processes)
+        self._safely(self.prune_batch_index)
 
     def _initial_wait(self) -> float:
         """Give heartbeats time to register (they size the interval), plus jitter so
         processes started together do not poll together. An explicit average (small in
-        tests) replaces the fixed part."""
+        tests) replaces the fixed part. In ``due`` mode only the upkeep waits."""
         if self.poll_interval_average:
             return self.rng.random() * self.poll_interval_average
         return INITIAL_WAIT + 5 * self.rng.random()
 
+    def _sleep(self, earliest: float | None, upkeep_at: float) -> None:
+        """Until :meth:`seconds_to_sleep` says it is time (an announcement may bring
+        that forward) or the poller is terminated. What was announced is then forgotten:
+        the look that follows reads it from Redis (the ZADD precedes its PUBLISH), and
+        announcements heard during that look are kept for the next sleep."""
+        with self._cond:
+            while not self._done.is_set():
+                seconds = self.seconds_to_sleep(earliest, upkeep_at)
+                if seconds <= 0:
+                    break
+                self._cond.wait(seconds)
+            self._announced = None
+
     def _wait(self, seconds: float) -> None:
-        self._done.wait(seconds)
+        with self._cond:
+            self._cond.wait_for(self._done.is_set, seconds)
 
     def _safely(self, action: Callable[[], T]) -> T | None:
         try:
@@ -144,3 +242,12 @@ class ScheduledPoller:
             log.warning("poller: %s", exc)
             self._wait(ERROR_PAUSE)
             return None
+
+
+def due_time(message: str) -> float:
+    """The due time an announcement carries; "" or anything unreadable means now."""
+    try:
+        due = float(message)
+    except ValueError:
+        return -math.inf
+    return due if math.isfinite(due) else -math.inf
