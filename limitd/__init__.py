@@ -16,6 +16,7 @@ from limitd import retry as _retry  # noqa: F401  (declares the retry job option
 from limitd.batch import Batch, BatchNotOpen, BatchStatus
 from limitd.client import Client, default_client, set_default_client
 from limitd.configure import configure as _load_and_connect
+from limitd.fetch.recoveries import RecoveredTooOften
 from limitd.job import Enqueuer, Job, JobSpec, current_payload, job
 from limitd.options import InvalidJobOption
 from limitd.payload import MalformedPayload, UnsafeArgument
@@ -40,6 +41,7 @@ __all__ = [
     "Job",
     "JobSpec",
     "MalformedPayload",
+    "RecoveredTooOften",
     "UnsafeArgument",
     "__version__",
     "configure",

@@ -42,6 +42,7 @@ class CapsuleConfig:
     poll_range: tuple[float, float] = (0.4, 0.5)
     dead_set: DeadSetPolicy = field(default_factory=DeadSetPolicy)
     death_handlers: Sequence[DeathHandler] = ()
+    max_recoveries: int = 3  # given back unfinished this often: dead (fetch/recoveries.py)
     poll_interval_average: float | None = None
     average_scheduled_poll_interval: float = 5.0
     scheduled_poll: str = "due"  # "interval": Sidekiq's blind polling, for comparison
@@ -63,6 +64,10 @@ class CapsuleConfig:
             raise ValueError(f"{where}: fetch must be one of {FETCHES}, got {self.fetch!r}")
         if self.heartbeat_period <= 0:
             raise ValueError(f"{where}: heartbeat_period must be > 0 seconds")
+        if isinstance(self.max_recoveries, bool) or not isinstance(self.max_recoveries, int):
+            raise ValueError(f"{where}: max_recoveries must be an integer >= 1")
+        if self.max_recoveries < 1:
+            raise ValueError(f"{where}: max_recoveries must be an integer >= 1")
         if self.record_period <= 0:
             raise ValueError(f"{where}: record_period must be > 0 seconds")
         low, high = self.poll_range
@@ -110,8 +115,14 @@ class RedisSettings:
 
 @dataclass(frozen=True)
 class LoggingSettings:
+    """``level`` is the root logger's; ``levels`` sets single loggers (``limitd.fetch``,
+    ``app.noisy``) above or below it. ``format`` is ``text`` or ``json`` (one object per
+    line, see ``limitd.logs``)."""
+
     level: str = "INFO"
     file: str | None = None  # None: standard error; reopened on SIGHUP
+    format: str = "text"
+    levels: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -76,11 +76,13 @@ SHARED_KEYS = (
     "dead",
     "require",
     "scheduled_poll",
+    "max_recoveries",
 )
 CAPSULE_KEYS = frozenset(OWN_KEYS + SHARED_KEYS)
 TOP_KEYS = CAPSULE_KEYS | {"redis", "logging", "fair_tenant", "capsules"}
 REDIS_KEYS = frozenset({"url", "pool_size", "socket_timeout", "connect_timeout"})
-LOGGING_KEYS = frozenset({"level", "file"})
+LOGGING_KEYS = frozenset({"level", "levels", "format", "file"})
+LOG_FORMATS = ("text", "json")
 DEAD_KEYS = frozenset({"max_jobs", "timeout_days"})
 FAIR_TENANT_KEYS = frozenset({"max_throttling_window", "enqueues_key", "logger"})
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -89,6 +91,7 @@ ENVIRONMENT = "environment"  # the "file" named by errors in environment variabl
 
 _MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 _CAPSULE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+_LOGGER_NAME = re.compile(r"[\w.-]+")
 _DEFAULTS = CapsuleConfig()  # one source for default values: CapsuleConfig's own
 
 
@@ -103,6 +106,7 @@ class Shared:
     tag: str = _DEFAULTS.tag
     dead: DeadSetPolicy = _DEFAULTS.dead_set
     require: tuple[str, ...] = ()
+    max_recoveries: int = _DEFAULTS.max_recoveries
     scheduled_poll: str = _DEFAULTS.scheduled_poll
 
 
@@ -137,6 +141,7 @@ def read_shared(section: Section, base: Shared) -> Shared:
         scheduled_poll=section.choice("scheduled_poll", SCHEDULED_POLLS, base.scheduled_poll),
         tag=section.string("tag", base.tag),
         dead=read_dead(section.section("dead"), base.dead),
+        max_recoveries=section.integer("max_recoveries", base.max_recoveries, 1),
         require=tuple(
             dict.fromkeys([*base.require, *section.names("require", "module name", _MODULE)])
         ),
@@ -167,11 +172,30 @@ def read_redis(section: Section, env: Mapping[str, str]) -> RedisSettings:
 
 
 def read_logging(section: Section) -> LoggingSettings:
+    """``level`` for every logger, ``levels`` ({logger name: level}) for single ones,
+    ``format`` (text or json) and ``file``. Levels are case-insensitive."""
     section.check_keys(LOGGING_KEYS)
-    level = section.string("level", LoggingSettings().level)
+    return LoggingSettings(
+        level=_level(section, "level", LoggingSettings().level),
+        file=section.optional_string("file"),
+        format=section.choice("format", LOG_FORMATS, LoggingSettings().format),
+        levels=_logger_levels(section.section("levels")),
+    )
+
+
+def _level(section: Section, key: str, default: str) -> str:
+    level = section.string(key, default)
     if level.upper() not in LEVELS:
-        raise section.error("level", f"expected one of {list(LEVELS)}, got {level!r}")
-    return LoggingSettings(level=level.upper(), file=section.optional_string("file"))
+        raise section.error(key, f"expected one of {list(LEVELS)}, got {level!r}")
+    return level.upper()
+
+
+def _logger_levels(section: Section) -> dict[str, str]:
+    """{logger name: level}; a logger whose level is null is left as it is."""
+    for name in section.data:
+        if not isinstance(name, str) or not _LOGGER_NAME.fullmatch(name):
+            raise section.error(str(name), f"expected a logger name, got {describe(name)}")
+    return {name: _level(section, name, "") for name in section.data if section.given(name)}
 
 
 def read_fair_tenant(section: Section, env: Mapping[str, str]) -> FairTenantSettings:
@@ -290,6 +314,7 @@ def read_capsule(name: str, section: Section, shared: Shared) -> CapsuleSpec:
             heartbeat_period=shared.heartbeat_period,
             poll_range=shared.poll_range,
             dead_set=shared.dead,
+            max_recoveries=shared.max_recoveries,
         )
     return CapsuleSpec(
         config,
@@ -360,7 +385,12 @@ def config_as_dict(config: Config) -> dict[str, Any]:
             "socket_timeout": config.redis.socket_timeout,
             "connect_timeout": config.redis.connect_timeout,
         },
-        "logging": {"level": config.logging.level, "file": config.logging.file},
+        "logging": {
+            "level": config.logging.level,
+            "levels": dict(config.logging.levels),
+            "format": config.logging.format,
+            "file": config.logging.file,
+        },
         "fair_tenant": {
             "max_throttling_window": config.fair_tenant.max_throttling_window,
             "enqueues_key": config.fair_tenant.enqueues_key,
@@ -394,5 +424,6 @@ def capsule_as_dict(spec: CapsuleSpec) -> dict[str, Any]:
             "max_jobs": capsule.dead_set.max_jobs,
             "timeout_days": capsule.dead_set.timeout_seconds / DAY,
         },
+        "max_recoveries": capsule.max_recoveries,
         "require": list(capsule.require),
     }

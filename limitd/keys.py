@@ -58,6 +58,8 @@ CAPSULES = LIMITD_PREFIX + "capsules"  # set of capsule ids that may hold jobs
 WAKE_CHANNEL = LIMITD_PREFIX + "wake"  # pub/sub: a queue name whose jobs may be fetchable
 # pub/sub: the earliest due time (epoch seconds) of jobs just added to schedule or retry
 DUE_CHANNEL = LIMITD_PREFIX + "wake:due"
+# hash: sha1 of a job -> times it was returned to its queue unfinished (and <sha1>:error)
+RECOVERIES = LIMITD_PREFIX + "recoveries"
 
 
 def capsule_heartbeat(capsule_id: str) -> str:

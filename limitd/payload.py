@@ -25,6 +25,8 @@ class MalformedPayload(ValueError):
     """A queued job that cannot be run whatever happens next: it goes straight to the
     dead set with this reason instead of being retried."""
 
+    wire_name = "limitd.MalformedPayload"
+
 
 class UnsafeArgument(TypeError):
     """A job argument that JSON cannot carry faithfully (it would not come back equal)."""
@@ -52,20 +54,51 @@ def dumps(payload: Payload) -> str:
     return json.dumps(payload, separators=(",", ":"), allow_nan=False)
 
 
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _decode(text: str) -> Payload:
+    """A JSON object, strictly: NaN and Infinity are refused (Sidekiq's JSON refuses them,
+    and a payload holding one could never be written back for a retry)."""
+    data = json.loads(text, parse_constant=_reject_constant)
+    if not isinstance(data, dict):
+        raise MalformedPayload(f"payload is a JSON {type(data).__name__}, not an object")
+    return data
+
+
 def parse(raw: bytes | str) -> Payload:
     """Decode a payload fetched from Redis, or say precisely why it cannot be run."""
     try:
         text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
-        data = json.loads(text)
-    except (UnicodeDecodeError, ValueError) as exc:
+        data = _decode(text)
+    except MalformedPayload:
+        raise
+    except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError included
         raise MalformedPayload(f"payload is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise MalformedPayload(f"payload is a JSON {type(data).__name__}, not an object")
+    except Exception as exc:
+        # A document nested too deep raises RecursionError, a huge one MemoryError.
+        # Whatever stops the decoder, retrying will not help.
+        raise MalformedPayload(f"payload cannot be decoded: {_describe_error(exc)}") from exc
     if not isinstance(data.get("class"), str) or not data["class"]:
         raise MalformedPayload("payload has no 'class' string")
     if not isinstance(data.get("args"), list):
         raise MalformedPayload("payload has no 'args' list")
     return data
+
+
+def describe_job(raw: bytes | str) -> str:
+    """``jid=... class=...`` of a fetched job for a log line, whatever state it is in."""
+    try:
+        payload = parse(raw)
+    except MalformedPayload:
+        return "jid=None class=None (undecodable payload)"
+    return f"jid={payload.get('jid')} class={payload['class']}"
+
+
+def _describe_error(exc: BaseException) -> str:
+    """``RecursionError: maximum recursion depth exceeded ...``, cut to one short line."""
+    return f"{type(exc).__name__}: {exc}"[:200]
 
 
 def find_unsafe(value: Any, path: str = "args") -> tuple[str, Any] | None:
@@ -111,29 +144,24 @@ def check_args(job_name: str, args: list[Any], mode: str = "raise") -> None:
 
 
 def dead_entry_for_malformed(raw: bytes | str, queue: str, reason: str, now: float) -> str:
-    """What the dead set keeps for a job that could not be parsed: the original object
-    with the reason added when it is a JSON object, otherwise an envelope that carries
-    the raw text, so an operator can see and repair it. Nothing is dropped."""
+    """What the dead set keeps for a job that could not be parsed (see ``dead_entry``)."""
+    return dead_entry(raw, queue, MalformedPayload.wire_name, reason, now)
+
+
+def dead_entry(raw: bytes | str, queue: str, error_class: str, reason: str, now: float) -> str:
+    """What the dead set keeps for a job buried without running: the original object
+    with the error added when it is a JSON object that can be written back, otherwise an
+    envelope that carries the raw text, so an operator can see and repair it. Nothing is
+    dropped."""
     text = raw.decode("utf-8", "backslashreplace") if isinstance(raw, bytes) else raw
     error = {
-        "error_class": "limitd.MalformedPayload",
-        "error_message": reason,
+        "error_class": error_class,
+        "error_message": reason[:10_000],
         "failed_at": now,
         "queue": queue,
     }
     try:
-        data = json.loads(text)
-    except ValueError:
-        data = None
-    if isinstance(data, dict):
-        return dumps({**data, **error})
-    return dumps(
-        {
-            "class": "limitd.MalformedPayload",
-            "args": [],
-            "jid": new_jid(),
-            "retry": False,
-            "raw": text,
-            **error,
-        }
-    )
+        return dumps({**_decode(text), **error})
+    except Exception:  # undecodable or unwritable for any reason: keep the raw text
+        envelope = {"class": MalformedPayload.wire_name, "args": [], "jid": new_jid()}
+        return dumps({**envelope, "retry": False, "raw": text, **error})

@@ -15,6 +15,7 @@ Follows Sidekiq's rules so jobs move between limitd and Sidekiq unchanged:
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 from collections.abc import Callable, Sequence
@@ -70,7 +71,12 @@ def trim_dead(redis: Any, now: float, policy: DeadSetPolicy) -> None:
 
 
 def error_class_name(exc: BaseException) -> str:
+    """``module.Class`` of the error, or the public name limitd's own errors declare in
+    ``wire_name`` (``limitd.MalformedPayload``), which stays put when modules move."""
     kind = type(exc)
+    declared = getattr(kind, "wire_name", None)
+    if isinstance(declared, str):
+        return declared
     if kind.__module__ == "builtins":
         return kind.__qualname__
     return f"{kind.__module__}.{kind.__qualname__}"
@@ -94,9 +100,18 @@ def max_retries(setting: Any) -> int:
     return 0
 
 
+@dataclass(frozen=True)
+class Fate:
+    """Where a failed job went: ``outcome`` is ``retry``, ``dead`` or ``discarded``;
+    ``retry_at`` (epoch seconds) is when a retry is due, for the line that logs it."""
+
+    outcome: str
+    retry_at: float | None = None
+
+
 class RetryHandler:
-    """Decides and records the fate of a failed job. Returns the outcome as a word:
-    ``retry``, ``dead`` or ``discarded``."""
+    """Decides and records the fate of a failed job (a :class:`Fate`, whose outcome is
+    ``retry``, ``dead`` or ``discarded``)."""
 
     def __init__(
         self,
@@ -112,23 +127,24 @@ class RetryHandler:
 
     def job_failed(
         self, spec: JobSpec | None, payload: Payload, queue: str, exc: BaseException
-    ) -> str:
+    ) -> Fate:
         setting = payload.get("retry", spec.options.get("retry", True) if spec else True)
         if setting is False:
             self._call_death_handlers(payload, exc)
-            return "discarded"
+            return Fate("discarded")
         payload["queue"] = payload.get("retry_queue") or queue
         record_error(payload, exc)
         count = _count_failure(payload, clock.now())
         if self._exhausted(payload, count, setting):
-            return self.retries_exhausted(spec, payload, exc)
+            return Fate(self.retries_exhausted(spec, payload, exc))
         decision = self._delay(spec, count, exc, payload)
         if decision == "discard":
-            return "discarded"
+            return Fate("discarded")
         if decision == "kill":
-            return self.retries_exhausted(spec, payload, exc)
-        self._schedule_retry(payload, clock.now() + float(decision))
-        return "retry"
+            return Fate(self.retries_exhausted(spec, payload, exc))
+        at = clock.now() + float(decision)
+        self._schedule_retry(payload, at)
+        return Fate("retry", retry_at=at)
 
     def _schedule_retry(self, payload: Payload, at: float) -> None:
         """ZADD to ``retry`` and announce ``at`` in the same round trip, so that sleeping
@@ -147,6 +163,12 @@ class RetryHandler:
             self.bury(payload)
         self._call_death_handlers(payload, exc)
         return "dead" if kept else "discarded"
+
+    def kill(self, entry: str, exc: BaseException) -> None:
+        """Bury a job that is not run again (malformed, or recovered too often): its
+        dead-set ``entry`` is written as is, and the death handlers hear of it."""
+        self.bury(entry)
+        self._call_death_handlers(json.loads(entry), exc)
 
     def bury(self, payload: Payload | str) -> None:
         """Add to the dead set and trim it by age and size, atomically."""

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# The project's own code: a user's own files in the checkout are not ours to lint.
+OWN_PATHS = ("limitd", "tests", "bench", "examples")
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -16,7 +18,7 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_ruff_is_clean() -> None:
-    result = run("ruff", "check", ".")
+    result = run("ruff", "check", *OWN_PATHS)
     assert result.returncode == 0, result.stdout + result.stderr
 
 

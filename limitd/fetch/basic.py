@@ -15,7 +15,9 @@ from typing import cast
 import redis as redis_py
 
 from limitd import keys
+from limitd.fetch import recoveries
 from limitd.fetch.order import QueueOrder
+from limitd.payload import Payload
 from limitd.redis import ScriptCall, retry_on_failover
 
 # BRPOP returns at least this often so a stopping processor notices promptly.
@@ -25,14 +27,30 @@ BLOCK_SECONDS = 1.0
 @dataclass
 class UnitOfWork:
     """One fetched job. The processor calls exactly one of ``acknowledge`` (the job was
-    handled, whatever its outcome) or ``requeue`` (give it back untouched)."""
+    handled, whatever its outcome), ``requeue`` (give it back untouched) or
+    ``give_back`` (give it back, counting a recovery: see ``fetch/recoveries.py``).
+
+    ``recoveries``: how many times the job was given back without completing, as the
+    fetch found it (the basic fetch keeps the count in the payload instead)."""
 
     queue: str
     job: bytes
     fetch: BasicFetch
+    recoveries: int = 0
 
     def acknowledge(self) -> None:
         """Nothing to do: BRPOP already removed the job."""
+
+    def give_back(self, reason: str) -> None:
+        """Push the job back with its count raised, in the payload: it is out of Redis."""
+        self.fetch.redis.rpush(keys.queue(self.queue), recoveries.mark_recovered(self.job, reason))
+
+    def recovery_reason(self, payload: Payload) -> str:
+        """Why the job was last given back."""
+        return str(payload.get(recoveries.REASON_FIELD, "unknown"))
+
+    def forget_recoveries(self) -> None:
+        """Nothing kept outside the payload."""
 
     def defer(self, calls: Sequence[ScriptCall]) -> None:
         """Make ``calls`` (a job's bookkeeping, see ``ScriptCall``) before the job is

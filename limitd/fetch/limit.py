@@ -26,9 +26,11 @@ import redis as redis_py
 from redis.exceptions import NoScriptError
 
 from limitd import clock, keys
+from limitd.fetch import recoveries
 from limitd.fetch.basic import UnitOfWork
 from limitd.fetch.order import QueueOrder
 from limitd.fetch.wakeup import IdleGate
+from limitd.payload import Payload
 from limitd.redis import Conn, LuaScript, ScriptCall, send_calls_then, set_members
 
 log = logging.getLogger("limitd.fetch")
@@ -55,6 +57,19 @@ class LimitUnitOfWork(UnitOfWork):
 
     def requeue(self) -> None:
         self.fetch.release(self, requeue=True)
+
+    def give_back(self, reason: str) -> None:
+        """Requeue and count a recovery beside the job, in one call."""
+        recoveries.recover(self.fetch.redis, self.fetch.capsule_id, self.queue, self.job, reason)
+
+    def recovery_reason(self, payload: Payload) -> str:
+        if self.recoveries:
+            return recoveries.last_reason(self.fetch.redis, self.job)
+        return super().recovery_reason(payload)
+
+    def forget_recoveries(self) -> None:
+        if self.recoveries:
+            recoveries.forget(self.fetch.redis, self.job)
 
 
 class LimitFetch:
@@ -85,6 +100,7 @@ class LimitFetch:
             keys.CAPSULES,
         ]
         self._fixed_keys = [key.encode() for key in fixed]
+        self._recoveries_key = keys.RECOVERIES.encode()  # the last key of every call
         self._id = capsule_id.encode()
         self._channel = keys.WAKE_CHANNEL.encode()
         self._per_queue: dict[str, tuple[bytes, bytes, bytes, bytes]] = {}
@@ -119,7 +135,8 @@ class LimitFetch:
         ``conn``, a dispatcher's own connection, else the pool)."""
         reply = self._call(finished, ACK, self._orders(want), want, conn or self.redis)
         return [
-            LimitUnitOfWork(reply[i].decode(), reply[i + 1], self) for i in range(1, len(reply), 2)
+            LimitUnitOfWork(reply[i].decode(), reply[i + 1], self, reply[i + 2])
+            for i in range(1, len(reply), 3)
         ]
 
     def _orders(self, want: int) -> list[list[str]]:
@@ -204,6 +221,7 @@ class LimitFetch:
             queue_key, in_progress_key, name, blocking = self._queue(queue_name)
             script_keys += [queue_key, in_progress_key]
             args += [name, blocking]
+        script_keys.append(self._recoveries_key)
         if len(orders) > 1:
             number = {name: str(index) for index, name in enumerate(names, 1)}
             args += [",".join(number[name] for name in order) for order in orders]

@@ -19,13 +19,16 @@
 -- ARGV[6]  n, the number of queues
 -- ARGV[5 + 2j], ARGV[6 + 2j]  the j-th settled job exactly as fetched, and its queue name
 -- ARGV[5 + 2s + 2i], ARGV[6 + 2s + 2i]  the i-th queue: its name, "1" if it is blocking
+-- KEYS[#KEYS]  limitd:recoveries  hash sha1(job) -> times the job was recovered
 -- ARGV[6 + 2s + 2n + m]  optional: the order in which the m-th job tries the queues, as
 --          queue numbers ("2,1,3"; weighted and random orders differ per job); a job
 --          without one tries them in the order given
 --
--- Returns {settled, name 1, job 1, name 2, job 2, ...}: settled counts the settled jobs
--- that were in this capsule's in-progress lists (a job that was not, was reaped and
--- requeued already), then the jobs taken, oldest first.
+-- Returns {settled, name 1, job 1, recoveries 1, name 2, job 2, recoveries 2, ...}:
+-- settled counts the settled jobs that were in this capsule's in-progress lists (a job
+-- that was not, was reaped and requeued already), then the jobs taken, oldest first,
+-- each with how many times it was returned to its queue without completing (so the
+-- caller can bury a poison job instead of running it again).
 --
 -- Why atomic: the limit check, the pop and the slot count must not interleave with
 -- other fetchers, or two of them could both see "2 of 3 busy" and take the third slot.
@@ -41,6 +44,7 @@
 -- (LREM), whose length is bounded by the capsule's threads.
 local limits, process_limits, paused, busy = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local held, capsules, capsule_id, channel = KEYS[5], KEYS[6], ARGV[1], ARGV[2]
+local recoveries = KEYS[#KEYS]
 
 local function settle(in_progress_key, queue_key, job, name, mode)
   if redis.call('LREM', in_progress_key, 1, job) == 0 then
@@ -115,15 +119,26 @@ local function take_one(order)
   return nil
 end
 
+-- Recoveries are rare: the hash usually does not exist, and then a job costs nothing more.
+local any_recovered = nil
+local function recovered(job)
+  if any_recovered == nil then
+    any_recovered = redis.call('EXISTS', recoveries) == 1
+  end
+  if not any_recovered then return 0 end
+  return tonumber(redis.call('HGET', recoveries, redis.sha1hex(job))) or 0
+end
+
 local taken = {settled}
 -- Each job starts again from the first queue of its order, so a strict order stays
 -- strict, weights apply per job, and every job sees the busy counts the previous one
 -- updated.
-while #taken < 1 + 2 * want do
-  local name, job = take_one(order_of((#taken + 1) / 2))
+while #taken < 1 + 3 * want do
+  local name, job = take_one(order_of((#taken + 2) / 3))
   if not job then break end
   taken[#taken + 1] = name
   taken[#taken + 1] = job
+  taken[#taken + 1] = recovered(job)
 end
 if #taken > 1 then
   redis.call('SADD', capsules, capsule_id)

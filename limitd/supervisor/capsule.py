@@ -75,7 +75,9 @@ class Capsule:
         self.stats = JobStats()
         retry = RetryHandler(self.redis, self.config.dead_set, self.config.death_handlers)
         chain = middleware if middleware is not None else default_server_chain(self.redis)
-        self.executor = JobExecutor(retry, chain, self.stats)
+        self.executor = JobExecutor(
+            retry, chain, self.stats, max_recoveries=self.config.max_recoveries
+        )
         self.poller = ScheduledPoller(
             self.redis,
             poll_interval_average=self.config.poll_interval_average,

@@ -8,22 +8,27 @@ keeps jobs until acknowledged never loses one whose retry could not be written.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from typing import TYPE_CHECKING
 
 from limitd import clock
-from limitd.job import finished, running
+from limitd.fetch.recoveries import RecoveredTooOften, count_in
+from limitd.job import JobSpec, finished, running
+from limitd.logs import job_fields, own_frames
 from limitd.middleware.chain import ServerChain
-from limitd.payload import MalformedPayload, Payload, dead_entry_for_malformed, parse
+from limitd.payload import MalformedPayload, Payload, dead_entry, parse
 from limitd.redis import ScriptCall
 from limitd.registry import JobRegistry, registry
-from limitd.retry import RetryHandler
+from limitd.retry import Fate, RetryHandler, error_class_name
 from limitd.supervisor.stats import JobStats
 
 if TYPE_CHECKING:
     from limitd.fetch.basic import UnitOfWork
 
 log = logging.getLogger("limitd.job")
+
+DEFAULT_MAX_RECOVERIES = 3
 
 
 class Shutdown(BaseException):
@@ -45,28 +50,54 @@ class JobExecutor:
         chain: ServerChain | None = None,
         stats: JobStats | None = None,
         jobs: JobRegistry = registry,
+        max_recoveries: int = DEFAULT_MAX_RECOVERIES,
     ) -> None:
         self.retry = retry
         self.chain = chain if chain is not None else ServerChain()
         self.stats = stats if stats is not None else JobStats()
         self.jobs = jobs
+        self.max_recoveries = max_recoveries
 
     def execute(self, unit: UnitOfWork) -> str:
-        """Run ``unit`` and return its outcome."""
-        started = clock.monotonic()
+        """Run ``unit`` and return its outcome. A job that cannot be decoded, or that was
+        given back ``max_recoveries`` times without completing, is buried, not run."""
         try:
             payload = parse(unit.job)
         except MalformedPayload as exc:
-            self.retry.bury(dead_entry_for_malformed(unit.job, unit.queue, str(exc), clock.now()))
-            outcome = "dead"
-            log.error("dead queue=%s reason=%s", unit.queue, exc)
+            outcome = self._kill(unit, None, exc)
         else:
-            outcome, calls = self._run(payload, unit.queue)
-            if calls:
-                unit.defer(calls)  # made before the acknowledgement, with it if possible
-            _log_outcome(payload, unit.queue, outcome, clock.monotonic() - started)
+            recovered = max(unit.recoveries, count_in(payload))
+            if recovered >= self.max_recoveries:
+                reason = unit.recovery_reason(payload)
+                outcome = self._kill(unit, payload, RecoveredTooOften(recovered, reason))
+            else:
+                outcome = self._execute(unit, payload)
+            if unit.recoveries:
+                unit.forget_recoveries()
         self.stats.record(failed=outcome != "done")
         return outcome
+
+    def _execute(self, unit: UnitOfWork, payload: Payload) -> str:
+        started = clock.monotonic()
+        outcome, calls = self._run(payload, unit.queue)
+        if calls:
+            unit.defer(calls)  # made before the acknowledgement, with it if possible
+        _log_outcome(payload, unit.queue, outcome, clock.monotonic() - started)
+        return outcome
+
+    def _kill(self, unit: UnitOfWork, payload: Payload | None, exc: Exception) -> str:
+        """Straight to the dead set with the reason, and the death handlers told."""
+        entry = dead_entry(unit.job, unit.queue, error_class_name(exc), str(exc), clock.now())
+        self.retry.kill(entry, exc)
+        log.error(
+            "dead jid=%s class=%s queue=%s error=%s: %s",
+            (payload or {}).get("jid"),
+            (payload or {}).get("class"),
+            unit.queue,
+            error_class_name(exc),
+            exc,
+        )
+        return "dead"
 
     def _run(self, payload: Payload, queue: str) -> tuple[str, list[ScriptCall]]:
         spec = self.jobs.resolve(payload["class"])
@@ -81,20 +112,48 @@ class JobExecutor:
             self.chain.invoke(spec, payload, queue, lambda: spec.run(payload))
             outcome = "done"
         except (Exception, SystemExit) as exc:  # a job calling sys.exit() has failed
-            log.warning(
-                "fail jid=%s class=%s queue=%s error=%s: %s",
-                payload.get("jid"),
-                payload["class"],
-                queue,
-                type(exc).__name__,
-                exc,
-                exc_info=not isinstance(exc, UnknownJob),
-            )
             error = exc
-            outcome = self.retry.job_failed(spec, payload, queue, exc)
+            outcome = self._failed(spec, payload, queue, exc)
         finally:
             finished(token)
         return outcome, self.chain.settle(spec, payload, queue, outcome, error)
+
+    def _failed(
+        self, spec: JobSpec | None, payload: Payload, queue: str, exc: BaseException
+    ) -> str:
+        """Record the failure, then log it once, saying where the job went."""
+        try:
+            fate = self.retry.job_failed(spec, payload, queue, exc)
+        except BaseException:
+            _log_failure(payload, queue, exc, None)  # the error that lost the job follows
+            raise
+        _log_failure(payload, queue, exc, fate)
+        return fate.outcome
+
+
+def _log_failure(payload: Payload, queue: str, exc: BaseException, fate: Fate | None) -> None:
+    """One WARNING line with everything an operator asks first, and the traceback of the
+    job's own code; the traceback through limitd's middleware is at DEBUG."""
+    line = "fail jid=%s class=%s queue=%s retry_count=%s next=%s error=%s: %s"
+    count = payload.get("retry_count")
+    args: tuple[object, ...] = (payload.get("jid"), payload["class"], queue)
+    args += ("-" if count is None else count, _next_step(fate), type(exc).__name__, exc)
+    fields = job_fields(payload, queue)
+    if isinstance(exc, UnknownJob):  # nothing ran: a traceback would only show limitd
+        log.warning(line, *args, extra=fields)
+        return
+    log.warning(line, *args, exc_info=(type(exc), exc, own_frames(exc.__traceback__)), extra=fields)
+    log.debug(line + " (every frame)", *args, exc_info=exc, extra=fields)
+
+
+def _next_step(fate: Fate | None) -> str:
+    if fate is None:
+        return "unrecorded"
+    if fate.retry_at is None:
+        return fate.outcome
+    delay = max(0.0, fate.retry_at - clock.now())
+    when = dt.datetime.fromtimestamp(fate.retry_at, dt.timezone.utc)
+    return f"retry in {delay:.{0 if delay >= 10 else 1}f}s at {when:%Y-%m-%dT%H:%M:%SZ}"
 
 
 def _log_outcome(payload: Payload, queue: str, outcome: str, elapsed: float) -> None:
@@ -105,4 +164,5 @@ def _log_outcome(payload: Payload, queue: str, outcome: str, elapsed: float) -> 
         payload["class"],
         queue,
         elapsed,
+        extra=job_fields(payload, queue),
     )

@@ -19,6 +19,7 @@ import math
 import redis as redis_py
 
 from limitd import keys
+from limitd.fetch.recoveries import RECOVERIES_TTL
 from limitd.redis import LuaScript, set_members
 
 log = logging.getLogger("limitd.liveness")
@@ -39,15 +40,18 @@ def vouch(redis: redis_py.Redis, capsule_ids: list[str], heartbeat_period: float
     pipe.execute()
 
 
-def retire(redis: redis_py.Redis, capsule_id: str) -> int:
+def retire(redis: redis_py.Redis, capsule_id: str, reason: str = "") -> int:
     """A capsule that stopped: drop its heartbeat and reap it at once, which returns any
-    job it could not requeue itself. Returns how many jobs that was."""
+    job it could not requeue itself. Returns how many jobs that was. ``reason`` (how
+    it stopped) is recorded with each job returned."""
     redis.delete(keys.capsule_heartbeat(capsule_id))
-    return max(0, reap(redis, capsule_id))
+    return max(0, reap(redis, capsule_id, reason or f"capsule {capsule_id} stopped"))
 
 
-def reap(redis: redis_py.Redis, capsule_id: str) -> int:
-    """Requeue a dead capsule's jobs and free its slots; see ``reap_capsule.lua``."""
+def reap(redis: redis_py.Redis, capsule_id: str, reason: str = "") -> int:
+    """Requeue a dead capsule's jobs and free its slots, counting a recovery for each
+    job (see ``reap_capsule.lua`` and ``limitd/fetch/recoveries.py``)."""
+    why = reason or f"capsule {capsule_id} stopped beating while running the job"
     for _ in range(3):
         names = set_members(redis, keys.capsule_queues(capsule_id))
         script_keys = [
@@ -58,7 +62,9 @@ def reap(redis: redis_py.Redis, capsule_id: str) -> int:
         ]
         for name in names:
             script_keys += [keys.queue(name), keys.in_progress(capsule_id, name)]
-        moved = int(REAP_CAPSULE(redis, script_keys, [capsule_id, *names, keys.WAKE_CHANNEL]))
+        script_keys.append(keys.RECOVERIES)
+        args = [capsule_id, *names, why, RECOVERIES_TTL, keys.WAKE_CHANNEL]
+        moved = int(REAP_CAPSULE(redis, script_keys, args))
         if moved != QUEUES_CHANGED:
             return moved
     return QUEUES_CHANGED

@@ -16,6 +16,7 @@ import redis as redis_py
 
 from limitd import clock
 from limitd.fetch import Fetch, UnitOfWork
+from limitd.payload import describe_job
 from limitd.supervisor.executor import JobExecutor, Shutdown
 
 log = logging.getLogger("limitd.processor")
@@ -107,15 +108,17 @@ class Processor:
             self._finished = unit
         except Shutdown:
             raise
-        except Exception:
+        except Exception as exc:
             log.exception(
-                "could not record the outcome of a job from queue %s; "
-                "requeueing it so it is not lost",
+                "could not record the outcome of a job (%s queue=%s); requeueing it so it "
+                "is not lost (after %d such recoveries it goes to the dead set)",
+                describe_job(unit.job),
                 unit.queue,
+                self.executor.max_recoveries,
             )
-            self._give_back(unit)
-        except BaseException:
-            self._give_back(unit)
+            self._give_back(unit, exc)
+        except BaseException as exc:
+            self._give_back(unit, exc)
             raise  # the thread ends; the capsule starts a replacement
         finally:
             self.current = None
@@ -137,12 +140,14 @@ class Processor:
         except redis_py.RedisError as exc:
             log.error("could not acknowledge a finished job of queue %s: %s", unit.queue, exc)
 
-    def _give_back(self, unit: UnitOfWork) -> None:
+    def _give_back(self, unit: UnitOfWork, error: BaseException) -> None:
         """Requeue after an internal error, waiting out a Redis outage: running a job
-        twice is better than losing it."""
+        twice is better than losing it. The job's recoveries are counted, so one whose
+        outcome can never be recorded ends in the dead set instead of looping."""
+        reason = f"{type(error).__name__}: {error}"
         while True:
             try:
-                unit.requeue()
+                unit.give_back(reason)
                 return
             except redis_py.RedisError as exc:
                 log.error("requeue failed, retrying in %.0fs: %s", FETCH_ERROR_PAUSE, exc)

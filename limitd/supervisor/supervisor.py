@@ -176,7 +176,7 @@ class Supervisor:
 
     def _exited(self, child: Child, status: int) -> None:
         child.pid = 0
-        self._reap(child)
+        self._reap(child, f"capsule {child.slot} exited ({_describe(status)}) running the job")
         self._show_title()
         if self._stopping:
             return
@@ -221,10 +221,10 @@ class Supervisor:
             live = sum(1 for child in self.children if child.pid)
             set_title(supervisor_title(self.tag, live, stopping=self._stopping))
 
-    def _reap(self, child: Child) -> None:
+    def _reap(self, child: Child, reason: str = "") -> None:
         """The process is gone for sure: return its jobs now, not after its key expires."""
         try:
-            moved = liveness.retire(self.redis, child.config.capsule_id)
+            moved = liveness.retire(self.redis, child.config.capsule_id, reason)
             if moved:
                 log.warning("requeued %d jobs of capsule %s", moved, child.slot)
         except redis_py.RedisError as exc:
@@ -261,7 +261,7 @@ class Supervisor:
                 os.kill(child.pid, signal.SIGKILL)
                 os.waitpid(child.pid, 0)
                 child.pid = 0
-                self._reap(child)
+                self._reap(child, f"capsule {child.slot} was killed: it did not stop in time")
         log.info("supervisor stopped")
         return 0
 
