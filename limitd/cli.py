@@ -1,9 +1,9 @@
 """The ``limitd`` command line: run workers, enqueue, inspect and steer.
 
 The commands live in ``limitd.commands``; this module owns the global options, logging,
-and how a command finds Redis: ``--redis``, else ``LIMITD_REDIS_URL`` / ``REDIS_URL``,
-else the ``redis.url`` of the files given with ``-C``, else the embedded Redis that a
-``limitd start`` runs beside those files (or in this directory).
+and how a command finds Redis (:func:`resolve_redis`: the order of ``limitd.locate``,
+which app code follows too). ``-C`` names the config for every command, ``start`` and
+``check`` included, like ``LIMITD_CONFIG`` does when no ``-C`` is given.
 """
 
 from __future__ import annotations
@@ -17,12 +17,11 @@ import redis as redis_py
 
 from limitd import __version__
 from limitd.commands import add_admin_commands
+from limitd.commands.common import EX_UNAVAILABLE
 from limitd.commands.enqueue import add_enqueue_command
 from limitd.commands.start import EX_CONFIG, add_start_commands
-from limitd.config import ConfigError, RedisSettings
-from limitd.config_loader import load_config
-from limitd.configure import redis_url
-from limitd.redis import connect
+from limitd.config import ConfigError
+from limitd.locate import RedisNotFound, connect_to, locate, named_config, not_running
 
 LOG_FORMAT = "%(asctime)s pid=%(process)d %(threadName)s %(levelname)s %(name)s: %(message)s"
 
@@ -35,6 +34,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"limitd: {exc}", file=sys.stderr)
         return EX_CONFIG
+    except RedisNotFound as exc:
+        print(f"limitd: {exc}", file=sys.stderr)
+        return EX_UNAVAILABLE
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="FILE",
-        help="config file naming the Redis to use (repeatable)",
+        help="config file for every command, start and check included: its Redis, its "
+        "jobs (repeatable, merged in order; default: LIMITD_CONFIG)",
     )
     commands = parser.add_subparsers(title="commands", required=True)
     add_start_commands(commands)
@@ -60,15 +63,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def resolve_redis(args: argparse.Namespace) -> redis_py.Redis | None:
-    """The Redis an inspection command talks to; None if there is none."""
-    config = load_config(args.config) if args.config else None
-    url = redis_url(config, args.redis)
-    if url is None:
-        return None
-    settings = config.redis if config is not None else RedisSettings()
-    return connect(
-        url, socket_timeout=settings.socket_timeout, connect_timeout=settings.connect_timeout
-    )
+    """The Redis every command but ``start`` talks to (the web and metrics front ends
+    too): ``--redis``, the environment, the ``-C`` files (else ``LIMITD_CONFIG``), a
+    running embedded Redis here or in ``conf/``. None if nothing is configured; raises
+    ``RedisNotFound`` when a named config's Redis is not running."""
+    where = locate(args.redis, named_config(args.config))
+    if where.url is not None:
+        return connect_to(where)
+    if where.config is not None:
+        raise not_running(where.config)
+    return None
 
 
 if __name__ == "__main__":

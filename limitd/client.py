@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import redis as redis_py
 
 from limitd import clock, keys
+from limitd.locate import Location, app_location, connect_to
 from limitd.middleware.chain import ClientChain
 from limitd.middleware.defaults import default_client_chain
 from limitd.payload import (
@@ -29,7 +30,7 @@ from limitd.payload import (
     dumps,
     new_jid,
 )
-from limitd.redis import connect, retry_on_failover
+from limitd.redis import retry_on_failover
 from limitd.registry import registry
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ class Client:
     ) -> None:
         if strict_args not in STRICT_ARGS_MODES:
             raise ValueError(f"strict_args must be one of {STRICT_ARGS_MODES}, not {strict_args!r}")
-        self.redis = redis if redis is not None else connect()
+        self.redis = redis if redis is not None else connect_to(app_location())
         self.middleware = middleware if middleware is not None else default_client_chain()
         self.strict_args = strict_args
 
@@ -161,13 +162,20 @@ _default_lock = threading.Lock()
 
 
 def default_client() -> Client:
-    """The process-wide client, connected to ``LIMITD_REDIS_URL`` (or ``REDIS_URL``) on
-    first use."""
+    """The process-wide client, built on first use for the Redis that
+    :func:`limitd.locate.app_location` finds (the order every entry point follows), with
+    the named config's ``fair_tenant`` settings. If that raises, the next use tries again."""
     global _default
     with _default_lock:
         if _default is None:
-            _default = Client()
+            _default = client_for(app_location())
         return _default
+
+
+def client_for(where: Location) -> Client:
+    """A client with the default middleware for a located Redis and its config."""
+    settings = where.config.fair_tenant if where.config is not None else None
+    return Client(connect_to(where), middleware=default_client_chain(settings))
 
 
 def set_default_client(client: Client | None) -> None:

@@ -188,3 +188,40 @@ def embedded_url(base_dir: str | Path) -> str | None:
         return path.read_text().strip() or None
     except OSError:
         return None
+
+
+# Where app code and commands look for a running embedded Redis when no config names
+# one: this directory, and conf/ below it (the quick start's `limitd start conf/x.yml`).
+DISCOVERY_DIRS = (".", "conf")
+PING_TIMEOUT = 0.5
+
+
+def running_embedded_url(base_dir: str | Path) -> str | None:
+    """The URL of the embedded Redis beside ``base_dir`` if it answers. A record left
+    behind by a ``limitd start`` that was killed (its Redis gone too) does not count."""
+    url = embedded_url(base_dir)
+    return url if url is not None and _answers(url) else None
+
+
+def discover_embedded(cwd: str | Path = ".") -> list[tuple[Path, str]]:
+    """The running embedded Redis servers of ``cwd`` and ``cwd/conf``, as
+    ``(their .limitd/ directory, URL)``."""
+    found = []
+    for sub in DISCOVERY_DIRS:
+        base = Path(cwd) / sub
+        url = running_embedded_url(base)
+        if url is not None:
+            found.append((embedded_dir(base), url))
+    return found
+
+
+def _answers(url: str) -> bool:
+    try:
+        with redis_py.Redis.from_url(
+            url, socket_connect_timeout=PING_TIMEOUT, socket_timeout=PING_TIMEOUT
+        ) as conn:
+            return bool(conn.ping())
+    except (redis_py.ConnectionError, redis_py.TimeoutError, OSError, ValueError):
+        return False
+    except redis_py.ResponseError:  # LOADING its append-only file: alive, not ready
+        return True

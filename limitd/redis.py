@@ -8,7 +8,6 @@ SCRIPT FLUSH), which redis-py's ``Script`` already handles.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from importlib import resources
@@ -32,16 +31,6 @@ URL_ENV_VARS = ("LIMITD_REDIS_URL", "REDIS_URL")
 T = TypeVar("T")
 
 
-def configured_url(url: str | None = None) -> str | None:
-    """The Redis URL to use: explicit argument first, then the environment, else None."""
-    if url:
-        return url
-    for var in URL_ENV_VARS:
-        if os.environ.get(var):
-            return os.environ[var]
-    return None
-
-
 def connect(
     url: str | None = None,
     *,
@@ -50,9 +39,17 @@ def connect(
     connect_timeout: float = 5.0,
 ) -> redis.Redis:
     """A client on a fresh pool. Responses stay bytes: payloads are decoded by limitd,
-    so one malformed (non UTF-8) job cannot break a fetch and get lost on the way."""
+    so one malformed (non UTF-8) job cannot break a fetch and get lost on the way.
+
+    Without ``url``, the Redis app code uses (``limitd.locate.app_location``: the one
+    order every entry point follows; imported here, not at the top, since it reads
+    config files, a layer above this module)."""
+    if url is None:
+        from limitd.locate import app_location
+
+        url = app_location().url
     return redis.Redis.from_url(
-        configured_url(url) or DEFAULT_URL,
+        url or DEFAULT_URL,
         max_connections=max_connections,
         socket_timeout=socket_timeout,
         socket_connect_timeout=connect_timeout,

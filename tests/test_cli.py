@@ -76,7 +76,10 @@ def test_enqueue_then_worker_runs_it(
     worker: subprocess.Popen[str], app_dir: Path, redis_server: RedisServer
 ) -> None:
     out = subprocess.run(
-        limitd_cmd("--redis", redis_server.url, "enqueue", "cli_app.Record", '["hello"]'),
+        limitd_cmd(
+            "--redis", redis_server.url, "enqueue", "cli_app.Record", '["hello"]', "-r", "cli_app"
+        ),
+        cwd=app_dir,
         capture_output=True,
         text=True,
         check=True,
@@ -143,3 +146,86 @@ def test_enqueue_rejects_bad_arguments(redis_server: RedisServer) -> None:
 def test_version() -> None:
     out = subprocess.run(limitd_cmd("--version"), capture_output=True, text=True, check=True)
     assert out.stdout.startswith("limitd ")
+
+
+APP_CONFIG = "require: [cli_app]\nqueues: [default]\ntimeout: 1\n"
+
+
+def test_c_names_the_config_of_start_too(
+    app_dir: Path, redis_server: RedisServer, redis: redis_py.Redis
+) -> None:
+    """``limitd -C app.yml start`` is ``limitd start app.yml``: its workers import the
+    app's jobs (they used to start with none and retry every job as unknown)."""
+    (app_dir / "app.yml").write_text(APP_CONFIG)
+    env = {**os.environ, "LIMITD_REDIS_URL": redis_server.url}
+    with (app_dir / "worker.log").open("w") as log:
+        proc = subprocess.Popen(
+            limitd_cmd("-C", "app.yml", "start"),
+            cwd=app_dir,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        redis.lpush("queue:default", json.dumps({"class": "cli_app.Record", "args": ["via-c"]}))
+        wait_for(lambda: ran(app_dir) == ["via-c"], timeout=20, message="the app's job to run")
+        assert redis.zcard("retry") == 0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+
+
+def test_c_names_the_config_of_check_too(app_dir: Path) -> None:
+    (app_dir / "app.yml").write_text(APP_CONFIG)
+    out = subprocess.run(
+        limitd_cmd("-C", "app.yml", "check"),
+        cwd=app_dir,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "cli_app" in out.stdout
+
+
+def test_check_without_any_config_is_bad_input(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "LIMITD_CONFIG"}
+    out = subprocess.run(
+        limitd_cmd("check"), cwd=tmp_path, env=env, capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 64
+    assert "LIMITD_CONFIG" in out.stderr
+
+
+def test_enqueue_of_a_name_no_module_defines_lists_the_names_that_exist(
+    app_dir: Path, redis_server: RedisServer, redis: redis_py.Redis
+) -> None:
+    (app_dir / "app.yml").write_text(APP_CONFIG)
+    out = subprocess.run(
+        limitd_cmd("--redis", redis_server.url, "-C", "app.yml", "enqueue", "cli_app.Recrod"),
+        cwd=app_dir,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 64
+    assert "no job named 'cli_app.Recrod' in cli_app" in out.stderr
+    assert "cli_app.Forever, cli_app.Record" in out.stderr
+    assert "--force" in out.stderr
+    assert redis.llen("queue:default") == 0
+
+
+def test_enqueue_force_pushes_a_job_only_other_workers_know(
+    tmp_path: Path, redis_server: RedisServer, redis: redis_py.Redis
+) -> None:
+    out = subprocess.run(
+        limitd_cmd("--redis", redis_server.url, "enqueue", "HardJob", '["x", 1]', "--force"),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    [job] = redis.lrange("queue:default", 0, -1)
+    assert json.loads(job)["class"] == "HardJob"
+    assert json.loads(job)["jid"] == out.stdout.strip()

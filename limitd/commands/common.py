@@ -49,8 +49,8 @@ def bind(parser: argparse.ArgumentParser, run: Run, resolve_redis: ResolveRedis)
             redis = resolve_redis(args)
             if redis is None:
                 raise Unavailable(
-                    "no Redis found: pass --redis URL, set LIMITD_REDIS_URL or REDIS_URL, "
-                    "or run `limitd start` here to use its embedded Redis"
+                    "no Redis found: pass --redis URL or -C CONFIG, set LIMITD_REDIS_URL "
+                    "or LIMITD_CONFIG, or run `limitd start` here or in conf/"
                 )
             return redis
 

@@ -1,5 +1,11 @@
 """``limitd enqueue JOB [ARGS_JSON]``: push one job by its wire name, for trying things
-and for scripts. The job's options apply when its module is given with ``-r``."""
+and for scripts.
+
+The name is checked against the jobs that the config's ``require`` modules (``-C``, else
+``LIMITD_CONFIG``) and ``-r`` modules define, and the job's own options apply: a typo
+would otherwise return a jid for a job no worker can run. ``--force`` pushes a name
+nobody here defines, for jobs that only another language's workers (Ruby Sidekiq) run.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +16,22 @@ import sys
 
 from limitd.client import Client
 from limitd.commands.common import EX_UNAVAILABLE, EX_USAGE, ResolveRedis, Subparsers
+from limitd.config_checks import app_modules
+from limitd.locate import named_config
+from limitd.registry import registry
 from limitd.supervisor.capsule import import_app
 
 
 def add_enqueue_command(subparsers: Subparsers, resolve_redis: ResolveRedis) -> None:
     enqueue = subparsers.add_parser(
-        "enqueue", help="push one job", description=__doc__.splitlines()[0]
+        "enqueue",
+        help="push one job",
+        description=(
+            "Push one job by its wire name, for trying things and for scripts. The name "
+            "must be a job that the config's require modules (-C, else LIMITD_CONFIG) or "
+            "-r modules define, whose options then apply; otherwise exit 64 listing the "
+            "jobs that exist, unless --force."
+        ),
     )
     enqueue.add_argument("job", help="the job's wire name, e.g. examples.demo.greet")
     enqueue.add_argument("args", nargs="?", default="[]", help="JSON list of arguments")
@@ -26,7 +42,12 @@ def add_enqueue_command(subparsers: Subparsers, resolve_redis: ResolveRedis) -> 
         action="append",
         default=[],
         metavar="MODULE",
-        help="module defining the job, for its options (repeatable)",
+        help="module defining the job, besides the config's require (repeatable)",
+    )
+    enqueue.add_argument(
+        "--force",
+        action="store_true",
+        help="push even if no module here defines the job (for other languages' workers)",
     )
     enqueue.set_defaults(command=lambda args: cmd_enqueue(args, resolve_redis))
 
@@ -40,13 +61,19 @@ def cmd_enqueue(args: argparse.Namespace, resolve_redis: ResolveRedis) -> int:
     if not isinstance(job_args, list):
         print("limitd enqueue: ARGS must be a JSON list, e.g. '[1, \"a\"]'", file=sys.stderr)
         return EX_USAGE
-    sys.path.insert(0, os.getcwd())
-    import_app(args.require)
+    try:
+        modules = import_jobs(args)
+    except ImportError as exc:
+        print(f"limitd enqueue: {exc}", file=sys.stderr)
+        return EX_USAGE
+    if registry.resolve(args.job) is None and not args.force:
+        print(f"limitd enqueue: {unknown_job(args.job, modules)}", file=sys.stderr)
+        return EX_USAGE
     redis = resolve_redis(args)
     if redis is None:
         print(
-            "limitd enqueue: no Redis configured (--redis, -C CONFIG or LIMITD_REDIS_URL) "
-            "and no embedded Redis running",
+            "limitd enqueue: no Redis configured (--redis, LIMITD_REDIS_URL, -C CONFIG or "
+            "LIMITD_CONFIG) and no embedded Redis running here or in conf/",
             file=sys.stderr,
         )
         return EX_UNAVAILABLE
@@ -55,3 +82,23 @@ def cmd_enqueue(args: argparse.Namespace, resolve_redis: ResolveRedis) -> int:
         item["queue"] = args.queue
     print(Client(redis).push(item))
     return 0
+
+
+def import_jobs(args: argparse.Namespace) -> list[str]:
+    """Import the config's ``require`` modules and the ``-r`` ones; return their names."""
+    sys.path.insert(0, os.getcwd())
+    config = named_config(args.config)
+    modules = [*(app_modules(config) if config is not None else []), *args.require]
+    import_app(modules)
+    return list(dict.fromkeys(modules))
+
+
+def unknown_job(name: str, modules: list[str]) -> str:
+    force = "--force pushes it anyway (for a job only another language's workers run)"
+    if not modules:
+        return (
+            f"no job named {name!r}: no job modules imported (give -C CONFIG, set "
+            f"LIMITD_CONFIG or add -r MODULE); {force}"
+        )
+    known = ", ".join(registry.names()) or "none"
+    return f"no job named {name!r} in {', '.join(modules)}; jobs defined there: {known}; {force}"

@@ -15,21 +15,31 @@ import argparse
 import dataclasses
 import logging
 import os
+import shlex
 import sys
+from pathlib import Path
 
 import redis as redis_py
 import yaml
 
 from limitd.client import Client, set_default_client
-from limitd.commands.common import Subparsers
+from limitd.commands.common import EX_USAGE, Subparsers
 from limitd.config import CapsuleConfig, CapsuleSpec, Config, ConfigError, RedisSettings
 from limitd.config_checks import app_modules, check_app
 from limitd.config_loader import config_as_dict, load_config
-from limitd.configure import redis_url
-from limitd.embedded import start_embedded, stop_embedded
+from limitd.embedded import RedisServer, start_embedded, stop_embedded
+from limitd.locate import (
+    CONFIG_ENV,
+    CONFIGURED,
+    EMBEDDED,
+    ENVIRONMENT,
+    Location,
+    config_files,
+    locate,
+)
 from limitd.middleware.defaults import default_client_chain
 from limitd.middleware.fair_tenant import FairTenantSettings
-from limitd.redis import connect
+from limitd.redis import URL_ENV_VARS, connect
 from limitd.supervisor.capsule import Capsule, import_app
 from limitd.supervisor.launcher import Launcher
 from limitd.supervisor.supervisor import Supervisor
@@ -40,19 +50,24 @@ COMMAND_LINE = "command line"
 
 log = logging.getLogger("limitd.cli")
 
+FILES_HELP = (
+    "YAML files, later ones override earlier; after any -C files ('limitd -C a.yml "
+    "start b.yml' reads a.yml then b.yml); none: LIMITD_CONFIG's"
+)
+
 
 def add_start_commands(subparsers: Subparsers) -> None:
     start = subparsers.add_parser(
         "start", help="run the supervisor and its capsules", description=__doc__.splitlines()[0]
     )
-    start.add_argument("config", nargs="*", help="YAML files, later ones override earlier")
+    start.add_argument("files", nargs="*", metavar="CONFIG", help=FILES_HELP)
     _add_override_flags(start)
     _add_timing_flags(start)
     start.set_defaults(command=cmd_start)
     check = subparsers.add_parser(
         "check", help="validate config files and the app's jobs, print the result"
     )
-    check.add_argument("config", nargs="+", help="YAML files, later ones override earlier")
+    check.add_argument("files", nargs="*", metavar="CONFIG", help=FILES_HELP)
     check.set_defaults(command=cmd_check)
 
 
@@ -119,10 +134,24 @@ def _add_timing_flags(parser: argparse.ArgumentParser) -> None:
     add("--tag", help="label shown in process lists and titles")
 
 
+def given_files(args: argparse.Namespace) -> list[str]:
+    """The config of ``start`` and ``check``: the ``-C`` files then the command's own,
+    merged in that order, as every other command reads ``-C``; none given:
+    ``LIMITD_CONFIG``'s."""
+    return config_files([*getattr(args, "config", []), *args.files])
+
+
 def cmd_check(args: argparse.Namespace) -> int:
+    files = given_files(args)
+    if not files:
+        print(
+            "limitd check: no config: give CONFIG files, -C CONFIG or LIMITD_CONFIG",
+            file=sys.stderr,
+        )
+        return EX_USAGE
     sys.path.insert(0, os.getcwd())
     try:
-        config = load_config(args.config)
+        config = load_config(files)
         import_app(app_modules(config))
         check_app(config)
     except (ConfigError, ImportError) as exc:
@@ -138,18 +167,16 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_start(args: argparse.Namespace) -> int:
     sys.path.insert(0, os.getcwd())
     try:
-        config = apply_flags(load_config(args.config), args)
+        config = apply_flags(load_config(given_files(args)), args)
         import_app(app_modules(config))
         check_app(config)
     except (ConfigError, ImportError) as exc:
         print(f"limitd start: {exc}", file=sys.stderr)
         return EX_CONFIG
     configure_logging(config)
-    url = redis_url(config, args.redis)
-    server = None if url else start_embedded(config.base_dir)
-    url = url or server.url  # type: ignore[union-attr]
-    if server is not None:
-        log.info("embedded redis-server running at %s", url)
+    where, server = locate_for_start(config, args.redis)
+    url = str(where.url)
+    share_location(where, config.files)
     try:
         redis = connect_for(config.redis, url)
         set_default_client(Client(redis, middleware=default_client_chain(config.fair_tenant)))
@@ -163,6 +190,34 @@ def cmd_start(args: argparse.Namespace) -> int:
     finally:
         if server is not None:
             stop_embedded(server, config.base_dir)
+
+
+def locate_for_start(config: Config, url: str | None) -> tuple[Location, RedisServer | None]:
+    """The Redis of the order every entry point follows (``limitd.locate``); found
+    nothing: an embedded Redis started beside the first file (or here), returned to be
+    stopped at exit."""
+    where = locate(url, config if config.files else None, os.getcwd())
+    if where.url is not None:
+        return where, None
+    server = start_embedded(config.base_dir)
+    log.info("embedded redis-server running at %s", server.url)
+    return Location(server.url, EMBEDDED, "the embedded Redis", where.config), server
+
+
+def share_location(where: Location, files: list[str]) -> None:
+    """Make the children (and whatever their jobs start) find this Redis by the same
+    order, and log the one line that makes the user's app find it too: the config's
+    absolute paths when the Redis is the config's, else the URL."""
+    if files:
+        os.environ[CONFIG_ENV] = os.pathsep.join(str(Path(file).resolve()) for file in files)
+    if files and where.step in (CONFIGURED, EMBEDDED):
+        var, value = CONFIG_ENV, os.environ[CONFIG_ENV]
+    elif where.step == ENVIRONMENT:
+        var, value = where.source, _mask_password(str(where.url))
+    else:
+        var, value = URL_ENV_VARS[0], _mask_password(str(where.url))
+        os.environ[var] = str(where.url)
+    log.info("app code finds this Redis with: export %s=%s", var, shlex.quote(value))
 
 
 def run_capsule(

@@ -30,6 +30,7 @@ from limitd.commands.common import (
     print_json,
 )
 from limitd.config_loader import load_config
+from limitd.locate import named_config
 from limitd.supervisor.capsule import import_app
 
 HEADERS = ("TENANT", "JOB", "ENQUEUES", "RULE NOW", "REROUTED")
@@ -68,7 +69,8 @@ def add_tenants_command(commands: Subparsers, resolve_redis: ResolveRedis) -> No
 def run_tenants(args: argparse.Namespace, connect: Connect) -> int:
     limit = parse_count(args.limit, "--limit", minimum=1)
     _import_app(args.require)
-    settings = load_config(getattr(args, "config", None) or []).fair_tenant
+    config = named_config(getattr(args, "config", None) or []) or load_config([])
+    settings = config.fair_tenant
     rows = [tenant_row(status) for status in top_tenants(connect(), limit, settings=settings)]
     if args.json:
         print_json(rows)
