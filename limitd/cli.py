@@ -15,20 +15,27 @@ from collections.abc import Sequence
 
 import redis as redis_py
 
-from limitd import __version__
+from limitd import __version__, logs
 from limitd.commands import add_admin_commands
 from limitd.commands.common import EX_UNAVAILABLE
 from limitd.commands.enqueue import add_enqueue_command
 from limitd.commands.start import EX_CONFIG, add_start_commands
-from limitd.config import ConfigError
+from limitd.config import ConfigError, LoggingSettings
 from limitd.locate import RedisNotFound, connect_to, locate, named_config, not_running
 
-LOG_FORMAT = "%(asctime)s pid=%(process)d %(threadName)s %(levelname)s %(name)s: %(message)s"
+DESCRIPTION = (
+    "limitd runs background jobs stored in Redis, in the style of Sidekiq. Run workers "
+    "with 'limitd start', push a job with 'limitd enqueue', and inspect and steer queues, "
+    "limits and the retry, dead and scheduled sets with the other commands."
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format=LOG_FORMAT)
+    logging.basicConfig(  # until 'limitd start' applies the config's logging section
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        handlers=[logs.handler_for(LoggingSettings())],
+    )
     try:
         return int(args.command(args))
     except ConfigError as exc:
@@ -40,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="limitd", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="limitd", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"limitd {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument(

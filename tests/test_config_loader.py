@@ -275,7 +275,7 @@ BAD_CONFIGS = {
     "misspelt key": (["concurency: 3\n"], 0, "concurency", "did you mean 'concurrency'"),
     "unknown capsule key": ([MAIL + "    concurency: 3\n"], 0, "capsules.mail.concurency", ""),
     "unknown redis key": (["redis: {host: x}\n"], 0, "redis.host", "unknown key"),
-    "unknown logging key": (["logging: {format: x}\n"], 0, "logging.format", "unknown key"),
+    "unknown logging key": (["logging: {colour: x}\n"], 0, "logging.colour", "unknown key"),
     "unknown dead key": (["dead: {max: 3}\n"], 0, "dead.max", "unknown key"),
     "unknown capsule dead key": (
         [MAIL + "    dead: {days: 3}\n"],
@@ -439,7 +439,7 @@ ROUND_TRIP = """
 require: [app.jobs]
 tag: ${TAG}
 redis: {url: "redis://localhost:6379/${DB:-2}", pool_size: 16}
-logging: {level: debug, file: /tmp/limitd.log}
+logging: {level: debug, file: /tmp/limitd.log, format: json, levels: {app.noisy: warning}}
 queues: [critical, "default,3", [low, 1]]
 concurrency: ${THREADS}
 limits: {critical: 2}
@@ -471,4 +471,9 @@ def test_config_as_dict_round_trips_through_yaml(tmp_path: Path) -> None:
     assert default["dead"] == {"max_jobs": 100, "timeout_days": 30.0}
     assert first["capsules"]["mail"]["require"] == ["app.jobs", "app.mail"]
     assert first["redis"]["url"] == "redis://localhost:6379/2"
-    assert first["logging"] == {"level": "DEBUG", "file": "/tmp/limitd.log"}
+    assert first["logging"] == {
+        "level": "DEBUG",
+        "levels": {"app.noisy": "WARNING"},
+        "format": "json",
+        "file": "/tmp/limitd.log",
+    }

@@ -27,7 +27,7 @@ from limitd.commands.common import (
 PROCESS_HELP = "the limit within each process (default: the limit across all processes)"
 CLEAR_DESCRIPTION = (
     "Make QUEUE unlimited, and keep it so even where configuration sets a limit "
-    "(until `limit set` or `limit reset`)."
+    "(until 'limit set' or 'limit reset')."
 )
 RESET_DESCRIPTION = (
     "Forget run-time changes to QUEUE's limit: the configured value (if any) comes "

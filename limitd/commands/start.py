@@ -22,6 +22,7 @@ from pathlib import Path
 import redis as redis_py
 import yaml
 
+from limitd import logs
 from limitd.client import Client, set_default_client
 from limitd.commands.common import EX_USAGE, Subparsers
 from limitd.config import CapsuleConfig, CapsuleSpec, Config, ConfigError, RedisSettings
@@ -50,6 +51,20 @@ COMMAND_LINE = "command line"
 
 log = logging.getLogger("limitd.cli")
 
+START_DESCRIPTION = (
+    "Run jobs: read the config files (later files win, flags on top), import the app's "
+    "job modules, check both, then run one worker process per capsule copy and restart "
+    "any that dies. TERM or INT stops gracefully, TSTP stops fetching, TTIN dumps "
+    "threads, HUP reopens the log file. A config mistake exits with status 78 and one "
+    "line naming the file, the key and what was expected."
+)
+CHECK_DESCRIPTION = (
+    "Read and check the config files and the app's jobs as 'limitd start' would, then "
+    "print the effective configuration as YAML (the Redis password masked) instead of "
+    "starting. A mistake exits with status 78."
+)
+
+
 FILES_HELP = (
     "YAML files, later ones override earlier; after any -C files ('limitd -C a.yml "
     "start b.yml' reads a.yml then b.yml); none: LIMITD_CONFIG's"
@@ -58,14 +73,16 @@ FILES_HELP = (
 
 def add_start_commands(subparsers: Subparsers) -> None:
     start = subparsers.add_parser(
-        "start", help="run the supervisor and its capsules", description=__doc__.splitlines()[0]
+        "start", help="run the supervisor and its capsules", description=START_DESCRIPTION
     )
     start.add_argument("files", nargs="*", metavar="CONFIG", help=FILES_HELP)
     _add_override_flags(start)
     _add_timing_flags(start)
     start.set_defaults(command=cmd_start)
     check = subparsers.add_parser(
-        "check", help="validate config files and the app's jobs, print the result"
+        "check",
+        help="validate config files and the app's jobs, print the result",
+        description=CHECK_DESCRIPTION,
     )
     check.add_argument("files", nargs="*", metavar="CONFIG", help=FILES_HELP)
     check.set_defaults(command=cmd_check)
@@ -344,14 +361,9 @@ def parse_limits(values: list[str], flag: str) -> dict[str, int]:
 
 
 def configure_logging(config: Config) -> None:
-    root = logging.getLogger()
-    root.setLevel(config.logging.level.upper())
-    if config.logging.file:
-        handler = logging.FileHandler(config.logging.file)
-        handler.setFormatter(root.handlers[0].formatter if root.handlers else None)
-        for old in list(root.handlers):
-            root.removeHandler(old)
-        root.addHandler(handler)
+    """The ``logging`` section, set up once here before the supervisor forks: its children
+    inherit the handler, its format and the job filter (see ``limitd.logs``)."""
+    logs.configure(config.logging)
 
 
 def _mask_password(url: str) -> str:
