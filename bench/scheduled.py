@@ -1,0 +1,181 @@
+"""Scheduled jobs on time: lateness of scheduled jobs, and the idle Redis load of the
+scheduled poller, with ``scheduled_poll: due`` (the default) and ``interval`` (Sidekiq's
+random polling, as limitd did before).
+
+    .venv/bin/python bench/scheduled.py [--jobs 1000] [--spread 30] [--supervisors 3]
+
+For each mode, on a private redis-server started for the run: start ``--supervisors``
+separate ``limitd start`` subprocesses (one capsule process each, 10 threads), wait
+until the pollers are past their start-up wait, then
+
+1. measure the idle load: INFO commandstats deltas over ``--idle`` seconds with nothing
+   scheduled, per process: all commands (heartbeats, the dispatcher's idle re-checks...)
+   and the poller's reads of ``schedule`` and ``retry`` (ZRANGE / ZRANGEBYSCORE);
+2. schedule ``--jobs`` jobs due at random times over ``--spread`` seconds, each pushed
+   (``perform_at``, one push per job, as an app does) between 0.2 and 5 s before it is
+   due, so that pollers asleep until a later job must be woken by the announcement;
+3. each job writes how late it started (its start time minus its scheduled time) to a
+   Redis list; print p50 / p99 / max once all have run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis as redis_py
+from _common import command_counts, redis_for_bench
+
+import limitd
+from limitd.supervisor.poller import INITIAL_WAIT
+
+APP = textwrap.dedent("""
+    import time
+
+    import limitd
+    from limitd.client import default_client
+
+    @limitd.job(name="bench.Lateness", queue="sched", retry=False)
+    def lateness(at):
+        started = time.time()
+        default_client().redis.rpush("bench:lateness", repr(started - at))
+""")
+CONFIG = textwrap.dedent("""
+    require: [bench_scheduled_app]
+    queues: [sched]
+    concurrency: 10
+    scheduled_poll: {mode}
+    logging: {{level: WARNING}}
+""")
+MODES = ("interval", "due")
+SETTLE_SECONDS = INITIAL_WAIT + 5 + 1  # past every poller's start-up wait (10-15 s)
+POLLER_READS = ("zrange", "zrangebyscore")
+
+
+@dataclass
+class Result:
+    mode: str
+    lateness_ms: list[float]
+    idle_commands: float  # per second per process, all commands
+    idle_reads: float  # per second per process, reads of schedule and retry
+
+    def percentile(self, fraction: float) -> float:
+        ordered = sorted(self.lateness_ms)
+        return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+@contextmanager
+def supervisors(url: str, app_dir: Path, mode: str, count: int) -> Iterator[None]:
+    """``count`` separate ``limitd start`` subprocesses, stopped with TERM at the end."""
+    conf = app_dir / f"{mode}.yml"
+    conf.write_text(CONFIG.format(mode=mode))
+    env = {**os.environ, "LIMITD_REDIS_URL": url}
+    command = [sys.executable, "-m", "limitd.cli", "start", str(conf)]
+    procs = [
+        subprocess.Popen(command, cwd=app_dir, env=env, stdout=subprocess.DEVNULL)
+        for _ in range(count)
+    ]
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(60)
+
+
+def wait_until(condition: Callable[[], object], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def idle_load(conn: redis_py.Redis, seconds: float, processes: int) -> tuple[float, float]:
+    """Commands per second per process over a quiet ``seconds``: all, and poller reads."""
+    before = command_counts(conn)
+    time.sleep(seconds)  # the quiet period being measured
+    delta = command_counts(conn) - before
+    reads = sum(delta[name] for name in POLLER_READS)
+    per = seconds * processes
+    return sum(delta.values()) / per, reads / per
+
+
+def schedule_jobs(conn: redis_py.Redis, jobs: int, spread: float, rng: random.Random) -> None:
+    """Push each job at a random moment 0.2-5 s before it is due, in push order."""
+    client = limitd.Client(conn)
+    start = time.time() + 5
+    plan = []
+    for _ in range(jobs):
+        at = start + rng.uniform(0, spread)
+        plan.append((at - rng.uniform(0.2, 5), at))
+    for push_at, at in sorted(plan):
+        delay = push_at - time.time()
+        if delay > 0:
+            time.sleep(delay)  # pushing at the planned moment, as an app would
+        client.push({"class": "bench.Lateness", "args": [at], "queue": "sched", "at": at})
+
+
+def run_mode(
+    conn: redis_py.Redis, url: str, app_dir: Path, mode: str, args: argparse.Namespace
+) -> Result:
+    conn.flushall()
+    with supervisors(url, app_dir, mode, args.supervisors):
+        wait_until(lambda: conn.scard("processes") == args.supervisors, 60, "the processes")
+        time.sleep(SETTLE_SECONDS)  # every poller past its start-up wait
+        idle_commands, idle_reads = idle_load(conn, args.idle, args.supervisors)
+        schedule_jobs(conn, args.jobs, args.spread, random.Random(args.seed))
+        wait_until(lambda: conn.llen("bench:lateness") == args.jobs, 120, "every job")
+        lateness = [float(v) * 1000 for v in conn.lrange("bench:lateness", 0, -1)]
+    return Result(mode, lateness, idle_commands, idle_reads)
+
+
+def report(results: list[Result], args: argparse.Namespace) -> None:
+    print(
+        f"{args.jobs} jobs over {args.spread:.0f} s, {args.supervisors} supervisors x 1 "
+        f"process x 10 threads; idle measured over {args.idle:.0f} s"
+    )
+    print(
+        f"{'scheduled_poll':<15}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'mean ms':>9}"
+        f"{'idle cmd/s/proc':>17}{'idle reads/s/proc':>19}"
+    )
+    for r in results:
+        print(
+            f"{r.mode:<15}{r.percentile(0.5):>9.1f}{r.percentile(0.99):>9.1f}"
+            f"{max(r.lateness_ms):>9.1f}{statistics.fmean(r.lateness_ms):>9.1f}"
+            f"{r.idle_commands:>17.2f}{r.idle_reads:>19.3f}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=1000)
+    parser.add_argument("--spread", type=float, default=30.0, help="seconds")
+    parser.add_argument("--supervisors", type=int, default=3)
+    parser.add_argument("--idle", type=float, default=30.0, help="quiet seconds measured")
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp, redis_for_bench(None) as conn:
+        app_dir = Path(tmp)
+        (app_dir / "bench_scheduled_app.py").write_text(APP)
+        kwargs = conn.connection_pool.connection_kwargs
+        url = f"redis://{kwargs['host']}:{kwargs['port']}/0"  # the private server
+        results = [run_mode(conn, url, app_dir, mode, args) for mode in args.modes]
+    report(results, args)
+
+
+if __name__ == "__main__":
+    main()
