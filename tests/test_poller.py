@@ -169,9 +169,12 @@ class ProbePoller(ScheduledPoller):
 
 def listening(poller: ScheduledPoller, redis: redis_py.Redis) -> WakeupListener:
     """What a capsule does: its wake-up subscription carries the poller's channel."""
+    before = redis.pubsub_numsub(keys.DUE_CHANNEL)[0][1]
     listener = WakeupListener(redis, poller.channels())
     listener.start()
-    wait_for(lambda: redis.pubsub_numsub(keys.DUE_CHANNEL)[0][1] > 0, message="the subscription")
+    wait_for(
+        lambda: redis.pubsub_numsub(keys.DUE_CHANNEL)[0][1] > before, message="the subscription"
+    )
     return listener
 
 
@@ -313,8 +316,8 @@ def test_a_capsule_shares_one_subscription_with_its_poller(redis: redis_py.Redis
             ),
             message="both channels subscribed",
         )
-        subscribers = [c for c in redis.client_list() if int(c["sub"]) > 0]
-        assert [int(c["sub"]) for c in subscribers] == [2], "one connection, two channels"
+        subscriptions = [int(c["sub"]) for c in redis.client_list()]
+        assert 2 in subscriptions, "one connection holds both channels"
         on_time.perform_in(0.3, 1)
         assert ran.wait(8), "the capsule's poller woke for the job and a processor ran it"
     finally:
