@@ -58,10 +58,15 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
+# Built once: json.loads with any keyword builds a new decoder on every call, and this
+# runs for every job fetched.
+_STRICT_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+
+
 def _decode(text: str) -> Payload:
     """A JSON object, strictly: NaN and Infinity are refused (Sidekiq's JSON refuses them,
     and a payload holding one could never be written back for a retry)."""
-    data = json.loads(text, parse_constant=_reject_constant)
+    data = _STRICT_DECODER.decode(text)
     if not isinstance(data, dict):
         raise MalformedPayload(f"payload is a JSON {type(data).__name__}, not an object")
     return data

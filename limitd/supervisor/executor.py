@@ -157,6 +157,8 @@ def _next_step(fate: Fate | None) -> str:
 
 
 def _log_outcome(payload: Payload, queue: str, outcome: str, elapsed: float) -> None:
+    if not log.isEnabledFor(logging.INFO):  # every job passes here: skip building extra
+        return
     log.info(
         "%s jid=%s class=%s queue=%s elapsed=%.3f",
         outcome,
