@@ -306,6 +306,20 @@ def test_levels_per_logger_apply(tmp_path: Path, root_logging: None) -> None:
     assert "app info" in text
 
 
+def test_verbose_flag_lowers_the_configured_level_for_start(
+    tmp_path: Path, root_logging: None
+) -> None:
+    """``limitd -v start`` must mean debug logging although the files say INFO: a flag
+    overrides the files."""
+    from limitd.commands.start import configure_logging
+
+    path = tmp_path / "v.yml"
+    path.write_text(f"logging: {{level: INFO, file: {tmp_path / 'v.log'}}}\n")
+    configure_logging(load_config([path]), verbose=True)
+    logging.getLogger("app").debug("debug line")
+    assert "debug line" in (tmp_path / "v.log").read_text()
+
+
 def test_logging_section_is_read(tmp_path: Path) -> None:
     path = tmp_path / "logs.yml"
     path.write_text(

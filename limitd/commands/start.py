@@ -190,7 +190,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     except (ConfigError, ImportError) as exc:
         print(f"limitd start: {exc}", file=sys.stderr)
         return EX_CONFIG
-    configure_logging(config)
+    configure_logging(config, verbose=args.verbose)
     where, server = locate_for_start(config, args.redis)
     url = str(where.url)
     share_location(where, config.files)
@@ -360,10 +360,14 @@ def parse_limits(values: list[str], flag: str) -> dict[str, int]:
     return limits
 
 
-def configure_logging(config: Config) -> None:
+def configure_logging(config: Config, *, verbose: bool = False) -> None:
     """The ``logging`` section, set up once here before the supervisor forks: its children
-    inherit the handler, its format and the job filter (see ``limitd.logs``)."""
-    logs.configure(config.logging)
+    inherit the handler, its format and the job filter (see ``limitd.logs``). ``limitd
+    -v start`` lowers the root level to DEBUG, as a flag overrides the files."""
+    settings = config.logging
+    if verbose:
+        settings = dataclasses.replace(settings, level="DEBUG")
+    logs.configure(settings)
 
 
 def _mask_password(url: str) -> str:
