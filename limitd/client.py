@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import redis as redis_py
@@ -183,3 +184,20 @@ def set_default_client(client: Client | None) -> None:
     global _default
     with _default_lock:
         _default = client
+
+
+def configure(*paths: str | Path, url: str | None = None) -> Client:
+    """Make the default client use the Redis these config files name (and their
+    ``fair_tenant`` settings, under any ``LIMITD_FAIR_TENANT_*`` variables)::
+
+        limitd.configure("conf/example.yml")
+        send_report.perform_async(42)
+
+    The app's way to name its config in code rather than with ``LIMITD_CONFIG``:
+    ``paths`` take that variable's place, ``url`` (like ``LIMITD_REDIS_URL``) wins over
+    the files' Redis. Raises ``limitd.locate.RedisNotFound`` when the files name no
+    ``redis.url`` and their embedded Redis is not running: another Redis would hold
+    jobs their workers never see."""
+    client = client_for(app_location(url, paths))
+    set_default_client(client)
+    return client

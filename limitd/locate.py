@@ -28,8 +28,7 @@ from pathlib import Path
 
 import redis as redis_py
 
-from limitd.config import Config, RedisSettings
-from limitd.config_loader import load_config
+from limitd.config import Config, RedisSettings, load_config
 from limitd.embedded import discover_embedded, embedded_dir, running_embedded_url
 from limitd.redis import DEFAULT_URL, URL_ENV_VARS, connect
 

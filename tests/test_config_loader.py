@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from limitd.config import CapsuleSpec, Config, ConfigError
-from limitd.config_loader import config_as_dict, load_config
+from limitd.config import CapsuleSpec, Config, ConfigError, config_as_dict, load_config
 from limitd.retry import DeadSetPolicy
 
 DAY = 86_400

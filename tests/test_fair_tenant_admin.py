@@ -26,9 +26,18 @@ from limitd.api import TenantStatus, reroutes, top_tenants
 from limitd.client import ClientChain, default_client
 from limitd.commands import add_admin_commands, start
 from limitd.commands.tenants import window_label
-from limitd.config import CapsuleConfig, CapsuleSpec, Config, ConfigError, RedisSettings
-from limitd.config_checks import app_modules, check_app, check_fair_tenant_queues
-from limitd.config_loader import config_as_dict, load_config
+from limitd.config import (
+    CapsuleConfig,
+    CapsuleSpec,
+    Config,
+    ConfigError,
+    RedisSettings,
+    app_modules,
+    check_app,
+    check_fair_tenant_queues,
+    config_as_dict,
+    load_config,
+)
 from limitd.embedded import RedisServer
 from limitd.middleware.fair_tenant import FairTenant, FairTenantSettings
 

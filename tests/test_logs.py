@@ -25,8 +25,7 @@ from freezegun import freeze_time
 import limitd
 from limitd import keys
 from limitd.cli import build_parser
-from limitd.config import ConfigError, LoggingSettings
-from limitd.config_loader import load_config
+from limitd.config import ConfigError, LoggingSettings, load_config
 from limitd.embedded import RedisServer
 from limitd.job import JobFunction
 from limitd.logs import JobContext, JsonFormatter, configure, own_frames, text_formatter

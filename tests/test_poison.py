@@ -254,8 +254,7 @@ def test_a_job_that_kills_its_process_is_dead_after_max_recoveries(
 
 
 def test_max_recoveries_is_read_and_checked(tmp_path: Path) -> None:
-    from limitd.config import ConfigError
-    from limitd.config_loader import load_config
+    from limitd.config import ConfigError, load_config
 
     good = tmp_path / "good.yml"
     good.write_text(

@@ -14,8 +14,7 @@ from freezegun import freeze_time
 
 import limitd
 from limitd import clock, keys
-from limitd.config import CapsuleConfig, ConfigError
-from limitd.config_loader import load_config
+from limitd.config import CapsuleConfig, ConfigError, load_config
 from limitd.fetch.wakeup import WakeupListener
 from limitd.retry import RetryHandler
 from limitd.supervisor.capsule import Capsule

@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from limitd.commands.start import _add_override_flags, _add_timing_flags, apply_flags, connect_for
-from limitd.config import CapsuleConfig, ConfigError, RedisSettings
-from limitd.config_loader import load_config
+from limitd.config import CapsuleConfig, ConfigError, RedisSettings, load_config
 
 TWO_CAPSULES = """
 queues: [work]

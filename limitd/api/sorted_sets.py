@@ -1,7 +1,7 @@
 """The ``schedule``, ``retry`` and ``dead`` sorted sets, for the admin API.
 
 Members are payloads scored by epoch seconds (when they run, or when they died). A move
-out of a set is one Lua call (the poller's own moves, ``limitd.sorted_set_moves``), so an
+out of a set is one Lua call (the poller's own moves, ``limitd.retry.moves``), so an
 entry retried twice, or by two operators at once, is enqueued once::
 
     from limitd.api import RetrySet
@@ -25,7 +25,7 @@ from limitd.api.records import PAGE_SIZE, JobRecord, _connection, _Seen
 from limitd.payload import MalformedPayload, dead_entry_for_malformed
 from limitd.redis import LuaScript
 from limitd.retry import DeadSetPolicy, trim_dead
-from limitd.sorted_set_moves import bury_member, enqueue_member
+from limitd.retry.moves import bury_member, enqueue_member
 
 SET_PAGE = LuaScript("limitd.api", "set_page.lua")
 

@@ -16,7 +16,7 @@ import sys
 
 from limitd.client import Client
 from limitd.commands.common import EX_UNAVAILABLE, EX_USAGE, ResolveRedis, Subparsers
-from limitd.config_checks import app_modules
+from limitd.config import app_modules
 from limitd.locate import named_config
 from limitd.registry import registry
 from limitd.supervisor.capsule import import_app

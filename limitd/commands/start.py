@@ -2,7 +2,7 @@
 
 ``start`` loads and checks the configuration (files merged, then command-line flags on
 top: queue flags shape the default capsule, timing flags every capsule), imports the
-app once and checks it against the configuration (``config_checks``), starts an embedded
+app once and checks it against the configuration (``limitd.config.app_checks``), starts an embedded
 Redis beside the config when none is configured, and runs the supervisor until it is
 stopped. Any configuration mistake exits 78 before anything starts, with one line naming
 the file (or flag), the key and what was expected. ``check`` does the same checks, then
@@ -25,9 +25,17 @@ import yaml
 from limitd import logs
 from limitd.client import Client, set_default_client
 from limitd.commands.common import EX_USAGE, Subparsers
-from limitd.config import CapsuleConfig, CapsuleSpec, Config, ConfigError, RedisSettings
-from limitd.config_checks import app_modules, check_app
-from limitd.config_loader import config_as_dict, load_config
+from limitd.config import (
+    CapsuleConfig,
+    CapsuleSpec,
+    Config,
+    ConfigError,
+    RedisSettings,
+    app_modules,
+    check_app,
+    config_as_dict,
+    load_config,
+)
 from limitd.embedded import RedisServer, start_embedded, stop_embedded
 from limitd.locate import (
     CONFIG_ENV,

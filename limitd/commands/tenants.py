@@ -29,7 +29,7 @@ from limitd.commands.common import (
     parse_count,
     print_json,
 )
-from limitd.config_loader import load_config
+from limitd.config import load_config
 from limitd.locate import named_config
 from limitd.supervisor.capsule import import_app
 

@@ -1,6 +1,6 @@
 """The scheduled poller: moves due jobs from ``schedule`` and ``retry`` to their queues.
 
-Each job moves in one atomic Lua call (see ``limitd/sorted_set_moves.py``), so pollers of
+Each job moves in one atomic Lua call (see ``limitd/retry/moves.py``), so pollers of
 many processes never move a job twice: when several look at the same moment, they race
 for it harmlessly and one wins.
 
@@ -38,7 +38,7 @@ from limitd import clock, keys
 from limitd.batch.store import prune_index
 from limitd.payload import MalformedPayload, dead_entry_for_malformed, parse
 from limitd.retry import DeadSetPolicy, trim_dead
-from limitd.sorted_set_moves import bury_member, enqueue_member
+from limitd.retry.moves import bury_member, enqueue_member
 
 log = logging.getLogger("limitd.poller")
 T = TypeVar("T")

@@ -1,4 +1,6 @@
-"""Validated, typed settings. (Loading YAML files into them comes with the supervisor.)"""
+"""Validated, typed settings: what the rest of limitd reads (``schema`` fills them from
+the files; code may build them directly, e.g. ``CapsuleConfig`` for a capsule run from
+Python)."""
 
 from __future__ import annotations
 

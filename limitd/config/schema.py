@@ -2,8 +2,8 @@
 
 The supervisor calls ``load_config`` before it starts anything, so every mistake in the
 files stops the start with one line naming the file, the key path and what was
-expected (a ``ConfigError``). ``config_merge`` reads, merges and interpolates the files;
-``config_values`` reads typed values; this module knows the schema.
+expected (a ``ConfigError``). ``files`` reads, merges and interpolates the files;
+``values`` reads typed values; this module knows the schema.
 
 The top level holds settings for everything (``redis``, ``logging``, ``fair_tenant``,
 ``require``, ``tag``), the settings of the *default capsule* (``queues``,
@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from limitd import keys
-from limitd.config import (
+from limitd.config.files import Interpolated, KeyPath, Layers, interpolate, merge_files
+from limitd.config.settings import (
     FETCHES,
     SCHEDULED_POLLS,
     CapsuleConfig,
@@ -47,8 +48,7 @@ from limitd.config import (
     LoggingSettings,
     RedisSettings,
 )
-from limitd.config_merge import Interpolated, KeyPath, Layers, interpolate, merge_files
-from limitd.config_values import Section, describe
+from limitd.config.values import Section, describe
 from limitd.fetch.order import QueueOrder, QueueSpec
 from limitd.middleware.fair_tenant import ENV_PREFIX, FairTenantSettings
 from limitd.retry import DeadSetPolicy

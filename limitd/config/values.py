@@ -23,8 +23,8 @@ import re
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from limitd.config import ConfigError
-from limitd.config_merge import Interpolated, KeyPath, Layers
+from limitd.config.files import Interpolated, KeyPath, Layers
+from limitd.config.settings import ConfigError
 from limitd.fetch.order import QueueOrder, QueueSpec
 
 _INTEGER = re.compile(r"[+-]?\d+")

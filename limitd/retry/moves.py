@@ -13,8 +13,8 @@ from limitd import keys
 from limitd.payload import DEFAULT_QUEUE, Payload, dumps
 from limitd.redis import LuaScript
 
-ENQUEUE_MEMBER = LuaScript(__package__ or "limitd", "enqueue_member.lua")
-BURY_MEMBER = LuaScript(__package__ or "limitd", "bury_member.lua")
+ENQUEUE_MEMBER = LuaScript(__package__ or "limitd.retry", "enqueue_member.lua")
+BURY_MEMBER = LuaScript(__package__ or "limitd.retry", "bury_member.lua")
 
 
 def enqueue_member(

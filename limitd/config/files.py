@@ -1,6 +1,6 @@
 """Config files to one merged mapping: read YAML, merge the files, interpolate ``${VAR}``.
 
-This is the first half of loading a configuration (``config_loader`` turns the result
+This is the first half of loading a configuration (``schema`` turns the result
 into typed settings). It keeps, for every key path, the file that last set it, so that a
 mistake found later, while checking types, is blamed on the file that holds it.
 
@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from limitd.config import ConfigError
+from limitd.config.settings import ConfigError
 
 KeyPath = tuple[str | int, ...]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from limitd.config import Config, ConfigError
+from limitd.config.settings import Config, ConfigError
 from limitd.fetch.order import QueueOrder
 from limitd.job import JobSpec
 from limitd.registry import registry
