@@ -10,16 +10,16 @@ The public API::
     hello.perform_async("world")
 """
 
-__version__ = "0.1.0"
-
 from limitd import retry as _retry  # noqa: F401  (declares the retry job options)
-from limitd.batch import Batch, BatchNotOpen, BatchStatus
+from limitd.batch.api import Batch, BatchNotOpen, BatchStatus
 from limitd.client import Client, configure, default_client, set_default_client
 from limitd.fetch.recoveries import RecoveredTooOften
-from limitd.job import Enqueuer, Job, JobSpec, current_payload, job
+from limitd.job import Enqueuer, Job, job
 from limitd.options import InvalidJobOption
 from limitd.payload import MalformedPayload, UnsafeArgument
 from limitd.registry import registry
+from limitd.spec import JobSpec, current_payload
+from limitd.version import __version__
 
 __all__ = [
     "Batch",

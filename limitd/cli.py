@@ -15,13 +15,14 @@ from collections.abc import Sequence
 
 import redis as redis_py
 
-from limitd import __version__, logs
+from limitd import logs
 from limitd.commands import add_admin_commands
 from limitd.commands.common import EX_UNAVAILABLE
 from limitd.commands.enqueue import add_enqueue_command
 from limitd.commands.start import EX_CONFIG, add_start_commands
 from limitd.config import ConfigError, LoggingSettings
 from limitd.locate import RedisNotFound, connect_to, locate, named_config, not_running
+from limitd.version import __version__
 
 DESCRIPTION = (
     "limitd runs background jobs stored in Redis, in the style of Sidekiq. Run workers "

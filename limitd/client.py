@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import redis as redis_py
 
@@ -33,9 +33,7 @@ from limitd.payload import (
 )
 from limitd.redis import retry_on_failover
 from limitd.registry import registry
-
-if TYPE_CHECKING:
-    from limitd.job import JobSpec
+from limitd.spec import JobSpec
 
 
 class Client:

@@ -13,60 +13,31 @@ Classes suit jobs with hooks or state, and map Ruby Sidekiq class names::
         def perform(self, a, b): ...
         def retry_in(self, count, exc, payload): return 10 * (count + 1)
 
-Both produce a :class:`JobSpec` (what the server needs to run the job) registered under
-its wire name, and both enqueue through an :class:`Enqueuer`.
+Both produce a :class:`~limitd.spec.JobSpec` (what the server needs to run the job)
+registered under its wire name, and both enqueue through an :class:`Enqueuer`. This is the
+top of the client side: it builds specs and pushes through :mod:`limitd.client`.
 """
 
 from __future__ import annotations
 
-import contextvars
 import datetime as dt
 import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from limitd import clock, options
-from limitd.payload import DEFAULT_QUEUE, Payload
+from limitd.client import Client, default_client
+from limitd.payload import Payload
 from limitd.registry import registry
-
-if TYPE_CHECKING:
-    from limitd.client import Client
-
-RetryInHook = Callable[[int, BaseException, Payload], Any]
-ExhaustedHook = Callable[[Payload, BaseException], Any]
-TenantHook = Callable[..., Any]
-
-
-options.declare("queue", options.non_empty_str, owner="limitd.job")
-
-_current_payload: contextvars.ContextVar[Payload | None] = contextvars.ContextVar(
-    "limitd_current_payload", default=None
+from limitd.spec import (
+    ExhaustedHook,
+    JobSpec,
+    RetryInHook,
+    TenantHook,
+    current_payload,
 )
 
-
-def current_payload() -> Payload | None:
-    """The payload of the job running in this thread, or None outside a job. Lets job code
-    read its own jid, retry_count or batch id without changing its signature."""
-    return _current_payload.get()
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """Everything the client and the server know about one job definition."""
-
-    name: str
-    origin: str
-    run: Callable[[Payload], Any]
-    options: dict[str, Any] = field(default_factory=dict)
-    retry_in: RetryInHook | None = None
-    retries_exhausted: ExhaustedHook | None = None
-    tenant: TenantHook | None = None  # called with the job's arguments (fair_tenant)
-
-    @property
-    def queue(self) -> str:
-        return str(self.options.get("queue", DEFAULT_QUEUE))
-
+options.declare("queue", options.non_empty_str, owner="limitd.job")
 
 def define(
     name: str,
@@ -142,11 +113,7 @@ class Enqueuer:
         return {**self._spec.options, **self._overrides, "class": self._spec.name, "args": args}
 
     def _get_client(self) -> Client:
-        if self._client is not None:
-            return self._client
-        from limitd.client import default_client
-
-        return default_client()
+        return self._client if self._client is not None else default_client()
 
 
 class JobFunction(Enqueuer):
@@ -177,7 +144,7 @@ def job(
 ) -> Any:
     """Decorator that turns a function into a job; usable bare or with options. The
     hooks: ``retry_in``, ``retries_exhausted`` (see ``limitd.retry``) and ``tenant``
-    (called with the job's arguments, see ``limitd.middleware.fair_tenant``)."""
+    (called with the job's arguments, see ``limitd.fair_tenant``)."""
 
     def decorate(target: Callable[..., Any]) -> JobFunction:
         origin = f"{target.__module__}.{target.__qualname__}"
@@ -265,10 +232,4 @@ def _hook(cls: type[Job], method: str) -> Callable[..., Any] | None:
     return call_on_fresh_instance
 
 
-def running(payload: Payload) -> contextvars.Token[Payload | None]:
-    """Mark ``payload`` as the job running in this context (see :func:`current_payload`)."""
-    return _current_payload.set(payload)
-
-
-def finished(token: contextvars.Token[Payload | None]) -> None:
-    _current_payload.reset(token)
+__all__ = ["Enqueuer", "Job", "JobFunction", "JobSpec", "current_payload", "define", "job"]

@@ -143,10 +143,11 @@ def app_location(url: str | None = None, files: Sequence[str | Path] = ()) -> Lo
 
 
 def connect_to(where: Location, max_connections: int | None = None) -> redis_py.Redis:
-    """A client for ``where.url`` with the named config's timeouts."""
+    """A client for ``where.url`` (the default URL when nothing was found) with the
+    named config's timeouts."""
     settings = where.config.redis if where.config is not None else RedisSettings()
     return connect(
-        where.url,
+        where.url or DEFAULT_URL,
         max_connections=max_connections,
         socket_timeout=settings.socket_timeout,
         connect_timeout=settings.connect_timeout,

@@ -1,7 +1,7 @@
 """Logs an operator can read: which job wrote a line, text or JSON lines, levels per logger.
 
 - :class:`JobContext` is a handler filter: a record logged while a job runs in that
-  thread (see :func:`limitd.job.current_payload`) gets the job's ``jid``, ``class`` and
+  thread (see :func:`limitd.spec.current_payload`) gets the job's ``jid``, ``class`` and
   ``queue``, so an app's own ``logging.getLogger("app").info(...)`` inside a job says which
   job it came from. Outside a job the fields are absent. limitd's own lines about a job
   pass the fields as ``extra`` and name them in the message already; the filter leaves
@@ -23,10 +23,9 @@ import os
 from types import TracebackType
 from typing import Any
 
-import limitd
 from limitd.config import LoggingSettings
-from limitd.job import current_payload
 from limitd.payload import Payload
+from limitd.spec import current_payload
 
 TEXT_FORMAT = (
     "%(asctime)s pid=%(process)d %(threadName)s %(levelname)s %(name)s: "
@@ -34,7 +33,7 @@ TEXT_FORMAT = (
 )
 JOB_FIELDS = ("jid", "class", "queue")
 FORMATS = ("text", "json")
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(limitd.__file__)) + os.sep
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep  # this module is at its root
 
 
 def job_fields(payload: Payload, queue: str | None = None) -> dict[str, Any]:

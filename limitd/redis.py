@@ -32,7 +32,7 @@ T = TypeVar("T")
 
 
 def connect(
-    url: str | None = None,
+    url: str = DEFAULT_URL,
     *,
     max_connections: int | None = None,
     socket_timeout: float = 10.0,
@@ -40,16 +40,9 @@ def connect(
 ) -> redis.Redis:
     """A client on a fresh pool. Responses stay bytes: payloads are decoded by limitd,
     so one malformed (non UTF-8) job cannot break a fetch and get lost on the way.
-
-    Without ``url``, the Redis app code uses (``limitd.locate.app_location``: the one
-    order every entry point follows; imported here, not at the top, since it reads
-    config files, a layer above this module)."""
-    if url is None:
-        from limitd.locate import app_location
-
-        url = app_location().url
+    (Which URL to use is decided above this layer: see ``limitd.locate``.)"""
     return redis.Redis.from_url(
-        url or DEFAULT_URL,
+        url,
         max_connections=max_connections,
         socket_timeout=socket_timeout,
         socket_connect_timeout=connect_timeout,

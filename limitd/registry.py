@@ -7,10 +7,8 @@ payload names: a job runs only if the code the worker was told to load defined i
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from limitd.job import JobSpec
+from limitd.spec import JobSpec
 
 
 class DuplicateJobName(ValueError):

@@ -13,8 +13,8 @@ from collections.abc import Iterable
 
 from limitd.config.settings import Config, ConfigError
 from limitd.fetch.order import QueueOrder
-from limitd.job import JobSpec
 from limitd.registry import registry
+from limitd.spec import JobSpec
 
 NO_FILE = "command line"  # what errors name when no file was given (flags only)
 

@@ -13,17 +13,15 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from limitd.batch import building
+from limitd.batch.building import building_bid
 from limitd.batch.store import add_jobs, job_settled_call, remove_jobs
 from limitd.middleware.chain import call_next_or_undo
 from limitd.payload import Payload
 from limitd.redis import ScriptCall
 from limitd.retry import error_class_name
-
-if TYPE_CHECKING:
-    from limitd.job import JobSpec
+from limitd.spec import JobSpec
 
 log = logging.getLogger("limitd.batch")
 
@@ -38,18 +36,18 @@ class BatchMembership:
         self._registered = threading.local()  # jids of the bulk chunk registered already
 
     def prepare_bulk(self, spec: JobSpec | None, payloads: list[Payload], redis: Any) -> None:
-        batch = building()
-        jids = [payload["jid"] for payload in payloads] if batch else []
-        if batch and jids:
-            add_jobs(redis, batch.bid, jids)
+        bid = building_bid()
+        jids = [payload["jid"] for payload in payloads] if bid else []
+        if bid and jids:
+            add_jobs(redis, bid, jids)
         self._registered.jids = set(jids)
 
     def abandon_bulk(self, spec: JobSpec | None, payloads: list[Payload], redis: Any) -> None:
         """The chunk was not written: its jobs leave the batch (all of them were
         registered by ``prepare_bulk``; removing one already gone changes nothing)."""
-        batch = building()
-        if batch is not None and payloads:
-            remove_jobs(redis, batch.bid, [payload["jid"] for payload in payloads])
+        bid = building_bid()
+        if bid is not None and payloads:
+            remove_jobs(redis, bid, [payload["jid"] for payload in payloads])
 
     def __call__(
         self,
@@ -58,14 +56,14 @@ class BatchMembership:
         redis: Any,
         call_next: Callable[[Payload], Payload | None],
     ) -> Payload | None:
-        batch = building()
-        if batch is None:
+        bid = building_bid()
+        if bid is None:
             return call_next(payload)
-        payload["bid"] = batch.bid
+        payload["bid"] = bid
         jid = payload["jid"]
         if jid not in getattr(self._registered, "jids", ()):
-            add_jobs(redis, batch.bid, [jid])
-        return call_next_or_undo(call_next, payload, lambda: remove_jobs(redis, batch.bid, [jid]))
+            add_jobs(redis, bid, [jid])
+        return call_next_or_undo(call_next, payload, lambda: remove_jobs(redis, bid, [jid]))
 
 
 class BatchProgress:

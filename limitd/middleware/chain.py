@@ -31,13 +31,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from limitd.payload import Payload
 from limitd.redis import ScriptCall
-
-if TYPE_CHECKING:
-    from limitd.job import JobSpec
+from limitd.spec import JobSpec
 
 log = logging.getLogger("limitd.client")
 

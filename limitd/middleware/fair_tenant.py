@@ -33,14 +33,12 @@ import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from limitd import clock, keys, options
 from limitd.payload import Payload
 from limitd.redis import LuaScript
-
-if TYPE_CHECKING:
-    from limitd.job import JobSpec
+from limitd.spec import JobSpec
 
 FAIR_TENANT = LuaScript(__package__ or "limitd.middleware", "fair_tenant.lua")
 ENV_PREFIX = "LIMITD_FAIR_TENANT_"

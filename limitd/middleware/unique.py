@@ -31,15 +31,13 @@ import json
 import logging
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from limitd import clock, keys, options
 from limitd.middleware.chain import call_next_or_undo
 from limitd.payload import Payload
 from limitd.redis import LuaScript, ScriptCall
-
-if TYPE_CHECKING:
-    from limitd.job import JobSpec
+from limitd.spec import JobSpec
 
 log = logging.getLogger("limitd.unique")
 

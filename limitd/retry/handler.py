@@ -20,16 +20,14 @@ import logging
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import redis as redis_py
 from redis.client import Pipeline
 
 from limitd import clock, keys, options
 from limitd.payload import Payload, dumps, to_seconds
-
-if TYPE_CHECKING:
-    from limitd.job import JobSpec
+from limitd.spec import JobSpec
 
 log = logging.getLogger("limitd.retry")
 

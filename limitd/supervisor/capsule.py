@@ -27,16 +27,16 @@ from collections.abc import Callable, Sequence
 
 import redis as redis_py
 
-from limitd import __version__, clock, keys
+from limitd import clock, keys
 from limitd.config import CapsuleConfig
 from limitd.fetch.basic import BasicFetch, UnitOfWork
 from limitd.fetch.dispatcher import Dispatcher
 from limitd.fetch.limit import LimitFetch
 from limitd.fetch.order import QueueOrder
 from limitd.fetch.wakeup import IdleGate, WakeupListener
+from limitd.locate import app_location, connect_to
 from limitd.middleware.chain import ServerChain
 from limitd.middleware.defaults import default_server_chain
-from limitd.redis import connect
 from limitd.retry import RetryHandler
 from limitd.supervisor import liveness
 from limitd.supervisor.executor import JobExecutor
@@ -44,6 +44,7 @@ from limitd.supervisor.heartbeat import Heartbeat, ProcessRecord, WorkItem, new_
 from limitd.supervisor.poller import ScheduledPoller
 from limitd.supervisor.processor import Processor
 from limitd.supervisor.stats import JobStats
+from limitd.version import __version__
 
 log = logging.getLogger("limitd.capsule")
 
@@ -62,7 +63,9 @@ class Capsule:
         self.config = config or CapsuleConfig()
         import_app(self.config.require)
         self.redis = (
-            redis if redis is not None else connect(max_connections=self.config.concurrency + 8)
+            redis
+            if redis is not None
+            else connect_to(app_location(), max_connections=self.config.concurrency + 8)
         )
         self.id = self.config.capsule_id
         self.order = QueueOrder(self.config.queues)

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING
 
 from limitd import clock
 from limitd.fetch.recoveries import RecoveredTooOften, count_in
-from limitd.job import JobSpec, finished, running
 from limitd.logs import job_fields, own_frames
 from limitd.middleware.chain import ServerChain
 from limitd.payload import MalformedPayload, Payload, dead_entry, parse
 from limitd.redis import ScriptCall
 from limitd.registry import JobRegistry, registry
 from limitd.retry import Fate, RetryHandler, error_class_name
+from limitd.spec import JobSpec, finished, running
 from limitd.supervisor.stats import JobStats
 
 if TYPE_CHECKING:

@@ -1,0 +1,186 @@
+"""Batches: run a group of jobs, then be told, once, how it went.
+
+::
+
+    batch = limitd.Batch("import 2026-11 invoices", callback_queue="callbacks")
+    batch.on("success", notify_finance, {"month": "2026-11"})
+    batch.on("complete", cleanup_import)
+    with batch.jobs():
+        for invoice_id in invoice_ids:
+            import_invoice.perform_async(invoice_id)
+
+Every job pushed inside ``jobs()`` (by this thread, through any enqueue method) carries
+the batch id in its payload (``bid``) and counts in the batch. The events:
+
+- ``complete``: once, when every job has run to success or failed at least once;
+- ``success``: once, when every job has succeeded (a job that failed and succeeded on a
+  retry counts as a success); fired after ``complete``;
+- ``death``: once, when the first job dies (or is discarded): it will not run again,
+  so ``success`` cannot happen unless it is retried from the dead set.
+
+A callback is an ordinary job, enqueued with two arguments: the batch's status as a dict
+(``bid``, ``event``, ``total``, ``pending``, ``failures``, ``description``) and the
+options given to ``on``. Nothing fires while a ``jobs()`` block is open, so a first job
+that finishes at once cannot complete a half-built batch; an empty batch completes and
+succeeds when its block closes. A batch created inside another batch's ``jobs()`` block
+is its child: the parent completes after the child completes and succeeds after the
+child succeeds. A running batch job may add jobs to its own batch with
+``limitd.Batch.current().jobs()`` until the batch has completed. Jobs a batch job pushes
+outside such a block are not in the batch.
+
+A batch's data expires ``expires_in`` (default 30 days, at least a second) after the last
+change to it: jobs added, a job's run recorded, a child batch finishing (recorded runs
+renew it once it has run down by an hour, or a tenth of a shorter lifetime). So a
+running batch stays as long as it makes progress, and one that never finishes (its
+builder was killed inside ``jobs()``, a dead job is never retried) still goes away.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from limitd import keys
+from limitd.batch.building import building_bid, building_inside
+from limitd.batch.store import (
+    EVENTS,
+    BatchNotOpen,
+    BatchStatus,
+    NewBatch,
+    close_batch,
+    open_batch,
+    read_status,
+)
+from limitd.client import Client, default_client, normalize
+from limitd.payload import Payload, check_args, dumps
+from limitd.registry import registry
+from limitd.spec import JobSpec, current_payload
+
+DEFAULT_EXPIRES_IN = 30 * 86_400.0
+STATUS_MARK = "\x00limitd-batch-status\x00"
+
+
+def new_bid() -> str:
+    """A fresh batch id: 24 hex characters, like a jid. Hex rather than URL-safe base64
+    because a bid is typed on command lines, where one starting with "-" reads as a flag."""
+    return secrets.token_hex(12)
+
+
+class Batch:
+    """A group of jobs with callbacks. Create, register callbacks, then add jobs."""
+
+    def __init__(
+        self,
+        description: str = "",
+        *,
+        callback_queue: str | None = None,
+        expires_in: float | dt.timedelta = DEFAULT_EXPIRES_IN,
+        client: Client | None = None,
+        bid: str | None = None,
+    ) -> None:
+        if isinstance(expires_in, dt.timedelta):
+            expires_in = expires_in.total_seconds()
+        if expires_in < 1:
+            raise ValueError(f"expires_in must be at least one second, not {expires_in!r}")
+        self.bid = bid or new_bid()
+        self.description = description
+        self.callback_queue = callback_queue
+        self.expires_in = float(expires_in)
+        self._client = client
+        self._callbacks: dict[str, list[dict[str, str]]] = {event: [] for event in EVENTS}
+        self._created = bid is not None  # an existing batch, opened to add jobs
+
+    @classmethod
+    def open(cls, bid: str, *, client: Client | None = None) -> Batch:
+        """An existing batch, to add jobs to it (its ``jobs()`` raises BatchNotOpen if it
+        has completed or does not exist)."""
+        return cls(client=client, bid=bid)
+
+    @classmethod
+    def current(cls, *, client: Client | None = None) -> Batch | None:
+        """Inside a running batch job: its batch, so it can add jobs. Else None."""
+        payload = current_payload()
+        bid = payload.get("bid") if payload else None
+        return cls.open(bid, client=client) if bid else None
+
+    @staticmethod
+    def status(bid: str, *, client: Client | None = None) -> BatchStatus | None:
+        """The batch's counts, failures and flags; None if unknown or expired."""
+        return read_status(_client(client).redis, bid)
+
+    def on(self, event: str, callback: Any, options: dict[str, Any] | None = None) -> Batch:
+        """Enqueue ``callback`` (a job, job class or registered job name) with the status
+        and ``options`` when ``event`` (success, complete, death) fires."""
+        if event not in EVENTS:
+            raise ValueError(f"unknown batch event {event!r}: expected one of {EVENTS}")
+        if self._created:
+            raise RuntimeError(
+                f"batch {self.bid}: register callbacks before its first jobs() block"
+            )
+        self._callbacks[event].append(self._template(callback, options or {}))
+        return self
+
+    @contextmanager
+    def jobs(self) -> Iterator[Batch]:
+        """Add jobs: every job this thread pushes inside the block joins the batch. The
+        batch cannot fire until the block ends, even if the block raises."""
+        redis = _client(self._client).redis
+        new = None if self._created else self._new(building_bid())
+        open_batch(redis, self.bid, new)
+        self._created = True
+        try:
+            with building_inside(self.bid):
+                yield self
+        finally:
+            close_batch(redis, self.bid)
+
+    def _new(self, parent: str | None) -> NewBatch:
+        return NewBatch(
+            bid=self.bid,
+            description=self.description,
+            expires_in=self.expires_in,
+            callbacks={event: list(entries) for event, entries in self._callbacks.items()},
+            parent=parent,
+        )
+
+    def _template(self, callback: Any, options: dict[str, Any]) -> dict[str, str]:
+        """The callback's payload, cut where the status goes (see batch_lib.lua)."""
+        spec = _spec_of(callback)
+        name = spec.name if spec else str(callback)
+        item: Payload = {"class": name, "args": [STATUS_MARK, options]}
+        if self.callback_queue:
+            item["queue"] = self.callback_queue
+        payload = normalize(item, spec)
+        check_args(name, payload["args"], "raise")
+        text = dumps(payload)
+        mark = json.dumps(STATUS_MARK)
+        cut = text.index(mark)
+        return {
+            "queue": payload["queue"],
+            "queue_key": keys.queue(payload["queue"]),
+            "head": text[:cut],
+            "tail": text[cut + len(mark) : -1],
+        }
+
+    def __repr__(self) -> str:
+        return f"<limitd.Batch {self.bid} {self.description!r}>"
+
+
+def _spec_of(callback: Any) -> JobSpec | None:
+    spec = getattr(callback, "spec", None)
+    if isinstance(spec, JobSpec):
+        return spec
+    if isinstance(callback, str):
+        return registry.resolve(callback)
+    raise TypeError(f"batch callback must be a job or a job name, not {callback!r}")
+
+
+def _client(client: Client | None) -> Client:
+    return client if client is not None else default_client()
+
+
+__all__ = ["Batch", "BatchNotOpen", "BatchStatus"]
