@@ -10,6 +10,8 @@ The public API::
     hello.perform_async("world")
 """
 
+# Last: the shipped features register themselves (see limitd.features).
+from limitd import features as _features  # noqa: F401
 from limitd import retry as _retry  # noqa: F401  (declares the retry job options)
 from limitd.batch.api import Batch, BatchNotOpen, BatchStatus
 from limitd.client import Client, configure, default_client, set_default_client

@@ -163,7 +163,8 @@ _default_lock = threading.Lock()
 def default_client() -> Client:
     """The process-wide client, built on first use for the Redis that
     :func:`limitd.locate.app_location` finds (the order every entry point follows), with
-    the named config's ``fair_tenant`` settings. If that raises, the next use tries again."""
+    the named config's feature settings (``fair_tenant``). If that raises, the next use
+    tries again."""
     global _default
     with _default_lock:
         if _default is None:
@@ -173,8 +174,8 @@ def default_client() -> Client:
 
 def client_for(where: Location) -> Client:
     """A client with the default middleware for a located Redis and its config."""
-    settings = where.config.fair_tenant if where.config is not None else None
-    return Client(connect_to(where), middleware=default_client_chain(settings))
+    sections = where.config.sections if where.config is not None else None
+    return Client(connect_to(where), middleware=default_client_chain(sections))
 
 
 def set_default_client(client: Client | None) -> None:

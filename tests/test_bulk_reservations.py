@@ -11,7 +11,7 @@ import redis as redis_py
 
 import limitd
 from limitd import keys
-from limitd.middleware import unique
+from limitd.unique import middleware as unique
 
 
 @limitd.job(name="bulk_test.Sync", queue="bulk", unique_for=600)

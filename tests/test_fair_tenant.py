@@ -13,7 +13,7 @@ from freezegun import freeze_time
 
 import limitd
 from limitd import keys
-from limitd.middleware.fair_tenant import FairTenantSettings
+from limitd.fair_tenant.middleware import FairTenantSettings
 from limitd.supervisor import Capsule, CapsuleConfig
 
 T0 = dt.datetime(2026, 11, 21, 12, 0, 0, tzinfo=dt.timezone.utc)
@@ -122,7 +122,7 @@ def test_entries_are_trimmed_to_the_max_window(redis: redis_py.Redis) -> None:
         redis,
         middleware=limitd.client.ClientChain(
             [
-                limitd.middleware.fair_tenant.FairTenant(
+                limitd.fair_tenant.middleware.FairTenant(
                     FairTenantSettings(max_throttling_window=600)
                 )
             ]

@@ -25,7 +25,6 @@ from limitd import keys
 from limitd.api import TenantStatus, reroutes, top_tenants
 from limitd.client import ClientChain, default_client
 from limitd.commands import add_admin_commands, start
-from limitd.commands.tenants import window_label
 from limitd.config import (
     CapsuleConfig,
     CapsuleSpec,
@@ -34,12 +33,13 @@ from limitd.config import (
     RedisSettings,
     app_modules,
     check_app,
-    check_fair_tenant_queues,
     config_as_dict,
     load_config,
 )
 from limitd.embedded import RedisServer
-from limitd.middleware.fair_tenant import FairTenant, FairTenantSettings
+from limitd.fair_tenant.checks import check_fair_tenant_queues
+from limitd.fair_tenant.commands import window_label
+from limitd.fair_tenant.middleware import FairTenant, FairTenantSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 T0 = dt.datetime(2026, 11, 21, 12, 0, 0, tzinfo=dt.timezone.utc)
@@ -95,7 +95,7 @@ SECTION = """
 
 def test_the_yaml_section_is_read_and_round_trips(tmp_path: Path) -> None:
     config = load_config([write(tmp_path, SECTION)], env={})
-    assert config.fair_tenant == FairTenantSettings(
+    assert config.section("fair_tenant") == FairTenantSettings(
         max_throttling_window=600.0,
         enqueues_key="fair:{queue}:{job_class}:{fair_tenant}",
         logger="app.fairness",
@@ -103,11 +103,11 @@ def test_the_yaml_section_is_read_and_round_trips(tmp_path: Path) -> None:
     effective = config_as_dict(config)
     assert effective["fair_tenant"]["enqueues_key"] == "fair:{queue}:{job_class}:{fair_tenant}"
     dumped = write(tmp_path, yaml.safe_dump(effective), "effective.yml")
-    assert load_config([dumped], env={}).fair_tenant == config.fair_tenant
+    assert load_config([dumped], env={}).section("fair_tenant") == config.section("fair_tenant")
 
 
 def test_no_section_means_the_defaults() -> None:
-    assert load_config([], env={}).fair_tenant == FairTenantSettings()
+    assert load_config([], env={}).section("fair_tenant") == FairTenantSettings()
 
 
 def test_the_environment_wins(tmp_path: Path) -> None:
@@ -116,7 +116,7 @@ def test_the_environment_wins(tmp_path: Path) -> None:
         "LIMITD_FAIR_TENANT_LOGGER": "ops.fairness",
         "LIMITD_FAIR_TENANT_ENQUEUES_KEY": "",  # empty: unset, the file's value stays
     }
-    settings = load_config([write(tmp_path, SECTION)], env=env).fair_tenant
+    settings = load_config([write(tmp_path, SECTION)], env=env).section("fair_tenant")
     assert settings.max_throttling_window == 30.0
     assert settings.logger == "ops.fairness"
     assert settings.enqueues_key == "fair:{queue}:{job_class}:{fair_tenant}"
@@ -219,7 +219,8 @@ def test_start_builds_clients_with_the_config_settings(
     monkeypatch.setattr(start, "Capsule", lambda config, redis: None)
     monkeypatch.setattr(start, "Launcher", Launched)
     settings = FairTenantSettings(60.0, "x:{fair_tenant}", "child.fairness")
-    assert start.run_capsule(CapsuleConfig(), RedisSettings(), redis_server.url, settings) == 0
+    sections = {"fair_tenant": settings}
+    assert start.run_capsule(CapsuleConfig(), RedisSettings(), redis_server.url, sections) == 0
     assert seen == [settings]
 
 

@@ -13,9 +13,9 @@ import limitd
 from limitd import keys
 from limitd.batch import store
 from limitd.fetch import LimitFetch, QueueOrder
-from limitd.middleware import unique
 from limitd.redis import LuaScript, merge_calls, pack_command, send_packed
 from limitd.supervisor import Capsule, CapsuleConfig
+from limitd.unique import middleware as unique
 from tests.test_batch import callback, work
 
 replies: list[object] = []

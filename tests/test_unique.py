@@ -14,8 +14,8 @@ from freezegun import freeze_time
 
 import limitd
 from limitd import keys
-from limitd.middleware import unique
 from limitd.supervisor import Capsule, CapsuleConfig
+from limitd.unique import middleware as unique
 
 T0 = dt.datetime(2026, 11, 22, 9, 0, 0, tzinfo=dt.timezone.utc)
 ran: list[tuple[str, object]] = []

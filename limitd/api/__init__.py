@@ -19,7 +19,6 @@ One module per part: ``records`` (the job record shared by all), ``queues``,
 ``sorted_sets``, ``capsules``, ``stats``, ``tenants`` and ``batches``.
 """
 
-from limitd.api.batches import BatchStatus, batch_status, list_batches
 from limitd.api.capsules import Capsule, Capsules
 from limitd.api.processes import Processes, ProcessStatus
 from limitd.api.queues import Queue, QueueEntry
@@ -34,7 +33,8 @@ from limitd.api.sorted_sets import (
     SortedSet,
 )
 from limitd.api.stats import QueueStatus, Stats, queue_overview
-from limitd.api.tenants import RuleWindow, TenantStatus, reroutes, top_tenants
+from limitd.batch.admin import BatchStatus, batch_status, list_batches
+from limitd.fair_tenant.admin import RuleWindow, TenantStatus, reroutes, top_tenants
 
 __all__ = [
     "PAGE_SIZE",

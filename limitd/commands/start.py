@@ -17,7 +17,9 @@ import logging
 import os
 import shlex
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import redis as redis_py
 import yaml
@@ -47,7 +49,6 @@ from limitd.locate import (
     locate,
 )
 from limitd.middleware.defaults import default_client_chain
-from limitd.middleware.fair_tenant import FairTenantSettings
 from limitd.redis import URL_ENV_VARS, connect
 from limitd.supervisor.capsule import Capsule, import_app
 from limitd.supervisor.launcher import Launcher
@@ -204,11 +205,11 @@ def cmd_start(args: argparse.Namespace) -> int:
     share_location(where, config.files)
     try:
         redis = connect_for(config.redis, url)
-        set_default_client(Client(redis, middleware=default_client_chain(config.fair_tenant)))
+        set_default_client(Client(redis, middleware=default_client_chain(config.sections)))
         supervisor = Supervisor(
             config.capsules,
             redis,
-            lambda child: run_capsule(child, config.redis, url, config.fair_tenant),
+            lambda child: run_capsule(child, config.redis, url, config.sections),
             tag=config.tag,
         )
         return supervisor.run()
@@ -249,12 +250,13 @@ def run_capsule(
     config: CapsuleConfig,
     settings: RedisSettings,
     url: str,
-    fair_tenant: FairTenantSettings | None = None,
+    sections: Mapping[str, Any] | None = None,
 ) -> int:
     """A supervisor's child: its own connections (never the parent's), one capsule.
-    Jobs that enqueue jobs use the same Redis and the config's ``fair_tenant`` settings."""
+    Jobs that enqueue jobs use the same Redis and the config's feature settings
+    (``sections``, e.g. ``fair_tenant``)."""
     redis = connect_for(settings, url, pool_for=config)
-    set_default_client(Client(redis, middleware=default_client_chain(fair_tenant)))
+    set_default_client(Client(redis, middleware=default_client_chain(sections)))
     return Launcher(Capsule(config, redis=redis), titles=True).run()
 
 

@@ -12,7 +12,7 @@ runs through them:
 - ``app_checks``: the checks that need the app's jobs imported as well.
 """
 
-from limitd.config.app_checks import app_modules, check_app, check_fair_tenant_queues
+from limitd.config.app_checks import app_modules, check_app
 from limitd.config.schema import config_as_dict, load_config
 from limitd.config.settings import (
     CapsuleConfig,
@@ -32,7 +32,6 @@ __all__ = [
     "RedisSettings",
     "app_modules",
     "check_app",
-    "check_fair_tenant_queues",
     "config_as_dict",
     "load_config",
 ]

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from limitd.config.settings import Config, ConfigError
-from limitd.fetch.order import QueueOrder
+from limitd.config.settings import Config
+from limitd.plugins import registered
 from limitd.registry import registry
 from limitd.spec import JobSpec
 
@@ -35,23 +35,9 @@ def registered_jobs() -> list[JobSpec]:
 
 def check_app(config: Config, jobs: Iterable[JobSpec] | None = None) -> None:
     """Every check of ``config`` against the app's ``jobs`` (default: every registered
-    job). Raises ``ConfigError`` for the first mistake."""
-    check_fair_tenant_queues(config, registered_jobs() if jobs is None else jobs)
-
-
-def check_fair_tenant_queues(config: Config, jobs: Iterable[JobSpec]) -> None:
-    """A job's ``fair_tenant_queues`` rule routes jobs to its queue: some capsule must
-    fetch that queue (list it, or be ``dynamic``), or those jobs never run. Nothing is
-    checked when a capsule is dynamic: it fetches every queue it finds in Redis."""
-    if any(spec.config.dynamic for spec in config.capsules):
-        return
-    fetched = {name for spec in config.capsules for name in QueueOrder(spec.config.queues).names}
-    for job in sorted(jobs, key=lambda job: job.name):
-        for index, rule in enumerate(job.options.get("fair_tenant_queues") or ()):
-            if rule["queue"] not in fetched:
-                raise ConfigError(
-                    ", ".join(config.files) or NO_FILE,
-                    f"job {job.name}",
-                    f"fair_tenant_queues[{index}].queue {rule['queue']!r} is not in any "
-                    "capsule's queues (jobs routed there would never run)",
-                )
+    job): each feature's (``Feature.check_app``). Raises ``ConfigError`` for the first
+    mistake."""
+    known = registered_jobs() if jobs is None else list(jobs)
+    for feature in registered():
+        if feature.check_app is not None:
+            feature.check_app(config, known)

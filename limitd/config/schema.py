@@ -36,8 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from limitd import keys
-from limitd.config.files import Interpolated, KeyPath, Layers, interpolate, merge_files
+from limitd.config.files import KeyPath, interpolate, merge_files
 from limitd.config.settings import (
     FETCHES,
     SCHEDULED_POLLS,
@@ -50,7 +49,7 @@ from limitd.config.settings import (
 )
 from limitd.config.values import Section, describe
 from limitd.fetch.order import QueueOrder, QueueSpec
-from limitd.middleware.fair_tenant import ENV_PREFIX, FairTenantSettings
+from limitd.plugins import sections
 from limitd.retry import DeadSetPolicy
 
 DAY = 86_400
@@ -79,15 +78,13 @@ SHARED_KEYS = (
     "max_recoveries",
 )
 CAPSULE_KEYS = frozenset(OWN_KEYS + SHARED_KEYS)
-TOP_KEYS = CAPSULE_KEYS | {"redis", "logging", "fair_tenant", "capsules"}
+BUILT_IN_TOP_KEYS = CAPSULE_KEYS | {"redis", "logging", "capsules"}
 REDIS_KEYS = frozenset({"url", "pool_size", "socket_timeout", "connect_timeout"})
 LOGGING_KEYS = frozenset({"level", "levels", "format", "file"})
 LOG_FORMATS = ("text", "json")
 DEAD_KEYS = frozenset({"max_jobs", "timeout_days"})
-FAIR_TENANT_KEYS = frozenset({"max_throttling_window", "enqueues_key", "logger"})
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
-ENVIRONMENT = "environment"  # the "file" named by errors in environment variables
 
 _MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 _CAPSULE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
@@ -117,7 +114,8 @@ def load_config(paths: Sequence[str | Path], env: Mapping[str, str] | None = Non
     layers = merge_files(paths)
     interpolate(layers, env)
     top = Section(layers.data, (), layers)
-    top.check_keys(TOP_KEYS)
+    owned = sections()
+    top.check_keys(BUILT_IN_TOP_KEYS | {section.key for section in owned})
     shared = read_shared(top, Shared())
     return Config(
         files=list(layers.files),
@@ -126,7 +124,7 @@ def load_config(paths: Sequence[str | Path], env: Mapping[str, str] | None = Non
         tag=shared.tag,
         logging=read_logging(top.section("logging")),
         capsules=read_capsules(top, shared),
-        fair_tenant=read_fair_tenant(top.section("fair_tenant"), env),
+        sections={section.key: section.read(top.section(section.key), env) for section in owned},
         base_dir=str(Path(layers.files[0]).parent) if layers.files else ".",
     )
 
@@ -196,54 +194,6 @@ def _logger_levels(section: Section) -> dict[str, str]:
         if not isinstance(name, str) or not _LOGGER_NAME.fullmatch(name):
             raise section.error(str(name), f"expected a logger name, got {describe(name)}")
     return {name: _level(section, name, "") for name in section.data if section.given(name)}
-
-
-def read_fair_tenant(section: Section, env: Mapping[str, str]) -> FairTenantSettings:
-    """The ``fair_tenant`` section, then the ``LIMITD_FAIR_TENANT_<KEY>`` variables over
-    it: the environment wins. Variables are checked like the file's values, then applied
-    by ``FairTenantSettings.from_env``, the one place that reads them."""
-    section.check_keys(FAIR_TENANT_KEYS)
-    base = _fair_tenant_settings(section, FairTenantSettings())
-    variables = _fair_tenant_environment(env)
-    try:
-        _fair_tenant_settings(variables, base)
-    except ConfigError as exc:  # name the variable, not a key of no file
-        raise ConfigError(ENVIRONMENT, ENV_PREFIX + exc.key.upper(), exc.message) from None
-    return FairTenantSettings.from_env(base, env)
-
-
-def _fair_tenant_settings(section: Section, base: FairTenantSettings) -> FairTenantSettings:
-    enqueues_key = section.string("enqueues_key", base.enqueues_key)
-    problem = keys.fair_tenant_template_problem(enqueues_key)
-    if problem is not None:
-        raise section.error("enqueues_key", problem)
-    logger = section.string("logger", base.logger)
-    if not logger.strip():
-        raise section.error("logger", f"expected a logger name, got {logger!r}")
-    return FairTenantSettings(
-        max_throttling_window=section.number(
-            "max_throttling_window", base.max_throttling_window, 0, above=True
-        ),
-        enqueues_key=enqueues_key,
-        logger=logger,
-    )
-
-
-def _fair_tenant_environment(env: Mapping[str, str]) -> Section:
-    """The ``LIMITD_FAIR_TENANT_*`` variables as a section of text values (as if
-    interpolated), so the same readers convert and check them. Empty ones are unset, as
-    ``from_env`` treats them."""
-    names = {ENV_PREFIX + key.upper(): key for key in FAIR_TENANT_KEYS}
-    found: dict[str, str] = {}
-    for name, value in env.items():
-        if not name.startswith(ENV_PREFIX) or not value:
-            continue
-        if name not in names:
-            raise ConfigError(
-                ENVIRONMENT, name, f"unknown variable; expected one of {sorted(names)}"
-            )
-        found[names[name]] = Interpolated(value, "$" + name)
-    return Section(found, (), Layers(files=[ENVIRONMENT]))
 
 
 def read_capsules(top: Section, shared: Shared) -> list[CapsuleSpec]:
@@ -391,15 +341,17 @@ def config_as_dict(config: Config) -> dict[str, Any]:
             "format": config.logging.format,
             "file": config.logging.file,
         },
-        "fair_tenant": {
-            "max_throttling_window": config.fair_tenant.max_throttling_window,
-            "enqueues_key": config.fair_tenant.enqueues_key,
-            "logger": config.fair_tenant.logger,
-        },
+        **{key: _section_as_dict(key, value) for key, value in config.sections.items()},
         "require": list(config.require),
         "tag": config.tag,
         "capsules": {spec.config.name: capsule_as_dict(spec) for spec in config.capsules},
     }
+
+
+def _section_as_dict(key: str, settings: Any) -> dict[str, Any]:
+    """A feature's section as its feature prints it."""
+    owner = next(section for section in sections() if section.key == key)
+    return owner.as_dict(settings)
 
 
 def capsule_as_dict(spec: CapsuleSpec) -> dict[str, Any]:

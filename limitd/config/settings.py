@@ -7,10 +7,10 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from limitd.fetch.limits import LimitSettings, check_limit
 from limitd.fetch.order import QueueOrder, QueueSpec
-from limitd.middleware.fair_tenant import FairTenantSettings
 from limitd.retry import DeadSetPolicy, DeathHandler
 
 FETCHES = ("limit", "basic")
@@ -148,8 +148,13 @@ class Config:
     tag: str = ""
     logging: LoggingSettings = field(default_factory=LoggingSettings)
     capsules: list[CapsuleSpec] = field(default_factory=list)
-    fair_tenant: FairTenantSettings = field(default_factory=FairTenantSettings)
+    sections: dict[str, Any] = field(default_factory=dict)  # features' own, by key
     base_dir: str = "."  # directory of the first file: the embedded Redis lives here
+
+    def section(self, key: str) -> Any:
+        """The settings of a feature's section (``fair_tenant``), as its feature read
+        them; None when this config was not loaded from files (built in code)."""
+        return self.sections.get(key)
 
 
 class ConfigError(ValueError):

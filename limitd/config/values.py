@@ -27,6 +27,7 @@ from limitd.config.files import Interpolated, KeyPath, Layers
 from limitd.config.settings import ConfigError
 from limitd.fetch.order import QueueOrder, QueueSpec
 
+ENVIRONMENT = "environment"  # the "file" named by errors in environment variables
 _INTEGER = re.compile(r"[+-]?\d+")
 _TRUE = frozenset({"true", "yes", "on", "1"})
 _FALSE = frozenset({"false", "no", "off", "0"})

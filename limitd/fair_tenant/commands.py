@@ -6,7 +6,7 @@ how many jobs were rerouted so far, per queue. The rows come from ``top_tenants`
 round trips whatever the number of tenants). The enqueues sets are named by the
 ``fair_tenant`` settings of the files given with ``-C`` (under the
 ``LIMITD_FAIR_TENANT_*`` variables); ``-r`` imports the app, which the counts need when
-``enqueues_key`` uses ``{queue}`` (see ``limitd.api.tenants``).
+``enqueues_key`` uses ``{queue}`` (see ``limitd.fair_tenant.admin``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import os
 import sys
 from typing import Any
 
-from limitd.api import TenantStatus, top_tenants
 from limitd.commands import table
 from limitd.commands.common import (
     EX_OK,
@@ -30,6 +29,8 @@ from limitd.commands.common import (
     print_json,
 )
 from limitd.config import load_config
+from limitd.fair_tenant.admin import TenantStatus, top_tenants
+from limitd.fair_tenant.section import KEY
 from limitd.locate import named_config
 from limitd.supervisor.capsule import import_app
 
@@ -70,7 +71,7 @@ def run_tenants(args: argparse.Namespace, connect: Connect) -> int:
     limit = parse_count(args.limit, "--limit", minimum=1)
     _import_app(args.require)
     config = named_config(getattr(args, "config", None) or []) or load_config([])
-    settings = config.fair_tenant
+    settings = config.section(KEY)
     rows = [tenant_row(status) for status in top_tenants(connect(), limit, settings=settings)]
     if args.json:
         print_json(rows)

@@ -13,7 +13,7 @@ import argparse
 import time
 from typing import Any
 
-from limitd.api import BatchStatus, batch_status, list_batches
+from limitd.batch.admin import BatchStatus, batch_status, list_batches
 from limitd.commands import table
 from limitd.commands.common import (
     EX_NOT_FOUND,

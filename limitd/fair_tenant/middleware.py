@@ -40,7 +40,7 @@ from limitd.payload import Payload
 from limitd.redis import LuaScript
 from limitd.spec import JobSpec
 
-FAIR_TENANT = LuaScript(__package__ or "limitd.middleware", "fair_tenant.lua")
+FAIR_TENANT = LuaScript(__package__ or "limitd.fair_tenant", "fair_tenant.lua")
 ENV_PREFIX = "LIMITD_FAIR_TENANT_"
 DEFAULT_MAX_WINDOW = 86_400
 
@@ -70,8 +70,8 @@ def _rule(entry: Any, index: int) -> dict[str, Any]:
     return {"queue": queue, "threshold": threshold, "per": options.seconds(entry["per"])}
 
 
-options.declare("fair_tenant_queues", _rules_option, owner="limitd.middleware.fair_tenant")
-options.declare("fair_tenant", options.non_empty_str, owner="limitd.middleware.fair_tenant")
+options.declare("fair_tenant_queues", _rules_option, owner="limitd.fair_tenant")
+options.declare("fair_tenant", options.non_empty_str, owner="limitd.fair_tenant")
 
 
 @dataclass(frozen=True)

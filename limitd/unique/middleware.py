@@ -41,8 +41,8 @@ from limitd.spec import JobSpec
 
 log = logging.getLogger("limitd.unique")
 
-ACQUIRE = LuaScript(__package__ or "limitd.middleware", "unique_acquire.lua")
-RELEASE = LuaScript(__package__ or "limitd.middleware", "unique_release.lua")
+ACQUIRE = LuaScript(__package__ or "limitd.unique", "unique_acquire.lua")
+RELEASE = LuaScript(__package__ or "limitd.unique", "unique_release.lua")
 POLICIES = ("executed", "executing", "timeout")
 DEFAULT_POLICY = "executed"
 LOCK_FIELD = "unique_key"  # payload field naming the lock the job holds
@@ -54,8 +54,8 @@ def _policy_option(value: Any) -> str:
     return str(value)
 
 
-options.declare("unique_for", options.seconds, owner="limitd.middleware.unique")
-options.declare("unique_until", _policy_option, owner="limitd.middleware.unique")
+options.declare("unique_for", options.seconds, owner="limitd.unique")
+options.declare("unique_until", _policy_option, owner="limitd.unique")
 
 
 def args_digest(args: list[Any]) -> str:

@@ -35,7 +35,7 @@ import redis as redis_py
 from limitd import clock, keys
 from limitd.api.records import _connection, _text
 from limitd.client import default_client
-from limitd.middleware.fair_tenant import FairTenant, FairTenantSettings, Rule
+from limitd.fair_tenant.middleware import FairTenant, FairTenantSettings, Rule
 from limitd.payload import DEFAULT_QUEUE
 from limitd.registry import registry
 

@@ -1,0 +1,20 @@
+"""The features limitd ships, registered in the order their middleware run.
+
+Order matters for the client chain: batch membership first (it must see a later
+middleware halt the push, to take the job back out of the batch), then uniqueness
+(keyed on the queue asked for, before fairness may reroute it), then tenant fairness
+(a skipped duplicate is not counted against its tenant).
+
+Adding a feature: a folder with its modules and a ``plug`` module describing it as one
+``limitd.plugins.Feature``, then one line here.
+"""
+
+from limitd import plugins
+from limitd.batch.plug import BATCH
+from limitd.fair_tenant.plug import FAIR_TENANT
+from limitd.unique.plug import UNIQUE
+
+SHIPPED = (BATCH, UNIQUE, FAIR_TENANT)
+
+for _feature in SHIPPED:
+    plugins.register(_feature)
