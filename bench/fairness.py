@@ -57,8 +57,8 @@ from _common import redis_for_bench
 
 import limitd
 from limitd import keys
+from limitd.fair_tenant.middleware import FairTenantSettings
 from limitd.middleware import ClientChain
-from limitd.middleware.fair_tenant import FairTenantSettings
 from limitd.supervisor import Capsule, CapsuleConfig
 
 JOB_NAME = "bench.FairWork"
