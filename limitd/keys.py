@@ -60,6 +60,8 @@ WAKE_CHANNEL = LIMITD_PREFIX + "wake"  # pub/sub: a queue name whose jobs may be
 DUE_CHANNEL = LIMITD_PREFIX + "wake:due"
 # hash: sha1 of a job -> times it was returned to its queue unfinished (and <sha1>:error)
 RECOVERIES = LIMITD_PREFIX + "recoveries"
+# hash: queue -> rate limit "count/seconds" ("none" = cleared), checked by the limit fetch
+RATE_LIMITS = LIMITD_PREFIX + "rate_limits"
 
 
 def capsule_heartbeat(capsule_id: str) -> str:
@@ -75,6 +77,12 @@ def capsule_queues(capsule_id: str) -> str:
 def in_progress(capsule_id: str, queue_name: str) -> str:
     """List of jobs of one queue that one capsule is running (newest at the left)."""
     return f"{LIMITD_PREFIX}capsule:{capsule_id}:inprogress:{queue_name}"
+
+
+def rate_state(queue_name: str) -> str:
+    """A rate-limited queue's schedule: the earliest time (Redis clock, microseconds) its
+    next job may be fetched. Expires once that time has passed."""
+    return f"{LIMITD_PREFIX}rate:{queue_name}"
 
 
 # Tenant fairness.

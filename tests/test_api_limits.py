@@ -251,6 +251,7 @@ def test_queue_overview(redis: redis_py.Redis) -> None:
         "process_limit": 2,
         "busy": 3,
         "paused": True,
+        "rate_limit": None,
     }
 
 

@@ -223,12 +223,21 @@ def test_queues_table(cli: Cli) -> None:
     result = cli("queues")
     assert result.code == 0, result.err
     header, default, mail_row = (columns(line) for line in result.out.splitlines())
-    assert header == ["QUEUE", "SIZE", "LATENCY", "LIMIT", "PROCESS LIMIT", "BUSY", "PAUSED"]
+    assert header == [
+        "QUEUE",
+        "SIZE",
+        "LATENCY",
+        "LIMIT",
+        "PROCESS LIMIT",
+        "RATE",
+        "BUSY",
+        "PAUSED",
+    ]
     assert default[:2] == ["default", "1"]
     assert float(default[2]) == pytest.approx(30, abs=2)
-    assert default[3:] == ["-", "-", "0"]
+    assert default[3:] == ["-", "-", "-", "0"]
     assert mail_row[:2] == ["mail", "2"]
-    assert mail_row[3:] == ["3", "1", "2", "paused"]
+    assert mail_row[3:] == ["3", "1", "-", "2", "paused"]
 
 
 @pytest.mark.usefixtures("two_queues")
@@ -238,10 +247,11 @@ def test_queues_json(cli: Cli) -> None:
     assert rows[0]["latency"] == pytest.approx(30, abs=2)
     assert isinstance(rows[1]["latency"], float)
     unlimited = {"limit": None, "process_limit": None, "busy": 0, "paused": False}
+    unlimited["rate_limit"] = None
     assert [{**row, "latency": 0} for row in rows] == [
         {"name": "default", "size": 1, "latency": 0, **unlimited},
         {"name": "mail", "size": 2, "latency": 0, "limit": 3, "process_limit": 1}
-        | {"busy": 2, "paused": True},
+        | {"busy": 2, "paused": True, "rate_limit": None},
     ]
 
 

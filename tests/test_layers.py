@@ -43,6 +43,7 @@ LAYERS: dict[str, tuple[int, str]] = {
     "limitd.fair_tenant.middleware": (MIDDLEWARE, ""),
     "limitd.fetch.order": (MIDDLEWARE, ""),
     "limitd.fetch.limits": (MIDDLEWARE, ""),
+    "limitd.fetch.rates": (MIDDLEWARE, ""),
     "limitd.fetch.recoveries": (MIDDLEWARE, ""),
     # configuration, and where Redis is
     "limitd.config": (CONFIG, ""),

@@ -20,7 +20,8 @@ import redis as redis_py
 
 from limitd import keys
 from limitd.api.records import PAGE_SIZE, JobRecord, _connection, _Seen
-from limitd.fetch import limits
+from limitd.fetch import limits, rates
+from limitd.fetch.rates import Rate
 from limitd.redis import LuaScript, set_members
 
 QUEUE_PAGE = LuaScript("limitd.api", "queue_page.lua")
@@ -130,6 +131,32 @@ class Queue:
             return
         where = f"queue {self.name!r} {'process_limit' if process else 'limit'}"
         limits.set_limit(self.redis, self.name, limits.check_limit(value, where), process=process)
+
+    # Rate limit: how many jobs of this queue may start per interval, all capsules
+    # together. None means none.
+
+    @property
+    def rate_limit(self) -> Rate | None:
+        """The rate limit in force (``str()`` gives "100/minute"); None when none."""
+        return rates.get_rate(self.redis, self.name)
+
+    @rate_limit.setter
+    def rate_limit(self, value: Rate | str | None) -> None:
+        """Set it now ("100/minute", "10/30s" or a ``Rate``; running capsules apply it
+        on their next fetch); None clears it. ValueError for a malformed rate."""
+        if value is None:
+            self.clear_rate_limit()
+        else:
+            rates.set_rate(self.redis, self.name, value)
+
+    def clear_rate_limit(self) -> None:
+        """No rate limit, and none even where configuration sets one."""
+        rates.clear_rate(self.redis, self.name)
+
+    def reset_rate_limit(self) -> None:
+        """Undo run-time changes: the configured rate (if any) comes back at the next
+        capsule heartbeat."""
+        rates.reset_rate(self.redis, self.name)
 
     # Pause and busy slots.
 

@@ -15,7 +15,7 @@ import redis as redis_py
 
 from limitd import keys
 from limitd.api.records import JobRecord, _connection, _text
-from limitd.fetch import limits
+from limitd.fetch import limits, rates
 
 
 class Stats:
@@ -65,7 +65,8 @@ class Stats:
 @dataclasses.dataclass(frozen=True)
 class QueueStatus:
     """One queue at a glance. ``busy`` counts its jobs in progress in all capsules,
-    the figure ``limit`` is checked against; a limit of None means unlimited."""
+    the figure ``limit`` is checked against; a limit of None means unlimited.
+    ``rate_limit`` reads like "100/minute"."""
 
     name: str
     size: int
@@ -74,6 +75,7 @@ class QueueStatus:
     process_limit: int | None
     busy: int
     paused: bool
+    rate_limit: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The row as plain data, for JSON output."""
@@ -90,10 +92,12 @@ def queue_overview(redis: redis_py.Redis | None = None) -> list[QueueStatus]:
     pipe.smembers(keys.QUEUES)
     pipe.smembers(keys.PAUSED)
     pipe.hgetall(keys.BUSY)
-    listed, paused_raw, busy_raw = pipe.execute()
+    pipe.hgetall(keys.RATE_LIMITS)
+    listed, paused_raw, busy_raw, rates_raw = pipe.execute()
+    stored_rates = rates.rates_of(rates_raw)
     paused = set(map(_text, paused_raw))
     busy = {_text(queue): int(count) for queue, count in busy_raw.items()}
-    names = set(map(_text, listed)) | stored_limits.keys() | paused
+    names = set(map(_text, listed)) | stored_limits.keys() | stored_rates.keys() | paused
     names |= {queue for queue, count in busy.items() if count}
     sizes = _sizes_and_latencies(conn, sorted(names))
     unlimited: dict[str, int | None] = {"limit": None, "process_limit": None}
@@ -106,6 +110,7 @@ def queue_overview(redis: redis_py.Redis | None = None) -> list[QueueStatus]:
             process_limit=stored_limits.get(name, unlimited)["process_limit"],
             busy=busy.get(name, 0),
             paused=name in paused,
+            rate_limit=None if (rate := stored_rates.get(name)) is None else str(rate),
         )
         for name, (size, latency) in sizes.items()
     ]

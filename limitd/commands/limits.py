@@ -1,10 +1,13 @@
-"""``limitd limit set|clear|reset`` and ``limitd pause|resume``: steer queues at run time.
+"""``limitd limit set|clear|reset|rate`` and ``limitd pause|resume``: steer queues at run
+time.
 
 Everything goes through ``limitd.api.Queue``, which stores limits and the pause flag
 where the limit fetcher reads them, so running processes follow at their next fetch
 without a restart. ``clear`` (unlimited, even where configuration sets a limit) and
 ``reset`` (back to the configured value at the next heartbeat) differ on purpose: see
-``limitd.fetch.limits``.
+``limitd.fetch.limits``. ``limit rate QUEUE [RATE | --clear | --reset]`` does the same
+for a rate limit, whose value is not a count (hence one action of its own, with the same
+clear / reset meanings as flags); without a change it shows the rate in force.
 """
 
 from __future__ import annotations
@@ -19,10 +22,12 @@ from limitd.commands.common import (
     ResolveRedis,
     Run,
     Subparsers,
+    UsageError,
     bind,
     check_queue,
     parse_count,
 )
+from limitd.fetch.rates import Rate, parse_rate
 
 PROCESS_HELP = "the limit within each process (default: the limit across all processes)"
 CLEAR_DESCRIPTION = (
@@ -60,6 +65,34 @@ def add_limit_commands(commands: Subparsers, resolve_redis: ResolveRedis) -> Non
         "reset", help="go back to the configured limit", description=RESET_DESCRIPTION
     )
     _add_limit_action(reset, run_limit_reset, resolve_redis)
+    _add_rate_action(actions, resolve_redis)
+
+
+def _add_rate_action(actions: Subparsers, resolve_redis: ResolveRedis) -> None:
+    rate = actions.add_parser(
+        "rate",
+        help="show, set, clear or reset a queue's rate limit",
+        description=(
+            "Show QUEUE's rate limit, or set it to RATE: at most N jobs start in any "
+            "window of the interval, across all processes, one every interval/N seconds "
+            "(N/second, N/minute, N/hour, N/day or N/<seconds>s, N >= 1). Running "
+            "processes apply it at their next fetch."
+        ),
+    )
+    rate.add_argument("queue", metavar="QUEUE", help="queue name")
+    rate.add_argument("rate", metavar="RATE", nargs="?", help="e.g. 100/minute or 10/30s")
+    change = rate.add_mutually_exclusive_group()
+    change.add_argument(
+        "--clear",
+        action="store_true",
+        help="no rate limit, even where configuration sets one (until set or reset)",
+    )
+    change.add_argument(
+        "--reset",
+        action="store_true",
+        help="forget run-time changes: the configured rate comes back at the next heartbeat",
+    )
+    bind(rate, run_limit_rate, resolve_redis)
 
 
 def add_pause_commands(commands: Subparsers, resolve_redis: ResolveRedis) -> None:
@@ -108,6 +141,37 @@ def run_limit_reset(args: argparse.Namespace, connect: Connect) -> int:
         "from the next heartbeat"
     )
     return EX_OK
+
+
+def run_limit_rate(args: argparse.Namespace, connect: Connect) -> int:
+    queue_name = check_queue(args.queue)
+    if args.rate is not None and (args.clear or args.reset):
+        raise UsageError("give a RATE or --clear or --reset, not both")
+    rate = _parse_rate(args.rate) if args.rate is not None else None
+    queue = Queue(queue_name, connect())
+    if rate is not None:
+        queue.rate_limit = rate
+        print(f"rate limit of queue {queue_name!r} set to {rate}")
+    elif args.clear:
+        queue.clear_rate_limit()
+        print(f"rate limit of queue {queue_name!r} cleared: none")
+    elif args.reset:
+        queue.reset_rate_limit()
+        print(
+            f"rate limit of queue {queue_name!r} reset: the configured value applies "
+            "from the next heartbeat"
+        )
+    else:
+        current = queue.rate_limit
+        print(f"rate limit of queue {queue_name!r}: {current if current else 'none'}")
+    return EX_OK
+
+
+def _parse_rate(text: str) -> Rate:
+    try:
+        return parse_rate(text)
+    except ValueError as exc:
+        raise UsageError(f"RATE: {exc}") from None
 
 
 def run_pause(args: argparse.Namespace, connect: Connect) -> int:

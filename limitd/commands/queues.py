@@ -23,7 +23,7 @@ from limitd.commands.common import (
     print_json,
 )
 
-HEADERS = ("QUEUE", "SIZE", "LATENCY", "LIMIT", "PROCESS LIMIT", "BUSY", "PAUSED")
+HEADERS = ("QUEUE", "SIZE", "LATENCY", "LIMIT", "PROCESS LIMIT", "RATE", "BUSY", "PAUSED")
 
 
 def add_queues_command(commands: Subparsers, resolve_redis: ResolveRedis) -> None:
@@ -33,9 +33,9 @@ def add_queues_command(commands: Subparsers, resolve_redis: ResolveRedis) -> Non
         description=(
             "List every queue: jobs waiting (size), age in seconds of the oldest one "
             "(latency), the limit across all processes and within each process (- for "
-            "unlimited), jobs running now (busy) and whether it is paused. --json prints "
-            "a list of objects with fields name, size, latency, limit, process_limit, "
-            "busy, paused."
+            "unlimited), the rate limit (e.g. 100/minute), jobs running now (busy) and "
+            "whether it is paused. --json prints a list of objects with fields name, "
+            "size, latency, limit, process_limit, busy, paused, rate_limit."
         ),
     )
     add_json_flag(parser)
@@ -67,6 +67,7 @@ def _cells(row: dict[str, Any]) -> list[object]:
         row["latency"],
         row["limit"],
         row["process_limit"],
+        row["rate_limit"],
         row["busy"],
         "paused" if row["paused"] else "",
     ]

@@ -15,11 +15,11 @@ of its own.
   top-level ones, ``processes`` and ``max_memory_mb`` included. When it does not exist,
   a top-level setting that only it could use is an error, not silently ignored.
 - A named capsule must list its own ``queues``; ``concurrency``, ``limits``,
-  ``process_limits``, ``blocking``, ``dynamic``, ``processes`` and ``max_memory_mb`` are its
-  own too (defaults otherwise, never the top-level values). It inherits ``timeout``,
-  ``heartbeat_period``, ``poll_range``, ``fetch``, ``scheduled_poll``, ``tag`` and
-  ``dead`` (key by key) from
-  the top level unless it sets them. Its ``require`` *adds* modules to the top-level
+  ``process_limits``, ``rate_limits``, ``blocking``, ``dynamic``, ``processes`` and
+  ``max_memory_mb`` are its own too (defaults otherwise, never the top-level values).
+  It inherits ``timeout``, ``heartbeat_period``, ``poll_range``, ``fetch``,
+  ``scheduled_poll``, ``tag`` and ``dead`` (key by key) from the top level unless it
+  sets them. Its ``require`` *adds* modules to the top-level
   list: the supervisor imports those before forking, so they cannot be taken away.
 - ``LIMITD_REDIS_URL`` in the environment overrides ``redis.url``, and
   ``LIMITD_FAIR_TENANT_<KEY>`` the key of ``fair_tenant`` (checked the same way; a
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +61,7 @@ OWN_KEYS = (
     "concurrency",
     "limits",
     "process_limits",
+    "rate_limits",
     "blocking",
     "dynamic",
     "processes",
@@ -242,10 +243,11 @@ def read_capsule(name: str, section: Section, shared: Shared) -> CapsuleSpec:
     queues = section.queues("queues") or list(_DEFAULTS.queues)
     limits = section.limits("limits")
     process_limits = section.limits("process_limits")
+    rate_limits = section.rate_limits("rate_limits")
     blocking = section.names("blocking", "queue name")
     dynamic = section.boolean("dynamic", _DEFAULTS.dynamic)
     if not dynamic:
-        check_listed(section, queues, limits, process_limits, blocking)
+        check_listed(section, queues, limits, process_limits, blocking, rate_limits=rate_limits)
     concurrency = section.integer("concurrency", _DEFAULTS.concurrency, 1)
     with _translated(section):
         config = CapsuleConfig(
@@ -257,6 +259,7 @@ def read_capsule(name: str, section: Section, shared: Shared) -> CapsuleSpec:
             tag=shared.tag,
             limits=limits,
             process_limits=process_limits,
+            rate_limits=rate_limits,
             blocking=blocking,
             dynamic=dynamic,
             fetch=shared.fetch,
@@ -279,6 +282,8 @@ def check_listed(
     limits: Mapping[str, int],
     process_limits: Mapping[str, int],
     blocking: Sequence[str],
+    *,
+    rate_limits: Collection[str] = (),
 ) -> None:
     """A limit or a blocking flag on a queue the capsule does not fetch is a mistake (a
     typo, most likely), unless the capsule is dynamic and fetches what it finds."""
@@ -286,6 +291,7 @@ def check_listed(
     unlisted: list[tuple[KeyPath, str]] = [
         *((("limits", queue), queue) for queue in limits if queue not in listed),
         *((("process_limits", queue), queue) for queue in process_limits if queue not in listed),
+        *((("rate_limits", queue), queue) for queue in rate_limits if queue not in listed),
         *(
             (("blocking", index), queue)
             for index, queue in enumerate(blocking)
@@ -362,6 +368,9 @@ def capsule_as_dict(spec: CapsuleSpec) -> dict[str, Any]:
         "concurrency": capsule.concurrency,
         "limits": dict(capsule.limits),
         "process_limits": dict(capsule.process_limits),
+        "rate_limits": {
+            queue: str(rate) for queue, rate in capsule.limit_settings.rate_limits.items()
+        },
         "blocking": list(capsule.blocking),
         "dynamic": capsule.dynamic,
         "processes": spec.processes,

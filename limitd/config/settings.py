@@ -11,6 +11,7 @@ from typing import Any
 
 from limitd.fetch.limits import LimitSettings, check_limit
 from limitd.fetch.order import QueueOrder, QueueSpec
+from limitd.fetch.rates import Rate, parse_rate
 from limitd.retry import DeadSetPolicy, DeathHandler
 
 FETCHES = ("limit", "basic")
@@ -36,6 +37,7 @@ class CapsuleConfig:
     tag: str = ""
     limits: Mapping[str, int] = field(default_factory=dict)
     process_limits: Mapping[str, int] = field(default_factory=dict)
+    rate_limits: Mapping[str, Rate | str] = field(default_factory=dict)  # "100/minute"
     blocking: Sequence[str] = ()
     dynamic: bool = False
     fetch: str = "limit"
@@ -87,11 +89,13 @@ class CapsuleConfig:
         for kind, values in (("limits", self.limits), ("process_limits", self.process_limits)):
             for queue, value in values.items():
                 check_limit(value, f"{where}: {kind}.{queue}")
-                if queue not in listed and not self.dynamic:
-                    raise ValueError(
-                        f"{where}: {kind}.{queue}: queue {queue!r} is not in "
-                        f"this capsule's queues {sorted(listed)}"
-                    )
+                self._check_listed(where, f"{kind}.{queue}", queue, listed)
+        for queue, rate in self.rate_limits.items():
+            try:
+                parse_rate(rate)
+            except ValueError as exc:
+                raise ValueError(f"{where}: rate_limits.{queue}: {exc}") from None
+            self._check_listed(where, f"rate_limits.{queue}", queue, listed)
         unknown = set(self.blocking) - listed
         if unknown and not self.dynamic:  # a dynamic capsule may block on a found queue
             raise ValueError(
@@ -99,9 +103,16 @@ class CapsuleConfig:
                 f"capsule's queues {sorted(listed)}"
             )
 
+    def _check_listed(self, where: str, key: str, queue: str, listed: set[str]) -> None:
+        if queue not in listed and not self.dynamic:
+            raise ValueError(
+                f"{where}: {key}: queue {queue!r} is not in this capsule's queues {sorted(listed)}"
+            )
+
     @property
     def limit_settings(self) -> LimitSettings:
-        return LimitSettings(dict(self.limits), dict(self.process_limits))
+        rates = {queue: parse_rate(rate) for queue, rate in self.rate_limits.items()}
+        return LimitSettings(dict(self.limits), dict(self.process_limits), rates)
 
 
 @dataclass(frozen=True)

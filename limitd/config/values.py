@@ -26,6 +26,7 @@ from typing import Any
 from limitd.config.files import Interpolated, KeyPath, Layers
 from limitd.config.settings import ConfigError
 from limitd.fetch.order import QueueOrder, QueueSpec
+from limitd.fetch.rates import FORMS, Rate, parse_rate
 
 ENVIRONMENT = "environment"  # the "file" named by errors in environment variables
 _INTEGER = re.compile(r"[+-]?\d+")
@@ -186,6 +187,20 @@ class Section:
         values = self.section(key)
         found = {queue: values.optional_integer(queue, 0) for queue in values.data}
         return {queue: value for queue, value in found.items() if value is not None}
+
+    def rate_limits(self, key: str) -> dict[str, Rate]:
+        """queue -> rate ("100/minute", "10/30s"); a queue whose rate is null has none.
+        An interpolated value is text already, so it reads like a literal one."""
+        values = self.section(key)
+        rates = {}
+        for queue, raw in values.data.items():
+            if raw is None:
+                continue
+            try:
+                rates[queue] = parse_rate(str(raw) if isinstance(raw, str) else raw)
+            except ValueError:
+                raise values.error(queue, f"expected a rate {FORMS}, got {describe(raw)}") from None
+        return rates
 
     def poll_range(self, key: str, default: tuple[float, float]) -> tuple[float, float]:
         raw = self.data.get(key)

@@ -146,7 +146,9 @@ class Dispatcher:
         if closed:
             self._stopped.wait(CLOSED_POLL)
         else:
-            self.gate.wait()  # a push, a finished job, an idle processor or the poll
+            # A push, a finished job, an idle processor, the poll, or the moment a rate
+            # limit lets a waiting job go (only worth waking for with someone to serve).
+            self.gate.wait(at_most=self.fetch.room_in if want > 0 else None)
 
     def _hand_out(self, units: Sequence[UnitOfWork]) -> None:
         with self._cond:

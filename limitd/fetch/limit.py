@@ -9,8 +9,11 @@ Redis until it is settled (acknowledged or requeued), so a capsule killed with S
 loses nothing: the reaper returns its in-progress jobs to their queues.
 
 A queue is skipped when it is paused, when this capsule runs ``process_limit`` jobs of
-it, or when all capsules together run ``limit``. A *blocking* queue that has jobs but is
-at its limit stops the fetch there: queues after it wait too.
+it, when all capsules together run ``limit``, or when its rate limit (``limitd.fetch.
+rates``) allows no job yet. A *blocking* queue that has jobs but is at its limit (or its
+rate) stops the fetch there: queues after it wait too. When a rate limit is all that
+holds jobs back, the call says how long until it allows one (``room_in``), and an idle
+capsule sleeps exactly that long instead of polling blindly.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -84,8 +87,15 @@ class LimitFetch:
         gate: IdleGate | None = None,
         blocking: Iterable[str] = (),
         dynamic: bool = False,
+        rate_clock: Callable[[], int] | None = None,
     ) -> None:
+        """``rate_clock``: for tests, the time (microseconds) rate limits are checked
+        at; by default the script reads Redis's clock, the one all capsules share."""
         self.redis = redis
+        self.rate_clock = rate_clock
+        # After each fetch call: seconds until a queue that has jobs waiting only for its
+        # rate limit may give one, or None (read by the one thread that fetches).
+        self.room_in: float | None = None
         self.order = order
         self.capsule_id = capsule_id
         self.gate = gate or IdleGate()
@@ -98,12 +108,13 @@ class LimitFetch:
             keys.BUSY,
             keys.capsule_queues(capsule_id),
             keys.CAPSULES,
+            keys.RATE_LIMITS,
         ]
         self._fixed_keys = [key.encode() for key in fixed]
         self._recoveries_key = keys.RECOVERIES.encode()  # the last key of every call
         self._id = capsule_id.encode()
         self._channel = keys.WAKE_CHANNEL.encode()
-        self._per_queue: dict[str, tuple[bytes, bytes, bytes, bytes]] = {}
+        self._per_queue: dict[str, tuple[bytes, bytes, bytes, bytes, bytes]] = {}
         self._extra_queues: list[str] = []
         self._extra_refreshed = float("-inf")
         self._lock = threading.Lock()
@@ -118,7 +129,7 @@ class LimitFetch:
         there may be one (the caller then asks again)."""
         unit = self.try_retrieve(done)
         if unit is None:
-            self.gate.wait()
+            self.gate.wait(at_most=self.room_in)
         else:
             self.gate.wake_one_more()
         return unit
@@ -134,9 +145,10 @@ class LimitFetch:
         """Acknowledge ``finished`` and take up to ``want`` jobs, in one call (on
         ``conn``, a dispatcher's own connection, else the pool)."""
         reply = self._call(finished, ACK, self._orders(want), want, conn or self.redis)
+        self.room_in = int(reply[1]) / 1000 if reply[1] else None
         return [
             LimitUnitOfWork(reply[i].decode(), reply[i + 1], self, reply[i + 2])
-            for i in range(1, len(reply), 3)
+            for i in range(2, len(reply), 3)
         ]
 
     def _orders(self, want: int) -> list[list[str]]:
@@ -212,14 +224,15 @@ class LimitFetch:
         """``orders``: the queue order of each job to take (one order: all alike)."""
         names = list(dict.fromkeys(name for order in orders for name in order))
         script_keys = list(self._fixed_keys)
-        args = [self._id, self._channel, mode, len(settle), want, len(names)]
+        now = b"" if self.rate_clock is None else self.rate_clock()
+        args = [self._id, self._channel, mode, len(settle), want, len(names), now]
         for unit in settle:
-            queue_key, in_progress_key, name, _ = self._queue(unit.queue)
+            queue_key, in_progress_key, name, _, _ = self._queue(unit.queue)
             script_keys += [in_progress_key, queue_key]
             args += [unit.job, name]
         for queue_name in names:
-            queue_key, in_progress_key, name, blocking = self._queue(queue_name)
-            script_keys += [queue_key, in_progress_key]
+            queue_key, in_progress_key, name, blocking, rate_key = self._queue(queue_name)
+            script_keys += [queue_key, in_progress_key, rate_key]
             args += [name, blocking]
         script_keys.append(self._recoveries_key)
         if len(orders) > 1:
@@ -237,7 +250,7 @@ class LimitFetch:
                 unit.after_run = []
         return cast("list[Any]", reply)
 
-    def _queue(self, name: str) -> tuple[bytes, bytes, bytes, bytes]:
+    def _queue(self, name: str) -> tuple[bytes, bytes, bytes, bytes, bytes]:
         """Encoded once: keys and arguments are rebuilt for every fetch."""
         cached = self._per_queue.get(name)
         if cached is None:
@@ -246,6 +259,7 @@ class LimitFetch:
                 keys.in_progress(self.capsule_id, name).encode(),
                 name.encode(),
                 b"1" if name in self.blocking else b"0",
+                keys.rate_state(name).encode(),
             )
             self._per_queue[name] = cached
         return cached

@@ -7,28 +7,45 @@
 -- KEYS[4]  limitd:busy            hash  queue -> jobs in progress in every capsule
 -- KEYS[5]  limitd:capsule:<id>:queues  set of queues this capsule holds jobs from
 -- KEYS[6]  limitd:capsules        set   capsule ids that may hold jobs
--- KEYS[5 + 2j], KEYS[6 + 2j]  for the j-th settled job (j = 1..s): its in-progress list
+-- KEYS[7]  limitd:rate_limits     hash  queue -> rate limit "count/seconds" (else none)
+-- KEYS[6 + 2j], KEYS[7 + 2j]  for the j-th settled job (j = 1..s): its in-progress list
 --          and its queue list
--- KEYS[5 + 2s + 2i], KEYS[6 + 2s + 2i]  for the i-th queue to fetch from (i = 1..n):
---          queue:<name> and limitd:capsule:<id>:inprogress:<name>
+-- KEYS[5 + 2s + 3i], KEYS[6 + 2s + 3i], KEYS[7 + 2s + 3i]  for the i-th queue to fetch
+--          from (i = 1..n): queue:<name>, limitd:capsule:<id>:inprogress:<name> and
+--          limitd:rate:<name> (its rate schedule; only read when it has a rate limit)
 -- ARGV[1]  this capsule's id
 -- ARGV[2]  the wake-up channel (limitd:wake)
 -- ARGV[3]  "ack" (done with the settled jobs) or "requeue" (push them back to the front)
 -- ARGV[4]  s, the number of jobs to settle
 -- ARGV[5]  want, the most jobs to take
 -- ARGV[6]  n, the number of queues
--- ARGV[5 + 2j], ARGV[6 + 2j]  the j-th settled job exactly as fetched, and its queue name
--- ARGV[5 + 2s + 2i], ARGV[6 + 2s + 2i]  the i-th queue: its name, "1" if it is blocking
+-- ARGV[7]  the time in microseconds for rate limits, or "" for Redis's own clock (TIME);
+--          only tests pass one
+-- ARGV[6 + 2j], ARGV[7 + 2j]  the j-th settled job exactly as fetched, and its queue name
+-- ARGV[6 + 2s + 2i], ARGV[7 + 2s + 2i]  the i-th queue: its name, "1" if it is blocking
 -- KEYS[#KEYS]  limitd:recoveries  hash sha1(job) -> times the job was recovered
--- ARGV[6 + 2s + 2n + m]  optional: the order in which the m-th job tries the queues, as
+-- ARGV[7 + 2s + 2n + m]  optional: the order in which the m-th job tries the queues, as
 --          queue numbers ("2,1,3"; weighted and random orders differ per job); a job
 --          without one tries them in the order given
 --
--- Returns {settled, name 1, job 1, recoveries 1, name 2, job 2, recoveries 2, ...}:
--- settled counts the settled jobs that were in this capsule's in-progress lists (a job
--- that was not, was reaped and requeued already), then the jobs taken, oldest first,
+-- Returns {settled, room in, name 1, job 1, recoveries 1, name 2, job 2, ...}: settled
+-- counts the settled jobs that were in this capsule's in-progress lists (a job that was
+-- not, was reaped and requeued already); room in is 0, or the milliseconds until the
+-- first queue that had jobs waiting only for its rate limit may be fetched again (the
+-- idle capsule sleeps that long rather than poll); then the jobs taken, oldest first,
 -- each with how many times it was returned to its queue without completing (so the
 -- caller can bury a poison job instead of running it again).
+--
+-- Rate limits: a queue with rate "N/T" gives its jobs out at least T/N seconds apart (no
+-- bursts), so any window of T seconds holds at most N fetches of it, wherever the window
+-- starts. The state is one number per queue, the earliest time the next job may be
+-- taken (a GCRA with no burst tolerance): O(1), and the key expires when that time has
+-- passed. A job taken late (the queue was empty, the capsule busy) does not let the next
+-- ones catch up. A value further ahead than one interval (the rate was just raised) is
+-- pulled back to one interval from now. The clock is Redis's TIME, not the capsules':
+-- capsules on several hosts share the same schedule, and their clocks' skew must not
+-- let two of them see room for the same slot. (Redis replicates scripts by their
+-- effects, so reading the time before writing is allowed.)
 --
 -- Why atomic: the limit check, the pop and the slot count must not interleave with
 -- other fetchers, or two of them could both see "2 of 3 busy" and take the third slot.
@@ -41,10 +58,12 @@
 --
 -- Cost: O(1) per queue tried per job taken (HGET, LLEN, SISMEMBER, LMOVE), nothing scans
 -- a queue or a busy count; only settling scans this capsule's own in-progress list
--- (LREM), whose length is bounded by the capsule's threads.
+-- (LREM), whose length is bounded by the capsule's threads. Rate limits add one HGET per
+-- queue per call, none at all while no queue has one (one EXISTS per call), and a GET
+-- and a SET per job taken from a rate-limited queue.
 local limits, process_limits, paused, busy = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local held, capsules, capsule_id, channel = KEYS[5], KEYS[6], ARGV[1], ARGV[2]
-local recoveries = KEYS[#KEYS]
+local rate_limits, recoveries = KEYS[7], KEYS[#KEYS]
 
 local function settle(in_progress_key, queue_key, job, name, mode)
   if redis.call('LREM', in_progress_key, 1, job) == 0 then
@@ -74,40 +93,106 @@ local function at_limit(name, in_progress_key)
   return limit ~= nil and tonumber(redis.call('HGET', busy, name) or '0') >= limit
 end
 
+-- Rate limits. The hash is looked at once per call, each queue's rate once per call.
+local any_rate, rates, now = nil, {}, nil
+
+local function rate_of(name)
+  if any_rate == nil then
+    any_rate = redis.call('EXISTS', rate_limits) == 1
+  end
+  if not any_rate then return false end
+  if rates[name] == nil then
+    local count, seconds = string.match(
+      redis.call('HGET', rate_limits, name) or '', '^(%d+)/([%d.]+)$')
+    count, seconds = tonumber(count), tonumber(seconds)
+    rates[name] = count and seconds and count >= 1 and seconds > 0
+      and seconds * 1000000 / count or false -- microseconds between two jobs
+  end
+  return rates[name]
+end
+
+local function clock()
+  if now == nil then
+    if ARGV[7] ~= '' then
+      now = tonumber(ARGV[7])
+    else
+      local time = redis.call('TIME')
+      now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+    end
+  end
+  return now
+end
+
+local function schedule(rate_key, at)
+  redis.call('SET', rate_key, string.format('%d', at), 'PX', math.ceil((at - clock()) / 1000))
+end
+
+-- When the queue's next job may be taken (microseconds). A schedule more than one
+-- interval ahead was set under a slower rate: it is pulled back, and stored so.
+local function next_allowed(rate_key, interval)
+  local allowed = tonumber(redis.call('GET', rate_key)) or 0
+  if allowed > clock() + interval then
+    allowed = math.ceil(clock() + interval)
+    schedule(rate_key, allowed)
+  end
+  return allowed
+end
+
+local function use_rate(rate_key, interval, allowed)
+  -- Rounded up: a schedule rounded down would let N + 1 jobs into some window.
+  schedule(rate_key, math.ceil(math.max(allowed, clock()) + interval))
+end
+
 local settles, want, queues = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local settled = 0
 for j = 1, settles do
-  settled = settled + settle(KEYS[5 + 2 * j], KEYS[6 + 2 * j], ARGV[5 + 2 * j],
-    ARGV[6 + 2 * j], ARGV[3])
+  settled = settled + settle(KEYS[6 + 2 * j], KEYS[7 + 2 * j], ARGV[6 + 2 * j],
+    ARGV[7 + 2 * j], ARGV[3])
 end
 
 local natural = {}
 for i = 1, queues do natural[i] = i end
 
 local function order_of(m)
-  local given = ARGV[6 + 2 * settles + 2 * queues + m]
+  local given = ARGV[7 + 2 * settles + 2 * queues + m]
   if not given then return natural end
   local order = {}
   for number in string.gmatch(given, '%d+') do order[#order + 1] = tonumber(number) end
   return order
 end
 
+-- The earliest time (microseconds) a queue skipped for its rate limit may be fetched.
+local room_at = nil
+
+-- Whether queue ``name`` may give a job now; with a rate limit, also its schedule.
+local function rate_allows(name, rate_key)
+  local interval = rate_of(name)
+  if not interval then return true end
+  local allowed = next_allowed(rate_key, interval)
+  if allowed <= clock() then return true, interval, allowed end
+  room_at = math.min(room_at or allowed, allowed)
+  return false
+end
+
 -- Take one job from the first eligible queue of ``order``. Returns the queue's name and
 -- the job, "stop" when a blocking queue holds the rest back, or nil when no queue has one.
 local function take_one(order)
   for _, i in ipairs(order) do
-    local at = 2 * settles + 2 * i -- queue i's pair is at 5 + at, 6 + at in both tables
-    local name, blocking = ARGV[5 + at], ARGV[6 + at] == '1'
-    local queue_key, in_progress_key = KEYS[5 + at], KEYS[6 + at]
+    local name, blocking = ARGV[6 + 2 * settles + 2 * i], ARGV[7 + 2 * settles + 2 * i] == '1'
+    local at = 2 * settles + 3 * i -- queue i's keys are at 5 + at, 6 + at, 7 + at
+    local queue_key, in_progress_key, rate_key = KEYS[5 + at], KEYS[6 + at], KEYS[7 + at]
     -- An empty queue is skipped before its limits are read: an idle poll costs one LLEN
     -- (and one SISMEMBER) per queue.
     if redis.call('LLEN', queue_key) > 0 and redis.call('SISMEMBER', paused, name) == 0 then
-      if not at_limit(name, in_progress_key) then
+      local free, interval, allowed = not at_limit(name, in_progress_key), nil, nil
+      if free then free, interval, allowed = rate_allows(name, rate_key) end
+      if free then
         -- The oldest job (right end) moves to the left of the in-progress list.
         local job = redis.call('LMOVE', queue_key, in_progress_key, 'RIGHT', 'LEFT')
         if job then
           redis.call('HINCRBY', busy, name, 1)
           redis.call('SADD', held, name)
+          if interval then use_rate(rate_key, interval, allowed) end
           return name, job
         end
       elseif blocking then
@@ -129,18 +214,21 @@ local function recovered(job)
   return tonumber(redis.call('HGET', recoveries, redis.sha1hex(job))) or 0
 end
 
-local taken = {settled}
+local taken = {settled, 0}
 -- Each job starts again from the first queue of its order, so a strict order stays
 -- strict, weights apply per job, and every job sees the busy counts the previous one
--- updated.
-while #taken < 1 + 3 * want do
-  local name, job = take_one(order_of((#taken + 2) / 3))
+-- updated (and the rate schedules it moved).
+while #taken < 2 + 3 * want do
+  local name, job = take_one(order_of((#taken + 1) / 3))
   if not job then break end
   taken[#taken + 1] = name
   taken[#taken + 1] = job
   taken[#taken + 1] = recovered(job)
 end
-if #taken > 1 then
+if #taken > 2 then
   redis.call('SADD', capsules, capsule_id)
+end
+if room_at then
+  taken[2] = math.max(1, math.ceil((room_at - clock()) / 1000))
 end
 return taken

@@ -16,6 +16,7 @@ from typing import cast
 import redis as redis_py
 
 from limitd import keys
+from limitd.fetch.rates import Rate, parse_rate
 from limitd.redis import set_members
 
 NO_LIMIT = "none"
@@ -23,27 +24,36 @@ NO_LIMIT = "none"
 
 @dataclass(frozen=True)
 class LimitSettings:
-    """Limits from configuration: defaults that runtime changes override."""
+    """Limits from configuration: defaults that runtime changes override. Rate limits
+    (``limitd.fetch.rates``) follow the same rules."""
 
     limits: Mapping[str, int] = field(default_factory=dict)
     process_limits: Mapping[str, int] = field(default_factory=dict)
+    rate_limits: Mapping[str, Rate] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for kind, values in (("limits", self.limits), ("process_limits", self.process_limits)):
             for queue, value in values.items():
                 check_limit(value, f"{kind}.{queue}")
+        for queue, rate in self.rate_limits.items():
+            try:
+                parse_rate(rate)
+            except ValueError as exc:
+                raise ValueError(f"rate_limits.{queue}: {exc}") from None
 
     def apply_defaults(self, redis: redis_py.Redis) -> None:
         """Write each configured limit unless Redis already has a value (a runtime change,
         or the same default). Idempotent: run at start and on every heartbeat, it also
         restores the limits after Redis lost its data."""
-        if not self.limits and not self.process_limits:
+        if not self.limits and not self.process_limits and not self.rate_limits:
             return
         pipe = redis.pipeline(transaction=False)
         for queue, value in self.limits.items():
             pipe.hsetnx(keys.LIMITS, queue, value)
         for queue, value in self.process_limits.items():
             pipe.hsetnx(keys.PROCESS_LIMITS, queue, value)
+        for queue, rate in self.rate_limits.items():
+            pipe.hsetnx(keys.RATE_LIMITS, queue, parse_rate(rate).stored())
         pipe.execute()
 
 

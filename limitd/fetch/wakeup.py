@@ -7,6 +7,8 @@ idle processor per message. A processor that gets a job after waking wakes one m
 a burst ramps up to every thread without waking all of them for a single job. While
 idle, one processor per capsule also re-checks every ``poll_range`` seconds: jobs
 pushed by clients that do not publish (Ruby Sidekiq) still start within that delay.
+A queue held back only by its rate limit publishes nothing when its time comes: the
+fetch says when that is, and the polling waiter wakes then (``wait(at_most=...)``).
 """
 
 from __future__ import annotations
@@ -44,13 +46,16 @@ class IdleGate:
         self._poller_waiting = False
         self._closed = False
 
-    def wait(self) -> None:
-        """Block until there may be work. Called after a fetch found none."""
+    def wait(self, at_most: float | None = None) -> None:
+        """Block until there may be work. Called after a fetch found none; ``at_most``:
+        seconds until a rate limit lets a waiting job go, which shortens the poll."""
         with self._cond:
             polls = not self._poller_waiting
             self._poller_waiting = self._poller_waiting or polls
             self._waiting += 1
             timeout = self._rng.uniform(*self.poll_range) if polls else LONG_WAIT
+            if polls and at_most is not None:
+                timeout = min(timeout, at_most)
             try:
                 self._cond.wait_for(lambda: self._pending > 0 or self._closed, timeout)
                 if self._pending > 0:
