@@ -4,11 +4,12 @@ script at chosen times (its exact guarantee), and capsules that run jobs under o
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -98,9 +99,7 @@ def test_named_capsule_has_its_own_rate_limits(tmp_path: Path) -> None:
         ("rate_limits: [q]\n", "rate_limits", "expected a mapping"),
     ],
 )
-def test_bad_rate_limits_name_file_and_key(
-    tmp_path: Path, text: str, key: str, words: str
-) -> None:
+def test_bad_rate_limits_name_file_and_key(tmp_path: Path, text: str, key: str, words: str) -> None:
     with pytest.raises(ConfigError) as caught:
         load(tmp_path, "queues: [q]\n" + text)
     assert caught.value.file == str(tmp_path / "app.yml")
@@ -274,6 +273,51 @@ def test_n_jobs_in_the_interval_and_the_next_waits_for_it(
     assert take(fetch) == jobs[3:4]
 
 
+def test_fractional_intervals_round_toward_the_limit(redis: redis_py.Redis, clock: Clock) -> None:
+    """1/7 s is not a whole number of microseconds: each step of the schedule is rounded
+    up, so a fetcher that comes back at the exact moment each time still fits seven
+    jobs, not eight, into a second."""
+    push(redis, "q", 10)
+    Queue("q", redis).rate_limit = "7/second"
+    fetch = fetcher(redis, ["q"], clock)
+    for _ in range(7):
+        assert len(take(fetch)) == 1
+        clock.now = int(redis.get(keys.rate_state("q")))  # type: ignore[arg-type]
+    assert clock.now >= T0 + SECOND
+    clock.now = T0 + SECOND - 1
+    assert take(fetch) == []
+
+
+def test_a_fast_rate_lends_one_percent_as_a_burst(redis: redis_py.Redis, clock: Clock) -> None:
+    push(redis, "q", 30)
+    Queue("q", redis).rate_limit = "1000/second"  # burst 10, then one every 1/991 s
+    fetch = fetcher(redis, ["q"], clock)
+    assert len(take(fetch, want=30)) == 10
+    assert fetch.room_in == 0.002, "1009.08 us, rounded up to whole milliseconds"
+    clock.now += 1010
+    assert len(take(fetch, want=30)) == 1
+
+
+@pytest.mark.parametrize("text", ["7/second", "199/10s", "1000/second", "450/3s"])
+def test_no_window_ever_holds_more_than_n(redis: redis_py.Redis, clock: Clock, text: str) -> None:
+    """A greedy fetcher at irregular times (often microseconds apart, sometimes two
+    intervals), over six intervals: the starts in every window of the interval,
+    wherever it begins, stay at most N."""
+    rate = parse_rate(text)
+    window = int(rate.seconds * SECOND)
+    push(redis, "q", 7 * rate.count)
+    Queue("q", redis).rate_limit = text
+    fetch = fetcher(redis, ["q"], clock)
+    rng = random.Random(text)
+    times: list[int] = []
+    while clock.now < T0 + 6 * window:
+        times += [clock.now] * len(fetch.settle_and_take([], 25))
+        step = rate.interval * SECOND * (2 if rng.random() < 0.3 else 0.01)
+        clock.now += rng.randrange(0, int(step) + 2)
+    assert most_in_any_window(times, window) <= rate.count
+    assert len(times) >= 6 * rate.count / 2, "and the fetcher was not starved"
+
+
 def test_a_late_fetch_does_not_let_the_next_ones_catch_up(
     redis: redis_py.Redis, clock: Clock
 ) -> None:
@@ -287,9 +331,7 @@ def test_a_late_fetch_does_not_let_the_next_ones_catch_up(
     assert take(fetch) == []
 
 
-def test_a_rate_blocked_queue_is_skipped_and_fifo_kept(
-    redis: redis_py.Redis, clock: Clock
-) -> None:
+def test_a_rate_blocked_queue_is_skipped_and_fifo_kept(redis: redis_py.Redis, clock: Clock) -> None:
     slow = push(redis, "slow", 3)
     fast = push(redis, "fast", 3)
     Queue("slow", redis).rate_limit = "1/second"
@@ -393,7 +435,7 @@ def _stamps() -> Iterator[None]:
     yield
 
 
-def most_in_any_window(times: list[float], window: float) -> int:
+def most_in_any_window(times: Sequence[float], window: float) -> int:
     """The most starts inside any half-open window of ``window`` seconds."""
     ordered, most, first = sorted(times), 0, 0
     for last, at in enumerate(ordered):

@@ -36,13 +36,18 @@
 -- each with how many times it was returned to its queue without completing (so the
 -- caller can bury a poison job instead of running it again).
 --
--- Rate limits: a queue with rate "N/T" gives its jobs out at least T/N seconds apart (no
--- bursts), so any window of T seconds holds at most N fetches of it, wherever the window
--- starts. The state is one number per queue, the earliest time the next job may be
--- taken (a GCRA with no burst tolerance): O(1), and the key expires when that time has
--- passed. A job taken late (the queue was empty, the capsule busy) does not let the next
--- ones catch up. A value further ahead than one interval (the rate was just raised) is
--- pulled back to one interval from now. The clock is Redis's TIME, not the capsules':
+-- Rate limits: with rate "N/T", any window of T seconds holds at most N fetches of the
+-- queue, wherever the window starts. A GCRA (one number per queue: its theoretical
+-- arrival time; O(1), the key expires once it has passed) with a burst of B = max(1,
+-- floor(N / 100)) jobs and one job every T / (N - B + 1) after it: a burst costs as much
+-- sustained rate as it lends, which is what keeps every window at N (B jobs at t, then
+-- N - B more no sooner than T / (N - B + 1) apart: the (N + 1)-th comes at t + T). Below
+-- 200 per interval that is one job every T / N, no burst at all; above, at most 1% of N
+-- start together and the sustained rate is at least 99% of N / T. The burst matters to
+-- fast rates: a call reads the clock once, so without it a queue could give only one
+-- job per call, whatever its rate. Idle time is not saved up beyond the burst, so a
+-- job taken late does not let the next ones catch up. The clock is Redis's TIME, not
+-- the capsules':
 -- capsules on several hosts share the same schedule, and their clocks' skew must not
 -- let two of them see room for the same slot. (Redis replicates scripts by their
 -- effects, so reading the time before writing is allowed.)
@@ -96,6 +101,7 @@ end
 -- Rate limits. The hash is looked at once per call, each queue's rate once per call.
 local any_rate, rates, now = nil, {}, nil
 
+-- A queue's rate as the GCRA uses it (microseconds), or false when it has none.
 local function rate_of(name)
   if any_rate == nil then
     any_rate = redis.call('EXISTS', rate_limits) == 1
@@ -105,8 +111,13 @@ local function rate_of(name)
     local count, seconds = string.match(
       redis.call('HGET', rate_limits, name) or '', '^(%d+)/([%d.]+)$')
     count, seconds = tonumber(count), tonumber(seconds)
-    rates[name] = count and seconds and count >= 1 and seconds > 0
-      and seconds * 1000000 / count or false -- microseconds between two jobs
+    if count and seconds and count >= 1 and seconds > 0 then
+      local burst = math.max(1, math.floor(count / 100))
+      local interval = seconds * 1000000 / (count - burst + 1)
+      rates[name] = {interval = interval, tolerance = (burst - 1) * interval}
+    else
+      rates[name] = false
+    end
   end
   return rates[name]
 end
@@ -127,20 +138,22 @@ local function schedule(rate_key, at)
   redis.call('SET', rate_key, string.format('%d', at), 'PX', math.ceil((at - clock()) / 1000))
 end
 
--- When the queue's next job may be taken (microseconds). A schedule more than one
--- interval ahead was set under a slower rate: it is pulled back, and stored so.
-local function next_allowed(rate_key, interval)
-  local allowed = tonumber(redis.call('GET', rate_key)) or 0
-  if allowed > clock() + interval then
-    allowed = math.ceil(clock() + interval)
-    schedule(rate_key, allowed)
+-- The queue's theoretical arrival time: its next job may be taken once the clock has
+-- reached it minus the tolerance. A value further ahead than a take now could have
+-- left was set under a slower rate: it is pulled back, and stored so.
+local function arrival(rate_key, rate)
+  local tat = tonumber(redis.call('GET', rate_key)) or 0
+  local ceiling = math.ceil(clock() + rate.tolerance + rate.interval)
+  if tat > ceiling then
+    tat = ceiling
+    schedule(rate_key, tat)
   end
-  return allowed
+  return tat
 end
 
-local function use_rate(rate_key, interval, allowed)
+local function use_rate(rate_key, rate, tat)
   -- Rounded up: a schedule rounded down would let N + 1 jobs into some window.
-  schedule(rate_key, math.ceil(math.max(allowed, clock()) + interval))
+  schedule(rate_key, math.ceil(math.max(tat, clock()) + rate.interval))
 end
 
 local settles, want, queues = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -164,13 +177,15 @@ end
 -- The earliest time (microseconds) a queue skipped for its rate limit may be fetched.
 local room_at = nil
 
--- Whether queue ``name`` may give a job now; with a rate limit, also its schedule.
+-- Whether queue ``name`` may give a job now; with a rate limit, also its rate and
+-- arrival time (to move on when a job is taken).
 local function rate_allows(name, rate_key)
-  local interval = rate_of(name)
-  if not interval then return true end
-  local allowed = next_allowed(rate_key, interval)
-  if allowed <= clock() then return true, interval, allowed end
-  room_at = math.min(room_at or allowed, allowed)
+  local rate = rate_of(name)
+  if not rate then return true end
+  local tat = arrival(rate_key, rate)
+  local free_at = tat - rate.tolerance
+  if free_at <= clock() then return true, rate, tat end
+  room_at = math.min(room_at or free_at, free_at)
   return false
 end
 
@@ -184,15 +199,15 @@ local function take_one(order)
     -- An empty queue is skipped before its limits are read: an idle poll costs one LLEN
     -- (and one SISMEMBER) per queue.
     if redis.call('LLEN', queue_key) > 0 and redis.call('SISMEMBER', paused, name) == 0 then
-      local free, interval, allowed = not at_limit(name, in_progress_key), nil, nil
-      if free then free, interval, allowed = rate_allows(name, rate_key) end
+      local free, rate, tat = not at_limit(name, in_progress_key), nil, nil
+      if free then free, rate, tat = rate_allows(name, rate_key) end
       if free then
         -- The oldest job (right end) moves to the left of the in-progress list.
         local job = redis.call('LMOVE', queue_key, in_progress_key, 'RIGHT', 'LEFT')
         if job then
           redis.call('HINCRBY', busy, name, 1)
           redis.call('SADD', held, name)
-          if interval then use_rate(rate_key, interval, allowed) end
+          if rate then use_rate(rate_key, rate, tat) end
           return name, job
         end
       elseif blocking then

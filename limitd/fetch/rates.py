@@ -2,7 +2,8 @@
 
 A rate limit sits beside a queue's concurrency limits: ``"100/minute"`` lets the limit
 fetch take at most one job of the queue every 0.6 s, so no window of a minute ever holds
-more than 100 starts. It lives in the hash ``limitd:rate_limits`` (queue ->
+more than 100 starts. From 200 per interval on, up to 1% of N may start together, paid
+for by a slightly longer spacing (``Rate.burst``, ``Rate.interval``). It lives in the hash ``limitd:rate_limits`` (queue ->
 ``"count/seconds"``), with the same override rules as the concurrency limits (see
 ``limitd.fetch.limits``): configuration writes a value only where Redis has none, a
 limit cleared at run time is stored as ``none`` so configuration does not bring it back,
@@ -43,9 +44,17 @@ class Rate:
             raise ValueError(f"a rate's interval must be > 0 seconds, got {self.seconds!r}")
 
     @property
+    def burst(self) -> int:
+        """Jobs that may start at the same moment: 1 below 200 per interval, else 1% of
+        the count. (A fetch call reads the clock once: without a burst a fast queue could
+        give one job per call.)"""
+        return max(1, self.count // 100)
+
+    @property
     def interval(self) -> float:
-        """Seconds between two starts: the fetch spaces the queue's jobs this far apart."""
-        return self.seconds / self.count
+        """Seconds between starts after a burst: ``seconds / (count - burst + 1)``, so
+        that no window of ``seconds`` ever holds more than ``count`` starts."""
+        return self.seconds / (self.count - self.burst + 1)
 
     def stored(self) -> str:
         """The form kept in Redis and read by the fetch script: ``count/seconds``."""
