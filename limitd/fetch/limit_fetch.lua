@@ -64,8 +64,8 @@
 -- Cost: O(1) per queue tried per job taken (HGET, LLEN, SISMEMBER, LMOVE), nothing scans
 -- a queue or a busy count; only settling scans this capsule's own in-progress list
 -- (LREM), whose length is bounded by the capsule's threads. Rate limits add one HGET per
--- queue per call, none at all while no queue has one (one EXISTS per call), and a GET
--- and a SET per job taken from a rate-limited queue.
+-- queue per call, none at all while no queue has one (one EXISTS per call), and a TIME,
+-- a GET and a SET per call for a rate-limited queue, whatever the jobs it gives.
 local limits, process_limits, paused, busy = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local held, capsules, capsule_id, channel = KEYS[5], KEYS[6], ARGV[1], ARGV[2]
 local rate_limits, recoveries = KEYS[7], KEYS[#KEYS]
@@ -134,26 +134,40 @@ local function clock()
   return now
 end
 
-local function schedule(rate_key, at)
-  redis.call('SET', rate_key, string.format('%d', at), 'PX', math.ceil((at - clock()) / 1000))
-end
+-- Arrival times read and moved in this call, by rate key; written back once, at the end.
+local arrivals, moved = {}, {}
 
 -- The queue's theoretical arrival time: its next job may be taken once the clock has
 -- reached it minus the tolerance. A value further ahead than a take now could have
--- left was set under a slower rate: it is pulled back, and stored so.
+-- left was set under a slower rate: it is pulled back (and stored so).
 local function arrival(rate_key, rate)
-  local tat = tonumber(redis.call('GET', rate_key)) or 0
-  local ceiling = math.ceil(clock() + rate.tolerance + rate.interval)
-  if tat > ceiling then
-    tat = ceiling
-    schedule(rate_key, tat)
+  if arrivals[rate_key] == nil then
+    local tat = tonumber(redis.call('GET', rate_key)) or 0
+    local ceiling = math.ceil(clock() + rate.tolerance + rate.interval)
+    if tat > ceiling then
+      tat = ceiling
+      moved[#moved + 1] = rate_key
+    end
+    arrivals[rate_key] = tat
   end
-  return tat
+  return arrivals[rate_key]
 end
 
 local function use_rate(rate_key, rate, tat)
   -- Rounded up: a schedule rounded down would let N + 1 jobs into some window.
-  schedule(rate_key, math.ceil(math.max(tat, clock()) + rate.interval))
+  arrivals[rate_key] = math.ceil(math.max(tat, clock()) + rate.interval)
+  moved[#moved + 1] = rate_key
+end
+
+local function save_arrivals()
+  for _, rate_key in ipairs(moved) do
+    local at = arrivals[rate_key]
+    if at then
+      redis.call('SET', rate_key, string.format('%d', at),
+        'PX', math.ceil((at - clock()) / 1000))
+      arrivals[rate_key] = false -- written: once is enough
+    end
+  end
 end
 
 local settles, want, queues = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -243,6 +257,7 @@ end
 if #taken > 2 then
   redis.call('SADD', capsules, capsule_id)
 end
+save_arrivals()
 if room_at then
   taken[2] = math.max(1, math.ceil((room_at - clock()) / 1000))
 end
