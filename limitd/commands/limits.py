@@ -43,7 +43,7 @@ RESET_DESCRIPTION = (
 def add_limit_commands(commands: Subparsers, resolve_redis: ResolveRedis) -> None:
     limit = commands.add_parser(
         "limit",
-        help="set, clear or reset a queue's limit",
+        help="set, clear or reset a queue's limit or rate limit",
         description=(
             "Change how many jobs of a queue may run at once. Running processes apply "
             "the change at their next fetch."

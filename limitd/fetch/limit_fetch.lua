@@ -46,11 +46,11 @@
 -- start together and the sustained rate is at least 99% of N / T. The burst matters to
 -- fast rates: a call reads the clock once, so without it a queue could give only one
 -- job per call, whatever its rate. Idle time is not saved up beyond the burst, so a
--- job taken late does not let the next ones catch up. The clock is Redis's TIME, not
--- the capsules':
--- capsules on several hosts share the same schedule, and their clocks' skew must not
--- let two of them see room for the same slot. (Redis replicates scripts by their
--- effects, so reading the time before writing is allowed.)
+-- job taken late does not let the next ones catch up. A queue that has used its rate is
+-- skipped like one at its limit (a blocking one stops the fetch). The clock is Redis's
+-- TIME, not the capsules': capsules on several hosts share one schedule, and skew
+-- between their clocks must not let two of them see room for the same slot. (Redis
+-- replicates scripts by their effects, so reading the time before writing is allowed.)
 --
 -- Why atomic: the limit check, the pop and the slot count must not interleave with
 -- other fetchers, or two of them could both see "2 of 3 busy" and take the third slot.

@@ -3,11 +3,12 @@
 A rate limit sits beside a queue's concurrency limits: ``"100/minute"`` lets the limit
 fetch take at most one job of the queue every 0.6 s, so no window of a minute ever holds
 more than 100 starts. From 200 per interval on, up to 1% of N may start together, paid
-for by a slightly longer spacing (``Rate.burst``, ``Rate.interval``). It lives in the hash ``limitd:rate_limits`` (queue ->
-``"count/seconds"``), with the same override rules as the concurrency limits (see
-``limitd.fetch.limits``): configuration writes a value only where Redis has none, a
-limit cleared at run time is stored as ``none`` so configuration does not bring it back,
-and a reset deletes the value so the configured one returns at the next heartbeat.
+for by a slightly longer spacing (``Rate.burst``, ``Rate.interval``). It lives in the
+hash ``limitd:rate_limits`` (queue -> ``"count/seconds"``), with the same override
+rules as the concurrency limits (see ``limitd.fetch.limits``): configuration writes a
+value only where Redis has none, a limit cleared at run time is stored as ``none`` so
+configuration does not bring it back, and a reset deletes the value so the configured
+one returns at the next heartbeat.
 
 The fetch script keeps, per rate-limited queue, the earliest time its next job may be
 taken (``limitd:rate:<queue>``; see ``limit_fetch.lua`` for the guarantee).
