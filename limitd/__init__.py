@@ -17,6 +17,7 @@ from limitd.batch.api import Batch, BatchNotOpen, BatchStatus
 from limitd.client import Client, configure, default_client, set_default_client
 from limitd.fetch.recoveries import RecoveredTooOften
 from limitd.job import Enqueuer, Job, job
+from limitd.limiters.limiter import Limiter, OverLimit
 from limitd.options import InvalidJobOption
 from limitd.payload import MalformedPayload, UnsafeArgument
 from limitd.registry import registry
@@ -32,7 +33,9 @@ __all__ = [
     "InvalidJobOption",
     "Job",
     "JobSpec",
+    "Limiter",
     "MalformedPayload",
+    "OverLimit",
     "RecoveredTooOften",
     "UnsafeArgument",
     "__version__",

@@ -3,7 +3,8 @@
 Order matters for the client chain: batch membership first (it must see a later
 middleware halt the push, to take the job back out of the batch), then uniqueness
 (keyed on the queue asked for, before fairness may reroute it), then tenant fairness
-(a skipped duplicate is not counted against its tenant).
+(a skipped duplicate is not counted against its tenant). Limiters have only a server
+middleware, innermost, so it sees ``OverLimit`` straight from the job.
 
 Adding a feature: a folder with its modules and a ``plug`` module describing it as one
 ``limitd.plugins.Feature``, then one line here.
@@ -12,9 +13,10 @@ Adding a feature: a folder with its modules and a ``plug`` module describing it 
 from limitd import plugins
 from limitd.batch.plug import BATCH
 from limitd.fair_tenant.plug import FAIR_TENANT
+from limitd.limiters.plug import LIMITERS
 from limitd.unique.plug import UNIQUE
 
-SHIPPED = (BATCH, UNIQUE, FAIR_TENANT)
+SHIPPED = (BATCH, UNIQUE, FAIR_TENANT, LIMITERS)
 
 for _feature in SHIPPED:
     plugins.register(_feature)

@@ -32,6 +32,7 @@ from limitd.registry import registry
 from limitd.spec import (
     ExhaustedHook,
     JobSpec,
+    LimiterBackoffHook,
     RetryInHook,
     TenantHook,
     current_payload,
@@ -48,6 +49,7 @@ def define(
     retry_in: RetryInHook | None = None,
     retries_exhausted: ExhaustedHook | None = None,
     tenant: TenantHook | None = None,
+    limiter_backoff: LimiterBackoffHook | None = None,
 ) -> JobSpec:
     """Validate options, build the spec and register it under its wire name."""
     spec = JobSpec(
@@ -58,6 +60,7 @@ def define(
         retry_in=retry_in,
         retries_exhausted=retries_exhausted,
         tenant=tenant,
+        limiter_backoff=limiter_backoff,
     )
     registry.register(spec)
     return spec
@@ -140,11 +143,13 @@ def job(
     retry_in: RetryInHook | None = None,
     retries_exhausted: ExhaustedHook | None = None,
     tenant: TenantHook | None = None,
+    limiter_backoff: LimiterBackoffHook | None = None,
     **job_options: Any,
 ) -> Any:
     """Decorator that turns a function into a job; usable bare or with options. The
-    hooks: ``retry_in``, ``retries_exhausted`` (see ``limitd.retry``) and ``tenant``
-    (called with the job's arguments, see ``limitd.fair_tenant``)."""
+    hooks: ``retry_in``, ``retries_exhausted`` (see ``limitd.retry``), ``tenant``
+    (called with the job's arguments, see ``limitd.fair_tenant``) and
+    ``limiter_backoff`` (see ``limitd.limiters.middleware``)."""
 
     def decorate(target: Callable[..., Any]) -> JobFunction:
         origin = f"{target.__module__}.{target.__qualname__}"
@@ -156,6 +161,7 @@ def job(
             retry_in=retry_in,
             retries_exhausted=retries_exhausted,
             tenant=tenant,
+            limiter_backoff=limiter_backoff,
         )
         return JobFunction(target, spec)
 
@@ -165,7 +171,8 @@ def job(
 class Job:
     """Base class for class-style jobs: options go in the class statement, ``perform``
     receives the arguments, and the optional ``retry_in`` / ``retries_exhausted``
-    methods are the retry hooks, ``fair_tenant(*args)`` the tenant hook. A fresh
+    methods are the retry hooks, ``fair_tenant(*args)`` the tenant hook,
+    ``limiter_backoff(count, exc, payload)`` the over-limit delay. A fresh
     instance runs each job, with ``jid`` and ``payload`` set before ``perform``."""
 
     spec: ClassVar[JobSpec]
@@ -189,6 +196,7 @@ class Job:
             retry_in=_hook(cls, "retry_in"),
             retries_exhausted=_hook(cls, "retries_exhausted"),
             tenant=_hook(cls, "fair_tenant"),
+            limiter_backoff=_hook(cls, "limiter_backoff"),
         )
 
     @classmethod

@@ -161,3 +161,24 @@ def batch_failures(bid: str) -> str:
 def batch_keys(bid: str) -> list[str]:
     """A batch's keys in the order every batch script takes them."""
     return [batch(bid), batch_pending(bid), batch_unfinished(bid), batch_failures(bid)]
+
+
+# Limiters (limitd.limiters). The limiter's name comes last, after a fixed part without
+# a colon, so any name (colons, spaces, "*") maps to its own keys and never to another
+# limiter's: names are data, never patterns.
+LIMITERS = LIMITD_PREFIX + "limiters"  # zset name -> last use: the index the admin API lists
+LIMITER_PARTS = ("stats", "holders", "wake", "window", "leaky")
+
+
+def limiter(part: str, name: str) -> str:
+    """One key of the limiter ``name``: ``stats`` (hash: definition and counters),
+    ``holders`` (zset token -> lock expiry), ``wake`` (list released slots are announced
+    on), ``window`` (zset of call times) or ``leaky`` (hash: level and last update)."""
+    if part not in LIMITER_PARTS:
+        raise ValueError(f"unknown limiter key part {part!r}")
+    return f"{LIMITD_PREFIX}limiter:{part}:{name}"
+
+
+def limiter_bucket(name: str, interval_start: int) -> str:
+    """The counter of one calendar interval of a bucket limiter (it expires with it)."""
+    return f"{LIMITD_PREFIX}limiter:bucket:{interval_start}:{name}"

@@ -17,6 +17,8 @@ from limitd.payload import DEFAULT_QUEUE, Payload
 RetryInHook = Callable[[int, BaseException, Payload], Any]
 ExhaustedHook = Callable[[Payload, BaseException], Any]
 TenantHook = Callable[..., Any]
+# (over-limit reschedules so far, the OverLimit, payload) -> seconds (limitd.limiters)
+LimiterBackoffHook = Callable[[int, BaseException, Payload], Any]
 
 _current_payload: contextvars.ContextVar[Payload | None] = contextvars.ContextVar(
     "limitd_current_payload", default=None
@@ -34,6 +36,7 @@ class JobSpec:
     retry_in: RetryInHook | None = None
     retries_exhausted: ExhaustedHook | None = None
     tenant: TenantHook | None = None  # called with the job's arguments (fair_tenant)
+    limiter_backoff: LimiterBackoffHook | None = None
 
     @property
     def queue(self) -> str:

@@ -41,6 +41,8 @@ LAYERS: dict[str, tuple[int, str]] = {
     "limitd.batch.middleware": (MIDDLEWARE, ""),
     "limitd.unique.middleware": (MIDDLEWARE, ""),
     "limitd.fair_tenant.middleware": (MIDDLEWARE, ""),
+    "limitd.limiters.store": (MIDDLEWARE, ""),
+    "limitd.limiters.middleware": (MIDDLEWARE, ""),
     "limitd.fetch.order": (MIDDLEWARE, ""),
     "limitd.fetch.limits": (MIDDLEWARE, ""),
     "limitd.fetch.rates": (MIDDLEWARE, ""),
@@ -54,6 +56,7 @@ LAYERS: dict[str, tuple[int, str]] = {
     "limitd.client": (SIDES, "client"),
     "limitd.job": (SIDES, "client"),
     "limitd.batch.api": (SIDES, "client"),
+    "limitd.limiters.limiter": (SIDES, "client"),
     "limitd.fetch": (SIDES, "server"),
     "limitd.supervisor": (SIDES, "server"),
     "limitd.logs": (SIDES, "server"),
@@ -61,19 +64,22 @@ LAYERS: dict[str, tuple[int, str]] = {
     "limitd.api": (TOP, ""),
     "limitd.batch.admin": (TOP, ""),
     "limitd.fair_tenant.admin": (TOP, ""),
+    "limitd.limiters.admin": (TOP, ""),
     "limitd.commands": (TOP, ""),
     "limitd.batch.commands": (TOP, ""),
     "limitd.fair_tenant.commands": (TOP, ""),
+    "limitd.limiters.commands": (TOP, ""),
     "limitd.batch.plug": (TOP, ""),
     "limitd.unique.plug": (TOP, ""),
     "limitd.fair_tenant.plug": (TOP, ""),
+    "limitd.limiters.plug": (TOP, ""),
     "limitd.features": (TOP, ""),
     "limitd.cli": (TOP, ""),
 }
 PUBLIC_PACKAGE = "limitd"  # its __init__ re-exports the public API: on top
 # Feature folders' __init__ modules hold only a docstring: importing one of their modules
 # runs them, so they must stay at the bottom.
-DOCSTRING_ONLY = ("limitd.batch", "limitd.unique", "limitd.fair_tenant")
+DOCSTRING_ONLY = ("limitd.batch", "limitd.unique", "limitd.fair_tenant", "limitd.limiters")
 
 
 def module_name(path: Path) -> str:

@@ -16,7 +16,8 @@ running job's path::
     print(Queue("default").latency(), Stats().enqueued)
 
 One module per part: ``records`` (the job record shared by all), ``queues``,
-``sorted_sets``, ``capsules``, ``stats``, ``tenants`` and ``batches``.
+``sorted_sets``, ``capsules``, ``stats``, ``tenants`` and ``batches``; limiters are
+listed by ``limiters()`` (from ``limitd.limiters.admin``).
 """
 
 from limitd.api.capsules import Capsule, Capsules
@@ -35,6 +36,7 @@ from limitd.api.sorted_sets import (
 from limitd.api.stats import QueueStatus, Stats, queue_overview
 from limitd.batch.admin import BatchStatus, batch_status, list_batches
 from limitd.fair_tenant.admin import RuleWindow, TenantStatus, reroutes, top_tenants
+from limitd.limiters.admin import LimiterStatus, limiters
 
 __all__ = [
     "PAGE_SIZE",
@@ -43,6 +45,7 @@ __all__ = [
     "Capsules",
     "DeadSet",
     "JobRecord",
+    "LimiterStatus",
     "PendingEntry",
     "PendingSet",
     "ProcessStatus",
@@ -58,6 +61,7 @@ __all__ = [
     "Stats",
     "TenantStatus",
     "batch_status",
+    "limiters",
     "list_batches",
     "queue_overview",
     "reroutes",

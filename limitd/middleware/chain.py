@@ -17,7 +17,8 @@ Server middleware::
         return call_next()                # perform (and the rest of the chain)
 
     def settled(self, spec, payload, queue, outcome, error):   # optional
-        ...  # the job's fate is recorded: "done", "retry", "dead" or "discarded"
+        ...  # the job's fate is recorded: "done", "retry", "dead", "discarded"
+             # or "rescheduled" (put back in schedule by a middleware: will run again)
         return SCRIPT.later(keys, args)   # optional: Redis work to send with the ack
 
 ``settled`` exists because a middleware around ``perform`` sees an exception but not
@@ -42,6 +43,13 @@ log = logging.getLogger("limitd.client")
 PushNext = Callable[[Payload], "Payload | None"]
 ClientMiddleware = Callable[["JobSpec | None", Payload, Any, PushNext], "Payload | None"]
 ServerMiddleware = Callable[["JobSpec", Payload, str, Callable[[], Any]], Any]
+
+
+class Rescheduled(Exception):
+    """Raised by a server middleware that has itself put the job back in ``schedule``
+    (a limiter's ``OverLimit``): the executor records the outcome ``rescheduled``, which
+    is neither a success nor a failure; ``settled`` middleware leave such a job's state
+    (its batch, its unique lock) as it is, since it will run again."""
 
 
 def call_next_or_undo(

@@ -1,7 +1,8 @@
 """Runs one fetched job: parse -> resolve -> server middleware -> perform -> outcome.
 
 This is where every job's fate is decided and logged, once: ``done``, ``retry``,
-``dead`` or ``discarded``. The caller acknowledges the unit of work only after
+``dead``, ``discarded`` or ``rescheduled`` (a middleware put it back in ``schedule``,
+see ``limitd.middleware.chain.Rescheduled``). The caller acknowledges the unit of work only after
 ``execute`` returned, that is after the outcome was recorded in Redis, so a fetch that
 keeps jobs until acknowledged never loses one whose retry could not be written.
 """
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING
 from limitd import clock
 from limitd.fetch.recoveries import RecoveredTooOften, count_in
 from limitd.logs import job_fields, own_frames
-from limitd.middleware.chain import ServerChain
+from limitd.middleware.chain import Rescheduled, ServerChain
 from limitd.payload import MalformedPayload, Payload, dead_entry, parse
 from limitd.redis import ScriptCall
 from limitd.registry import JobRegistry, registry
@@ -74,7 +75,7 @@ class JobExecutor:
                 outcome = self._execute(unit, payload)
             if unit.recoveries:
                 unit.forget_recoveries()
-        self.stats.record(failed=outcome != "done")
+        self.stats.record(failed=outcome not in ("done", "rescheduled"))
         return outcome
 
     def _execute(self, unit: UnitOfWork, payload: Payload) -> str:
@@ -111,6 +112,8 @@ class JobExecutor:
                 )
             self.chain.invoke(spec, payload, queue, lambda: spec.run(payload))
             outcome = "done"
+        except Rescheduled:  # a middleware put it back in schedule: it runs again
+            outcome = "rescheduled"
         except (Exception, SystemExit) as exc:  # a job calling sys.exit() has failed
             error = exc
             outcome = self._failed(spec, payload, queue, exc)

@@ -143,8 +143,8 @@ class UniqueRelease:
     ) -> ScriptCall | None:
         """After the job's fate is recorded: a job that will not run again frees its
         lock under ``executed`` (with its acknowledgement); one waiting for a retry
-        keeps it."""
-        if outcome == "retry" or _policy(payload) != "executed":
+        keeps it, as does one a limiter rescheduled."""
+        if outcome in ("retry", "rescheduled") or _policy(payload) != "executed":
             return None
         return release_call(payload)
 

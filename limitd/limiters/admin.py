@@ -1,0 +1,83 @@
+"""Limiters for operators: each one used within its ``ttl``, with its statistics.
+
+The index (``limitd:limiters``, name -> last use) may outlive a limiter whose stats
+hash expired; listing drops those entries as it meets them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from limitd import clock, keys
+from limitd.limiters.store import held_now
+
+
+@dataclass(frozen=True)
+class LimiterStatus:
+    """One limiter's definition and counters. ``calls`` = ``immediate`` + ``waited`` +
+    ``over_limit`` (+ checks still waiting); ``held`` is the number of live holders
+    (concurrent only); hold times are measured for concurrent limiters only."""
+
+    name: str
+    kind: str
+    limit: int
+    period: float
+    calls: int
+    immediate: int
+    waited: int
+    over_limit: int
+    average_wait: float  # seconds, over the checks that waited and got in
+    average_hold: float  # seconds, over released concurrent slots
+    expired: int  # concurrent slots whose lock ran out before release
+    held: int | None
+    last_used: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def limiters(redis: Any) -> list[LimiterStatus]:
+    """Every limiter used within its ttl, most recently used first."""
+    entries = redis.zrevrange(keys.LIMITERS, 0, -1, withscores=True)
+    names = [raw.decode(errors="replace") for raw, _ in entries]
+    pipe = redis.pipeline(transaction=False)
+    for name in names:
+        pipe.hgetall(keys.limiter("stats", name))
+    found, gone = [], []
+    for (raw, last_used), name, stats in zip(entries, names, pipe.execute(), strict=True):
+        if not stats:
+            gone.append(raw)
+            continue
+        found.append(
+            _status(redis, name, {k.decode(): v.decode() for k, v in stats.items()}, last_used)
+        )
+    if gone:
+        redis.zrem(keys.LIMITERS, *gone)
+    return found
+
+
+def _status(redis: Any, name: str, stats: dict[str, str], last_used: float) -> LimiterStatus:
+    def count(field: str) -> int:
+        return int(stats.get(field, 0))
+
+    waited, holds = count("waited"), count("holds")
+    kind = stats.get("kind", "?")
+    return LimiterStatus(
+        name=name,
+        kind=kind,
+        limit=count("limit"),
+        period=float(stats.get("period", 0)),
+        calls=count("calls"),
+        immediate=count("immediate"),
+        waited=waited,
+        over_limit=count("over_limit"),
+        average_wait=count("wait_ms") / waited / 1000 if waited else 0.0,
+        average_hold=count("hold_ms") / holds / 1000 if holds else 0.0,
+        expired=count("expired"),
+        held=held_now(redis, name, clock.now()) if kind == "concurrent" else None,
+        last_used=float(last_used),
+    )
+
+
+__all__ = ["LimiterStatus", "limiters"]

@@ -1,0 +1,121 @@
+"""A job whose limiter stayed full is rescheduled, not failed.
+
+``OverLimit`` escaping a job means "not now", not "broken": this server middleware
+catches it, writes the job to ``schedule`` with ``overlimit_count`` one higher (its
+``retry_count`` and the retry set untouched) to run again after a backoff, announces
+the due time so sleeping pollers wake for it, and raises ``Rescheduled`` so the
+executor records the outcome ``rescheduled``. That outcome is neither success nor
+failure: the job's batch does not count it and its unique lock is kept, since the same
+job runs again. After ``max_overlimit`` reschedules (a job option, default 20) the
+next ``OverLimit`` takes the retry path like any other error.
+
+The delay is ``5 s x count`` plus up to 5 s of jitter, unless the job's
+``limiter_backoff(count, exc, payload)`` hook (a ``@limitd.job`` keyword or a ``Job``
+method), or the global one set with :func:`set_limiter_backoff`, returns a number of
+seconds >= 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+from typing import Any
+
+from limitd import clock, keys, options
+from limitd.limiters.store import OverLimit
+from limitd.middleware.chain import Rescheduled
+from limitd.payload import Payload, dumps
+from limitd.spec import JobSpec, LimiterBackoffHook
+
+log = logging.getLogger("limitd.limiters")
+
+DEFAULT_MAX_OVERLIMIT = 20
+STEP_SECONDS = 5.0
+JITTER_SECONDS = 5.0
+COUNT_FIELD = "overlimit_count"
+
+
+def _count_option(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError("expected a whole number of reschedules >= 0")
+    return value
+
+
+options.declare("max_overlimit", _count_option, owner="limitd.limiters")
+
+_global_backoff: LimiterBackoffHook | None = None
+_rng = random.Random()
+
+
+def set_limiter_backoff(hook: LimiterBackoffHook | None) -> None:
+    """The delay for jobs without their own ``limiter_backoff`` hook (None: the
+    default linear backoff)."""
+    global _global_backoff
+    _global_backoff = hook
+
+
+def default_backoff(count: int) -> float:
+    """Grows with each reschedule; jittered so jobs turned away together do not all
+    come back at the same instant."""
+    return STEP_SECONDS * count + _rng.uniform(0, JITTER_SECONDS)
+
+
+def backoff_seconds(spec: JobSpec, count: int, exc: OverLimit, payload: Payload) -> float:
+    hook = spec.limiter_backoff or _global_backoff
+    if hook is not None:
+        chosen = _call_hook(hook, count, exc, payload)
+        if isinstance(chosen, (int, float)) and not isinstance(chosen, bool) and chosen >= 0:
+            return float(chosen)
+    return default_backoff(count)
+
+
+class OverLimitReschedule:
+    """Server middleware: ``OverLimit`` out of a job puts it back in ``schedule``."""
+
+    def __init__(self, redis: Any) -> None:
+        self.redis = redis
+
+    def __call__(
+        self, spec: JobSpec, payload: Payload, queue: str, call_next: Callable[[], Any]
+    ) -> Any:
+        try:
+            return call_next()
+        except OverLimit as exc:
+            count = int(payload.get(COUNT_FIELD) or 0) + 1
+            if count > int(payload.get("max_overlimit", DEFAULT_MAX_OVERLIMIT)):
+                raise  # rescheduled often enough: an error like any other
+            self._reschedule(spec, payload, queue, count, exc)
+            raise Rescheduled(str(exc)) from exc
+
+    def _reschedule(
+        self, spec: JobSpec, payload: Payload, queue: str, count: int, exc: OverLimit
+    ) -> None:
+        """ZADD to ``schedule`` and announce the due time in one round trip (as a
+        retry is), so a poller asleep until later wakes for it."""
+        entry = {**payload, COUNT_FIELD: count, "queue": queue}
+        at = clock.now() + backoff_seconds(spec, count, exc, entry)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zadd(keys.SCHEDULE, {dumps(entry): at})
+        pipe.publish(keys.DUE_CHANNEL, repr(at))
+        pipe.execute()
+        log.info(
+            "over limit jid=%s class=%s queue=%s limiter=%s overlimit_count=%d in %.1fs",
+            payload.get("jid"),
+            payload.get("class"),
+            queue,
+            exc.name,
+            count,
+            at - clock.now(),
+        )
+
+
+def _call_hook(hook: LimiterBackoffHook, count: int, exc: OverLimit, payload: Payload) -> Any:
+    """User code inside the reschedule: its error falls back on the default delay."""
+    try:
+        return hook(count, exc, payload)
+    except Exception:
+        log.exception(
+            "limiter_backoff hook failed jid=%s class=%s", payload.get("jid"), payload.get("class")
+        )
+        return None

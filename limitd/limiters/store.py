@@ -1,0 +1,165 @@
+"""A limiter's definition, its Redis state and the scripts that check it.
+
+Each check is one atomic script call (``*_acquire.lua``), plus one to release a
+concurrent slot. Time comes from :mod:`limitd.clock` and is passed to the scripts, so
+every process (and a test under freezegun) agrees on it through one seam; the
+processes sharing a limiter are assumed to have synchronised clocks (skew between hosts
+shortens or lengthens windows and lock timeouts by that much).
+
+The kinds:
+
+- ``concurrent``: at most ``limit`` holders at once; a holder's lock expires after
+  ``lock_timeout`` seconds, so one killed inside its block leaks nothing;
+- ``bucket``: ``limit`` calls per calendar interval (per UTC minute, hour, day ...);
+- ``window``: ``limit`` calls in any rolling interval;
+- ``leaky``: a bucket of ``limit`` calls draining ``limit`` per interval: a burst of
+  ``limit``, then a steady rate.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from limitd import keys
+from limitd.redis import LuaScript
+
+PACKAGE = __package__ or "limitd.limiters"
+KINDS = ("concurrent", "bucket", "window", "leaky")
+INTERVALS = {"second": 1.0, "minute": 60.0, "hour": 3600.0, "day": 86400.0}
+DEFAULT_TTL = 90 * 86400.0  # an unused limiter's stats and index entry go after this
+DEFAULT_LOCK_TIMEOUT = 30.0
+DEFAULT_WAIT_TIMEOUT = 5.0
+
+_LIB = ("limiter_lib.lua",)
+ACQUIRE = {kind: LuaScript(PACKAGE, f"limiter_{kind}_acquire.lua", prelude=_LIB) for kind in KINDS}
+RELEASE = LuaScript(PACKAGE, "limiter_concurrent_release.lua")
+
+
+class OverLimit(Exception):
+    """No room appeared within the limiter's ``wait_timeout``. Escaping a job, it
+    reschedules the job instead of failing it (see :mod:`limitd.limiters.middleware`)."""
+
+    wire_name = "limitd.OverLimit"
+
+    def __init__(self, name: str, kind: str, waited: float) -> None:
+        super().__init__(f"limiter {name!r} ({kind}) is over its limit (waited {waited:.3f}s)")
+        self.name = name
+        self.kind = kind
+        self.waited = waited
+
+
+@dataclass(frozen=True)
+class Definition:
+    """What a limiter is; ``period`` is the interval, or the lock timeout of a
+    concurrent limiter, in seconds."""
+
+    name: str
+    kind: str
+    limit: int
+    period: float
+    ttl: float = DEFAULT_TTL
+
+    def __post_init__(self) -> None:
+        where = f"limiter {self.name!r}"
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"limiter name must be a non-empty string, not {self.name!r}")
+        if self.kind not in KINDS:
+            raise ValueError(f"{where}: kind {self.kind!r} is not one of {', '.join(KINDS)}")
+        if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 1:
+            raise ValueError(f"{where}: count must be a whole number >= 1, not {self.limit!r}")
+        if not self.ttl > 0:
+            raise ValueError(f"{where}: ttl must be a positive number of seconds, not {self.ttl!r}")
+
+
+def parse_interval(name: str, value: Any) -> float:
+    """Seconds from a positive number or one of ``second``, ``minute``, ``hour``,
+    ``day``; a ValueError naming the limiter and the value otherwise."""
+    if isinstance(value, str) and value in INTERVALS:
+        return INTERVALS[value]
+    if _finite_number(value) and value > 0:
+        return float(value)
+    names = ", ".join(repr(n) for n in INTERVALS)
+    raise ValueError(
+        f"limiter {name!r}: interval {value!r} is not a positive number of seconds "
+        f"or one of {names}"
+    )
+
+
+def positive_seconds(name: str, what: str, value: Any, *, zero: bool = False) -> float:
+    """A duration option (``lock_timeout``, ``wait_timeout``), checked at definition."""
+    if _finite_number(value) and (value > 0 or (zero and value == 0)):
+        return float(value)
+    expected = "a number of seconds >= 0" if zero else "a positive number of seconds"
+    raise ValueError(f"limiter {name!r}: {what} {value!r} is not {expected}")
+
+
+def _finite_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def interval_bounds(now: float, interval: float) -> tuple[int, float]:
+    """The start (a whole second, part of the counter's key) and end of the calendar
+    interval holding ``now``. Counted from the epoch, so minutes, hours and days
+    start where UTC's do."""
+    start = math.floor(now / interval) * interval
+    return int(start), start + interval
+
+
+def state_key(definition: Definition, now: float) -> str:
+    if definition.kind == "concurrent":
+        return keys.limiter("holders", definition.name)
+    if definition.kind == "bucket":
+        return keys.limiter_bucket(definition.name, interval_bounds(now, definition.period)[0])
+    return keys.limiter(definition.kind, definition.name)
+
+
+def acquire(
+    redis: Any, definition: Definition, now: float, token: str, *, attempt: int, waited: float
+) -> tuple[bool, float]:
+    """One try: (taken, seconds until room may appear when not taken)."""
+    name = definition.name
+    script_keys = [state_key(definition, now)]
+    if definition.kind == "concurrent":
+        script_keys.append(keys.limiter("wake", name))
+    script_keys += [keys.limiter("stats", name), keys.LIMITERS]
+    finish = interval_bounds(now, definition.period)[1] if definition.kind == "bucket" else 0
+    args = [repr(now), definition.limit, repr(definition.period), token, attempt]
+    args += [round(waited * 1000), math.ceil(definition.ttl), name, definition.kind, repr(finish)]
+    allowed, wait_ms = ACQUIRE[definition.kind](redis, script_keys, args)
+    return bool(allowed), int(wait_ms) / 1000
+
+
+def release(redis: Any, definition: Definition, token: str, held: float) -> bool:
+    """Give back a concurrent slot; False when its lock had expired meanwhile."""
+    name = definition.name
+    script_keys = [
+        keys.limiter("holders", name),
+        keys.limiter("wake", name),
+        keys.limiter("stats", name),
+    ]
+    lock_ms = math.ceil(definition.period * 1000)
+    args = [token, round(held * 1000), definition.limit, lock_ms]
+    return bool(RELEASE(redis, script_keys, args))
+
+
+def wait_for_release(redis: Any, definition: Definition, timeout: float) -> None:
+    """Block until a concurrent slot is released or ``timeout`` seconds pass (BLPOP on
+    the wake list: a release pushed while this caller was between its try and its
+    BLPOP is still there, so no release is missed)."""
+    redis.blpop([keys.limiter("wake", definition.name)], timeout=max(0.001, timeout))
+
+
+def record_over_limit(redis: Any, definition: Definition) -> None:
+    """Count a check that gave up (its calls were counted by the scripts)."""
+    stats = keys.limiter("stats", definition.name)
+    pipe = redis.pipeline(transaction=False)
+    pipe.hincrby(stats, "over_limit", 1)
+    pipe.expire(stats, math.ceil(definition.ttl))
+    pipe.execute()
+
+
+def held_now(redis: Any, name: str, now: float) -> int:
+    """Holders of a concurrent limiter whose lock has not expired."""
+    return int(redis.zcount(keys.limiter("holders", name), f"({now!r}", "+inf"))
