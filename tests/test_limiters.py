@@ -17,6 +17,7 @@ from freezegun import freeze_time
 
 import limitd
 from limitd import keys
+from limitd.limiters import limiter as limiter_module
 from limitd.limiters import middleware as limiter_middleware
 from limitd.limiters.admin import limiters
 from limitd.limiters.commands import add_limiters_command
@@ -133,8 +134,12 @@ def test_a_full_limiter_waits_until_room_appears(redis: redis_py.Redis, make) ->
     assert status.average_wait > 0
 
 
-def test_a_concurrent_waiter_wakes_when_a_slot_is_released(redis: redis_py.Redis) -> None:
-    # The lock would only expire after 60 s: the waiter gets in because of the release.
+def test_a_concurrent_waiter_wakes_when_a_slot_is_released(
+    redis: redis_py.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The lock would only expire after 60 s and one BLPOP may block as long: a waiter
+    # done within the join's deadline got in because the release woke it.
+    monkeypatch.setattr(limiter_module, "MAX_BLOCK", 60.0)
     limiter = limitd.Limiter.concurrent("c", 1, lock_timeout=60, wait_timeout=30)
     entered, release = threading.Event(), threading.Event()
 
@@ -150,9 +155,9 @@ def test_a_concurrent_waiter_wakes_when_a_slot_is_released(redis: redis_py.Redis
     waiter = threading.Thread(target=lambda: waiter_result.append(once(limiter)))
     waiter.start()
     release.set()
-    waiter.join(20)
+    waiter.join(10)
     thread.join(10)
-    assert waiter_result == [True]
+    assert not waiter.is_alive() and waiter_result == [True]
     [status] = limiters(redis)
     assert (status.immediate, status.waited, status.held) == (1, 1, 0)
 
