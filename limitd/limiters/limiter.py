@@ -89,8 +89,9 @@ class Limiter:
     ) -> Limiter:
         """``count`` calls per calendar interval (UTC): the count resets when a new
         second, minute, hour or day starts."""
-        seconds = store.parse_interval(name, interval)
-        return cls(Definition(name, "bucket", count, seconds, ttl), wait_timeout, redis)
+        return cls._per_interval(
+            "bucket", name, count, interval, wait_timeout=wait_timeout, ttl=ttl, redis=redis
+        )
 
     @classmethod
     def window(
@@ -104,8 +105,9 @@ class Limiter:
         redis: Any = None,
     ) -> Limiter:
         """``count`` calls in any rolling ``interval`` (a sliding window)."""
-        seconds = store.parse_interval(name, interval)
-        return cls(Definition(name, "window", count, seconds, ttl), wait_timeout, redis)
+        return cls._per_interval(
+            "window", name, count, interval, wait_timeout=wait_timeout, ttl=ttl, redis=redis
+        )
 
     @classmethod
     def leaky(
@@ -119,8 +121,25 @@ class Limiter:
         redis: Any = None,
     ) -> Limiter:
         """A burst of ``count`` calls, then ``count`` per ``interval`` evenly spread."""
+        return cls._per_interval(
+            "leaky", name, count, interval, wait_timeout=wait_timeout, ttl=ttl, redis=redis
+        )
+
+    @classmethod
+    def _per_interval(
+        cls,
+        kind: str,
+        name: str,
+        count: int,
+        interval: float | str,
+        *,
+        wait_timeout: float,
+        ttl: float,
+        redis: Any,
+    ) -> Limiter:
+        """The three kinds that count calls per interval differ only in their script."""
         seconds = store.parse_interval(name, interval)
-        return cls(Definition(name, "leaky", count, seconds, ttl), wait_timeout, redis)
+        return cls(Definition(name, kind, count, seconds, ttl), wait_timeout, redis)
 
     @property
     def name(self) -> str:
