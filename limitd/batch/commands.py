@@ -58,12 +58,9 @@ def run_batches(args: argparse.Namespace, connect: Connect) -> int:
     if args.bid:
         return _show_one(args, connect)
     statuses = list_batches(connect(), limit)
-    if args.json:
-        print_json([status.as_dict() for status in statuses])
-    elif statuses:
-        print(table.render(HEADERS, [_cells(status) for status in statuses]))
-    else:
-        print("no batches")
+    documents = [status.as_dict() for status in statuses]
+    cells = [_cells(status) for status in statuses]
+    table.print_listing(args.json, documents, HEADERS, cells, "no batches")
     return EX_OK
 
 

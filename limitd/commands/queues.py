@@ -20,7 +20,6 @@ from limitd.commands.common import (
     Subparsers,
     add_json_flag,
     bind,
-    print_json,
 )
 
 HEADERS = ("QUEUE", "SIZE", "LATENCY", "LIMIT", "PROCESS LIMIT", "RATE", "BUSY", "PAUSED")
@@ -44,12 +43,7 @@ def add_queues_command(commands: Subparsers, resolve_redis: ResolveRedis) -> Non
 
 def run_queues(args: argparse.Namespace, connect: Connect) -> int:
     rows = [queue_row(status) for status in queue_overview(connect())]
-    if args.json:
-        print_json(rows)
-    elif rows:
-        print(table.render(HEADERS, [_cells(row) for row in rows]))
-    else:
-        print("no queues")
+    table.print_listing(args.json, rows, HEADERS, [_cells(row) for row in rows], "no queues")
     return EX_OK
 
 

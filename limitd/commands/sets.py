@@ -31,7 +31,6 @@ from limitd.commands.common import (
     add_json_flag,
     bind,
     parse_count,
-    print_json,
 )
 
 DEFAULT_LIST_LIMIT = 20
@@ -120,13 +119,10 @@ def run_list(kind: SetKind, args: argparse.Namespace, connect: Connect) -> int:
     limit = parse_count(args.limit, "--limit", minimum=1)
     zset = kind.set_class(connect())
     rows = [entry_row(entry, kind) for entry in itertools.islice(zset, limit)]
-    if args.json:
-        print_json(rows)
+    cells = [_cells(row, kind) for row in rows]
+    table.print_listing(args.json, rows, _headers(kind), cells, f"the {kind.label} is empty")
+    if args.json or not rows:
         return EX_OK
-    if not rows:
-        print(f"the {kind.label} is empty")
-        return EX_OK
-    print(table.render(_headers(kind), [_cells(row, kind) for row in rows]))
     total = zset.size()
     if total > len(rows):
         print(f"\nshowing {len(rows)} of {total}, newest first (--limit N for more)")

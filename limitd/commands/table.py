@@ -8,9 +8,29 @@ right so magnitudes line up, every other column left. None shows as ``-``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
+
+from limitd.commands.common import print_json
 
 GAP = "  "
 ELLIPSIS = "..."
+
+
+def print_listing(
+    as_json: bool,
+    documents: Sequence[Any],
+    headers: Sequence[str],
+    rows: Sequence[Sequence[object]],
+    empty: str,
+) -> None:
+    """What every listing command prints: ``documents`` as JSON for scripts, else the
+    table of ``rows``, or the ``empty`` line when there is nothing to list."""
+    if as_json:
+        print_json(list(documents))
+    elif rows:
+        print(render(headers, rows))
+    else:
+        print(empty)
 
 
 def render(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

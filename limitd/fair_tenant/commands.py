@@ -26,7 +26,6 @@ from limitd.commands.common import (
     add_json_flag,
     bind,
     parse_count,
-    print_json,
 )
 from limitd.config import load_config
 from limitd.fair_tenant.admin import TenantStatus, top_tenants
@@ -73,12 +72,8 @@ def run_tenants(args: argparse.Namespace, connect: Connect) -> int:
     config = named_config(getattr(args, "config", None) or []) or load_config([])
     settings = config.section(KEY)
     rows = [tenant_row(status) for status in top_tenants(connect(), limit, settings=settings)]
-    if args.json:
-        print_json(rows)
-    elif rows:
-        print(table.render(HEADERS, [_cells(row) for row in rows]))
-    else:
-        print("no tenants tracked")
+    cells = [_cells(row) for row in rows]
+    table.print_listing(args.json, rows, HEADERS, cells, "no tenants tracked")
     return EX_OK
 
 

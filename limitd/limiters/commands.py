@@ -18,7 +18,6 @@ from limitd.commands.common import (
     Subparsers,
     add_json_flag,
     bind,
-    print_json,
 )
 from limitd.limiters.admin import LimiterStatus, limiters
 
@@ -46,12 +45,9 @@ def add_limiters_command(commands: Subparsers, resolve_redis: ResolveRedis) -> N
 
 def run_limiters(args: argparse.Namespace, connect: Connect) -> int:
     statuses = limiters(connect())
-    if args.json:
-        print_json([status.as_dict() for status in statuses])
-    elif statuses:
-        print(table.render(HEADERS, [_cells(status) for status in statuses]))
-    else:
-        print("no limiters")
+    documents = [status.as_dict() for status in statuses]
+    cells = [_cells(status) for status in statuses]
+    table.print_listing(args.json, documents, HEADERS, cells, "no limiters")
     return EX_OK
 
 
