@@ -24,6 +24,7 @@ from limitd.limiters.commands import add_limiters_command
 from limitd.payload import Payload
 from limitd.supervisor import Capsule, CapsuleConfig
 from limitd.unique import middleware as unique
+from tests.helpers import wait_for
 
 T0 = "2026-11-23 12:00:30"  # 30 s into a minute
 ODD = 'stripe:acct 7 *?[x]{y} "é"\n'
@@ -154,6 +155,12 @@ def test_a_concurrent_waiter_wakes_when_a_slot_is_released(
     waiter_result: list[bool] = []
     waiter = threading.Thread(target=lambda: waiter_result.append(once(limiter)))
     waiter.start()
+    # Release only once the waiter is blocked waiting for a wake-up: otherwise it could
+    # find the slot free at its first try and never wait.
+    wait_for(
+        lambda: int(redis.info("clients")["blocked_clients"]) >= 1,
+        message="the waiter to block on the wake list",
+    )
     release.set()
     waiter.join(10)
     thread.join(10)
