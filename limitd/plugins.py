@@ -14,12 +14,15 @@ plain types they are called with.
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from limitd.spec import JobSpec
+
+log = logging.getLogger("limitd.plugins")
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,39 @@ class ConfigSection:
     as_dict: Callable[[Any], dict[str, Any]]
 
 
+class Service(Protocol):
+    """Something a feature runs beside the jobs in each capsule process (a periodic
+    scheduler, a metrics endpoint): started before the first job, stopped after the
+    last. ``stop`` must return within a second or two and never raise for a service
+    that failed to start."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+@dataclass
+class ProcessContext:
+    """What a feature's services are given in a capsule process started by ``limitd
+    start``.
+
+    - ``redis``: the process's client;
+    - ``sections``: the loaded config's feature settings, by section key;
+    - ``capsule``: the capsule's ``CapsuleConfig`` (``process_number`` says which of
+      the supervisor's children this is, stable across restarts);
+    - ``chain``: the capsule's server chain, before any job runs: a service may add its
+      middleware to it (the per-process job metrics do)."""
+
+    redis: Any
+    sections: Mapping[str, Any]
+    capsule: Any
+    chain: Any
+    services: list[Service] = field(default_factory=list)
+
+    def section(self, key: str) -> Any:
+        return self.sections.get(key)
+
+
 @dataclass(frozen=True)
 class Feature:
     """The pieces of one feature, each optional.
@@ -46,7 +82,13 @@ class Feature:
     - ``server_middleware(redis)``: its server middleware, on the capsule's Redis;
     - ``add_commands(subparsers, resolve_redis)``: its ``limitd`` subcommands;
     - ``check_app(config, jobs)``: checks of the app's jobs against the loaded config,
-      run by ``limitd check`` and ``limitd start`` (raise ``ConfigError``).
+      run by ``limitd check`` and ``limitd start`` (raise ``ConfigError``);
+    - ``process_services(context)``: the services it runs in each capsule process
+      (:class:`ProcessContext`), started in order before the capsule and stopped in
+      reverse order after it;
+    - ``metrics(redis)``: its part of ``limitd metrics``: prometheus-client metric
+      families read from Redis at each scrape, in a bounded number of round trips
+      whatever the amount of state.
 
     Admin API calls are re-exported by ``limitd.api`` from the feature's ``admin``
     module, so that users import them from one place and mypy can follow them."""
@@ -57,6 +99,8 @@ class Feature:
     server_middleware: Callable[[Any], Any] | None = None
     add_commands: Callable[[Any, Any], None] | None = None
     check_app: Callable[[Any, Sequence[JobSpec]], None] | None = None
+    process_services: Callable[[ProcessContext], Sequence[Service]] | None = None
+    metrics: Callable[[Any], Iterable[Any]] | None = None
 
 
 _features: list[Feature] = []
@@ -83,3 +127,31 @@ def registered() -> tuple[Feature, ...]:
 def sections() -> list[ConfigSection]:
     """The config sections of the features in use."""
     return [feature.section for feature in registered() if feature.section is not None]
+
+
+def start_process_services(context: ProcessContext) -> None:
+    """Start every feature's services for this process, in registration order; they are
+    kept in ``context.services`` for :func:`stop_process_services`. One that fails to
+    start stops those already started, and the error goes up: a capsule must not run
+    without a service its config asked for."""
+    for feature in registered():
+        if feature.process_services is None:
+            continue
+        for service in feature.process_services(context):
+            try:
+                service.start()
+            except BaseException:
+                stop_process_services(context)
+                raise
+            context.services.append(service)
+
+
+def stop_process_services(context: ProcessContext) -> None:
+    """Stop the started services, last started first. A failing stop is logged and the
+    others still stop."""
+    while context.services:
+        service = context.services.pop()
+        try:
+            service.stop()
+        except Exception:
+            log.exception("could not stop %s", type(service).__name__)

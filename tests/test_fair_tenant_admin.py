@@ -216,7 +216,7 @@ def test_start_builds_clients_with_the_config_settings(
         def run(self) -> int:
             return 0
 
-    monkeypatch.setattr(start, "Capsule", lambda config, redis: None)
+    monkeypatch.setattr(start, "Capsule", lambda config, redis, middleware: None)
     monkeypatch.setattr(start, "Launcher", Launched)
     settings = FairTenantSettings(60.0, "x:{fair_tenant}", "child.fairness")
     sections = {"fair_tenant": settings}

@@ -47,16 +47,24 @@ LAYERS: dict[str, tuple[int, str]] = {
     "limitd.fetch.limits": (MIDDLEWARE, ""),
     "limitd.fetch.rates": (MIDDLEWARE, ""),
     "limitd.fetch.recoveries": (MIDDLEWARE, ""),
+    "limitd.capacity.store": (MIDDLEWARE, ""),
+    "limitd.periodic.store": (MIDDLEWARE, ""),
+    "limitd.metrics.jobs": (MIDDLEWARE, ""),
     # configuration, and where Redis is
     "limitd.config": (CONFIG, ""),
     "limitd.fair_tenant.section": (CONFIG, ""),
     "limitd.fair_tenant.checks": (CONFIG, ""),
+    "limitd.periodic.section": (CONFIG, ""),
+    "limitd.periodic.checks": (CONFIG, ""),
+    "limitd.metrics.section": (CONFIG, ""),
     "limitd.locate": (CONFIG, ""),
     # the client side and the server side, beside each other
     "limitd.client": (SIDES, "client"),
     "limitd.job": (SIDES, "client"),
     "limitd.batch.api": (SIDES, "client"),
     "limitd.limiters.limiter": (SIDES, "client"),
+    "limitd.capacity.job": (SIDES, "client"),
+    "limitd.periodic.scheduler": (SIDES, "client"),
     "limitd.fetch": (SIDES, "server"),
     "limitd.supervisor": (SIDES, "server"),
     "limitd.logs": (SIDES, "server"),
@@ -65,21 +73,42 @@ LAYERS: dict[str, tuple[int, str]] = {
     "limitd.batch.admin": (TOP, ""),
     "limitd.fair_tenant.admin": (TOP, ""),
     "limitd.limiters.admin": (TOP, ""),
+    "limitd.capacity.admin": (TOP, ""),
+    "limitd.periodic.admin": (TOP, ""),
     "limitd.commands": (TOP, ""),
     "limitd.batch.commands": (TOP, ""),
     "limitd.fair_tenant.commands": (TOP, ""),
     "limitd.limiters.commands": (TOP, ""),
+    "limitd.capacity.commands": (TOP, ""),
+    "limitd.periodic.commands": (TOP, ""),
+    "limitd.metrics.commands": (TOP, ""),
+    "limitd.capacity.metrics": (TOP, ""),
+    "limitd.periodic.metrics": (TOP, ""),
+    "limitd.fair_tenant.metrics": (TOP, ""),
+    "limitd.metrics.exporter": (TOP, ""),
+    "limitd.metrics.process": (TOP, ""),
     "limitd.batch.plug": (TOP, ""),
     "limitd.unique.plug": (TOP, ""),
     "limitd.fair_tenant.plug": (TOP, ""),
     "limitd.limiters.plug": (TOP, ""),
+    "limitd.capacity.plug": (TOP, ""),
+    "limitd.periodic.plug": (TOP, ""),
+    "limitd.metrics.plug": (TOP, ""),
     "limitd.features": (TOP, ""),
     "limitd.cli": (TOP, ""),
 }
 PUBLIC_PACKAGE = "limitd"  # its __init__ re-exports the public API: on top
 # Feature folders' __init__ modules hold only a docstring: importing one of their modules
 # runs them, so they must stay at the bottom.
-DOCSTRING_ONLY = ("limitd.batch", "limitd.unique", "limitd.fair_tenant", "limitd.limiters")
+DOCSTRING_ONLY = (
+    "limitd.batch",
+    "limitd.unique",
+    "limitd.fair_tenant",
+    "limitd.limiters",
+    "limitd.capacity",
+    "limitd.periodic",
+    "limitd.metrics",
+)
 
 
 def module_name(path: Path) -> str:

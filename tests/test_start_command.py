@@ -7,7 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from limitd.commands.start import _add_override_flags, _add_timing_flags, apply_flags, connect_for
+from limitd.commands.start import (
+    POOL_EXTRA,
+    _add_override_flags,
+    _add_timing_flags,
+    apply_flags,
+    connect_for,
+)
 from limitd.config import CapsuleConfig, ConfigError, RedisSettings, load_config
 
 TWO_CAPSULES = """
@@ -82,7 +88,7 @@ def test_clients_use_the_configured_timeouts_and_a_big_enough_pool() -> None:
     settings = RedisSettings(pool_size=3, socket_timeout=4.0, connect_timeout=2.0)
     client = connect_for(settings, "redis://127.0.0.1:1/0", pool_for=CapsuleConfig(concurrency=10))
     pool = client.connection_pool
-    assert pool.max_connections == 14
+    assert pool.max_connections == 10 + POOL_EXTRA
     assert pool.connection_kwargs["socket_timeout"] == 4.0
     assert pool.connection_kwargs["socket_connect_timeout"] == 2.0
     roomy = connect_for(

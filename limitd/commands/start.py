@@ -48,14 +48,15 @@ from limitd.locate import (
     config_files,
     locate,
 )
-from limitd.middleware.defaults import default_client_chain
+from limitd.middleware.defaults import default_client_chain, default_server_chain
+from limitd.plugins import ProcessContext, start_process_services, stop_process_services
 from limitd.redis import URL_ENV_VARS, connect
 from limitd.supervisor.capsule import Capsule, import_app
 from limitd.supervisor.launcher import Launcher
 from limitd.supervisor.supervisor import Supervisor
 
 EX_CONFIG = 78
-POOL_EXTRA = 4  # heartbeat, poller, wake-up listener, one spare
+POOL_EXTRA = 6  # heartbeat, poller, wake-up listener, feature services, spares
 COMMAND_LINE = "command line"
 
 log = logging.getLogger("limitd.cli")
@@ -252,12 +253,18 @@ def run_capsule(
     url: str,
     sections: Mapping[str, Any] | None = None,
 ) -> int:
-    """A supervisor's child: its own connections (never the parent's), one capsule.
-    Jobs that enqueue jobs use the same Redis and the config's feature settings
+    """A supervisor's child: its own connections (never the parent's), one capsule, and
+    the features' services for this process (``limitd.plugins.ProcessContext``). Jobs
+    that enqueue jobs use the same Redis and the config's feature settings
     (``sections``, e.g. ``fair_tenant``)."""
     redis = connect_for(settings, url, pool_for=config)
     set_default_client(Client(redis, middleware=default_client_chain(sections)))
-    return Launcher(Capsule(config, redis=redis), titles=True).run()
+    context = ProcessContext(redis, sections or {}, config, default_server_chain(redis))
+    start_process_services(context)
+    try:
+        return Launcher(Capsule(config, redis=redis, middleware=context.chain), titles=True).run()
+    finally:
+        stop_process_services(context)
 
 
 def connect_for(

@@ -51,6 +51,9 @@ class CapsuleConfig:
     average_scheduled_poll_interval: float = 5.0
     scheduled_poll: str = "due"  # "interval": Sidekiq's blind polling, for comparison
     capsule_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # Which of the supervisor's children runs this (0, 1, ...), kept across restarts: a
+    # per-process port is the configured one plus this number.
+    process_number: int = 0
 
     def __post_init__(self) -> None:
         where = f"capsule {self.name}"

@@ -131,7 +131,11 @@ class Supervisor:
             self._signal_children(signum)
 
     def _start(self, child: Child) -> None:
-        child.config = dataclasses.replace(child.config, capsule_id=uuid.uuid4().hex)
+        child.config = dataclasses.replace(
+            child.config,
+            capsule_id=uuid.uuid4().hex,
+            process_number=self.children.index(child),
+        )
         parent = os.getpid()
         # Blocked across the fork: a signal for the new child must wait for the child's
         # own handlers (its launcher unblocks them), not reach the copy of ours it inherits.
