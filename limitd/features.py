@@ -12,11 +12,14 @@ Adding a feature: a folder with its modules and a ``plug`` module describing it 
 
 from limitd import plugins
 from limitd.batch.plug import BATCH
+from limitd.capacity.plug import CAPACITY
 from limitd.fair_tenant.plug import FAIR_TENANT
 from limitd.limiters.plug import LIMITERS
+from limitd.metrics.plug import METRICS
+from limitd.periodic.plug import PERIODIC
 from limitd.unique.plug import UNIQUE
 
-SHIPPED = (BATCH, UNIQUE, FAIR_TENANT, LIMITERS)
+SHIPPED = (BATCH, UNIQUE, FAIR_TENANT, LIMITERS, CAPACITY, PERIODIC, METRICS)
 
 for _feature in SHIPPED:
     plugins.register(_feature)
