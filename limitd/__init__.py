@@ -14,6 +14,7 @@ The public API::
 from limitd import features as _features  # noqa: F401
 from limitd import retry as _retry  # noqa: F401  (declares the retry job options)
 from limitd.batch.api import Batch, BatchNotOpen, BatchStatus
+from limitd.capacity.job import LimitedCapacityJob
 from limitd.client import Client, configure, default_client, set_default_client
 from limitd.fetch.recoveries import RecoveredTooOften
 from limitd.job import Enqueuer, Job, job
@@ -33,6 +34,7 @@ __all__ = [
     "InvalidJobOption",
     "Job",
     "JobSpec",
+    "LimitedCapacityJob",
     "Limiter",
     "MalformedPayload",
     "OverLimit",

@@ -48,6 +48,7 @@ LAYERS: dict[str, tuple[int, str]] = {
     "limitd.fetch.rates": (MIDDLEWARE, ""),
     "limitd.fetch.recoveries": (MIDDLEWARE, ""),
     "limitd.capacity.store": (MIDDLEWARE, ""),
+    "limitd.capacity.leases": (MIDDLEWARE, ""),
     "limitd.periodic.store": (MIDDLEWARE, ""),
     "limitd.metrics.jobs": (MIDDLEWARE, ""),
     # configuration, and where Redis is

@@ -17,7 +17,8 @@ running job's path::
 
 One module per part: ``records`` (the job record shared by all), ``queues``,
 ``sorted_sets``, ``capsules``, ``stats``, ``tenants`` and ``batches``; limiters are
-listed by ``limiters()`` (from ``limitd.limiters.admin``).
+listed by ``limiters()`` (from ``limitd.limiters.admin``), limited-capacity jobs by
+``capacity()`` (from ``limitd.capacity.admin``).
 """
 
 from limitd.api.capsules import Capsule, Capsules
@@ -35,12 +36,14 @@ from limitd.api.sorted_sets import (
 )
 from limitd.api.stats import QueueStatus, Stats, queue_overview
 from limitd.batch.admin import BatchStatus, batch_status, list_batches
+from limitd.capacity.admin import CapacityStatus, capacity
 from limitd.fair_tenant.admin import RuleWindow, TenantStatus, reroutes, top_tenants
 from limitd.limiters.admin import LimiterStatus, limiters
 
 __all__ = [
     "PAGE_SIZE",
     "BatchStatus",
+    "CapacityStatus",
     "Capsule",
     "Capsules",
     "DeadSet",
@@ -61,6 +64,7 @@ __all__ = [
     "Stats",
     "TenantStatus",
     "batch_status",
+    "capacity",
     "limiters",
     "list_batches",
     "queue_overview",
