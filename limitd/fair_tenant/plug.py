@@ -5,6 +5,7 @@ fetched. The admin calls are in ``fair_tenant.admin``."""
 from limitd.fair_tenant import section
 from limitd.fair_tenant.checks import check_fair_tenant_queues
 from limitd.fair_tenant.commands import add_tenants_command
+from limitd.fair_tenant.metrics import fair_tenant_metrics
 from limitd.fair_tenant.middleware import FairTenant
 from limitd.plugins import ConfigSection, Feature
 
@@ -14,4 +15,5 @@ FAIR_TENANT = Feature(
     client_middleware=FairTenant,
     add_commands=add_tenants_command,
     check_app=check_fair_tenant_queues,
+    metrics=fair_tenant_metrics,
 )

@@ -1,0 +1,82 @@
+"""Job metrics of one capsule process: how long each job ran, and how each one ended.
+
+:class:`JobMetrics` is a server middleware. Around ``perform`` it only reads the clock;
+the chain's ``settled`` call (``limitd.middleware.chain``), made once the job's fate is
+recorded, adds the job to two families of the process's own registry:
+
+- ``limitd_job_duration_seconds{job,queue}``: histogram of the time the job spent in the
+  chain below this middleware and in ``perform``;
+- ``limitd_jobs_total{job,queue,outcome}``: jobs that ended, by outcome (``done``,
+  ``retry``, ``dead``, ``discarded``, ``rescheduled``).
+
+No Redis call, no lock beyond prometheus-client's own per series: it runs for every job.
+A job whose class no worker knows never reaches ``perform``; it is counted (with its
+outcome) but has no duration.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from limitd import clock
+from limitd.payload import Payload
+from limitd.spec import JobSpec
+
+OUTCOMES = ("done", "retry", "dead", "discarded", "rescheduled")
+# Jobs run from milliseconds to many minutes: the default buckets stop at 10 s.
+DURATION_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+    300.0, 600.0, 1800.0, float("inf"),
+)  # fmt: skip
+
+
+class JobMetrics:
+    """The server middleware that feeds a capsule process's job metrics (registered in
+    ``registry``). One instance serves every processor thread of the process: the start
+    time of the job a thread runs is kept per thread, from ``__call__`` to ``settled``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.duration = Histogram(
+            "limitd_job_duration_seconds",
+            "Time jobs took in this process, from the server middleware to the end of perform.",
+            ("job", "queue"),
+            registry=registry,
+            buckets=DURATION_BUCKETS,
+        )
+        self.jobs = Counter(
+            "limitd_jobs",
+            "Jobs this process ran, by how they ended (done, retry, dead, discarded, rescheduled).",
+            ("job", "queue", "outcome"),
+            registry=registry,
+        )
+        self._local = threading.local()
+
+    def __call__(
+        self, spec: JobSpec, payload: Payload, queue: str, call_next: Callable[[], Any]
+    ) -> Any:
+        started = clock.monotonic()
+        try:
+            return call_next()
+        finally:
+            self._local.timed = (payload.get("jid"), clock.monotonic() - started)
+
+    def settled(
+        self,
+        spec: JobSpec | None,
+        payload: Payload,
+        queue: str,
+        outcome: str,
+        error: BaseException | None,
+    ) -> None:
+        """Count the job under its outcome; observe its duration when it was timed (by
+        this thread, for this jid: a job that never reached the chain was not)."""
+        job = str(payload.get("class"))
+        self.jobs.labels(job, queue, outcome).inc()
+        timed = getattr(self._local, "timed", None)
+        self._local.timed = None
+        if timed is not None and timed[0] == payload.get("jid"):
+            self.duration.labels(job, queue).observe(timed[1])
