@@ -16,6 +16,8 @@ import redis as redis_py
 import limitd
 from limitd.embedded import RedisServer
 
+pytest_plugins = ("tests.postgres",)  # the postgres_table fixture
+
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
