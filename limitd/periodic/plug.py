@@ -1,5 +1,40 @@
-"""The periodic feature as registered in ``limitd.features``."""
+"""Periodic (cron) jobs as a feature: the ``periodic`` config section, the check that
+each entry names a registered job (a limited-capacity one with ``capacity: true``), a
+scheduler thread in every capsule process, ``limitd periodic`` and the metrics. The
+admin call is ``periodic.admin.periodic_status``."""
 
-from limitd.plugins import Feature
+from __future__ import annotations
 
-PERIODIC = Feature(name="periodic")
+from collections.abc import Iterable
+
+from limitd.capacity.job import capacity_job
+from limitd.config.settings import Config
+from limitd.periodic import section
+from limitd.periodic.checks import check_periodic_jobs
+from limitd.periodic.commands import add_periodic_command
+from limitd.periodic.metrics import periodic_metrics
+from limitd.periodic.scheduler import PeriodicScheduler
+from limitd.plugins import ConfigSection, Feature, ProcessContext, Service
+from limitd.spec import JobSpec
+
+
+def periodic_services(context: ProcessContext) -> list[Service]:
+    """A scheduler for this process when the config has periodic entries."""
+    settings: section.PeriodicSettings | None = context.section(section.KEY)
+    if settings is None or not settings.entries:
+        return []
+    return [PeriodicScheduler(context.redis, settings.entries)]
+
+
+def check_periodic(config: Config, jobs: Iterable[JobSpec]) -> None:
+    check_periodic_jobs(config, jobs, lambda spec: capacity_job(spec.name) is not None)
+
+
+PERIODIC = Feature(
+    name="periodic",
+    section=ConfigSection(section.KEY, section.read_periodic, section.as_dict),
+    add_commands=add_periodic_command,
+    check_app=check_periodic,
+    process_services=periodic_services,
+    metrics=periodic_metrics,
+)
