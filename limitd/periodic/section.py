@@ -137,17 +137,17 @@ def read_periodic(section: Section, env: Mapping[str, str]) -> PeriodicSettings:
         items = [(_item(section, index, raw), None) for index, raw in enumerate(section.data)]
     else:
         items = [(section.section(name), _checked(section, name)) for name in section.data]
-    entries: dict[str, tuple[PeriodicEntry, Section]] = {}
+    entries: dict[str, PeriodicEntry] = {}
     for item, name in items:
         entry = read_entry(item, name)
         if entry.name in entries:
-            where = ".".join(str(part) for part in entries[entry.name][1].path)
+            where = entries[entry.name].path
             raise item.error(
                 "name",
-                f"name {entry.name!r} is used twice (also {where}); give each entry its own name:",
+                f"name {entry.name!r} is used twice (also {where}); give each entry its own name",
             )
-        entries[entry.name] = (entry, item)
-    return PeriodicSettings(tuple(entry for entry, _ in entries.values()))
+        entries[entry.name] = entry
+    return PeriodicSettings(tuple(entries.values()))
 
 
 def read_entry(item: Section, name: str | None) -> PeriodicEntry:
