@@ -228,7 +228,45 @@ def test_the_job_is_pushed_with_its_args_through_the_default_client(
     [jid] = PeriodicScheduler(redis, [by_path]).fire(by_path, T0) or []
     [job] = queued(redis)
     assert (job["jid"], job["class"], job["args"]) == (jid, "periodic_test.Tick", [1, "x"])
+    assert job["periodic"] == {"name": "path", "tick": T0}
     assert PeriodicStore(redis).records(["path"])["path"].last_jid == jid
+
+
+def test_a_scheduler_woken_a_little_late_tries_each_tick_it_slept_through(
+    redis: redis_py.Redis,
+) -> None:
+    every_second = entry("* * * * * *")
+    scheduler = Recording(redis, [every_second])
+    scheduler.run_due(T0 + 0.5)
+    scheduler.run_due(T0 + 4.5)
+    assert [tick for _, tick in scheduler.fired] == [T0 + 1, T0 + 2, T0 + 3, T0 + 4]
+
+
+def test_a_scheduler_woken_much_later_runs_the_grace_window_not_the_backlog(
+    redis: redis_py.Redis,
+) -> None:
+    every_second = entry("* * * * * *")
+    scheduler = Recording(redis, [every_second])
+    scheduler.run_due(T0 + 0.5)
+    scheduler.run_due(T0 + 3600.5)
+    assert [tick for _, tick in scheduler.fired] == [T0 + 3596 + n for n in range(5)]
+    every_hour = entry("0 * * * *", name="hourly")
+    hourly = Recording(redis, [every_hour])
+    hourly.run_due(T0 + 0.5)
+    hourly.run_due(T0 + 5 * 3600 + 60)
+    assert [tick for _, tick in hourly.fired] == [T0 + 5 * 3600], "the latest, once"
+
+
+def test_a_tick_claimed_elsewhere_is_not_enqueued_again_by_a_late_scheduler(
+    redis: redis_py.Redis,
+) -> None:
+    every_second = entry("* * * * * *")
+    late, punctual = Recording(redis, [every_second]), Recording(redis, [every_second])
+    late.run_due(T0 + 0.5)
+    assert punctual.fire(every_second, T0 + 3)
+    late.run_due(T0 + 4.5)
+    assert [tick for _, tick in late.fired] == [T0 + 4]
+    assert len(queued(redis)) == 2
 
 
 # --- missed ticks ----------------------------------------------------------------------

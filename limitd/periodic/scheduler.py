@@ -11,9 +11,11 @@ error logged with the jid and the job, so the tick shows as not run.
 On start, an entry with ``missed: once`` that ran before and whose latest tick nobody
 claimed (every scheduler was down) runs that tick once, never the whole backlog;
 ``missed: skip`` waits for the next tick, and an entry that never ran does not
-backfill. A scheduler that wakes late (a paused process) likewise runs only the latest
-due tick. Redis errors are logged and the tick is left to the others or tried again at
-the next one: the thread never dies of them.
+backfill. A scheduler that wakes a few seconds late tries each tick it slept through
+(oldest first; those another scheduler claimed are refused); one that wakes later than
+that (a paused process) runs only the latest due tick, like ``missed: once``. Redis
+errors are logged and the tick is left to the others or tried again at the next one:
+the thread never dies of them.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ log = logging.getLogger("limitd.periodic")
 
 MAX_WAIT = 60.0  # seconds; wake at least this often, in case the wall clock jumped
 STOP_TIMEOUT = 2.0
+LATE_GRACE = 5.0  # seconds: a scheduler woken this late still tries each tick it slept through
 
 
 class PeriodicScheduler:
@@ -75,12 +78,13 @@ class PeriodicScheduler:
         self._caught_up = True
 
     def run_due(self, now: float) -> float:
-        """Fire every entry due at ``now`` (its latest due tick, once), plan each
+        """Fire every entry's ticks due at ``now`` (see :func:`due_ticks`), plan each
         entry's next tick; returns the seconds until the next one is due."""
         for entry in self.entries:
             due = self._due.get(entry.name)
             if due is not None and due <= now:
-                self.fire(entry, entry.latest_tick(now))
+                for tick in due_ticks(entry, due, now):
+                    self.fire(entry, tick)
             if due is None or due <= now:
                 self._due[entry.name] = entry.next_tick(now)
         soonest = min(self._due.values(), default=now + MAX_WAIT)
@@ -117,7 +121,7 @@ class PeriodicScheduler:
 
     def _enqueue(self, entry: PeriodicEntry, spec: JobSpec, claim: Claim) -> list[str] | None:
         try:
-            jids = _push(entry, spec, claim.jid)
+            jids = _push(entry, spec, claim)
         except Exception:
             log.exception(
                 "periodic %s: push failed jid=%s class=%s tick %s; giving the tick back",
@@ -194,15 +198,35 @@ class PeriodicScheduler:
         return self.run_due(now)
 
 
-def _push(entry: PeriodicEntry, spec: JobSpec, jid: str) -> list[str]:
-    """Enqueue through the process's default client (its middleware run); a capacity
-    entry calls ``perform_with_capacity``, which picks its own jids."""
+def due_ticks(entry: PeriodicEntry, due: float, now: float) -> list[float]:
+    """The ticks to try at ``now`` when ``due`` was the next one: all of them, oldest
+    first, if the scheduler woke less than ``LATE_GRACE`` seconds late (a busy host:
+    another scheduler may have claimed them, then the claims fail); when it woke later
+    (a paused process), only the latest, once, as ``missed: once`` does."""
+    ticks: list[float] = []
+    tick = due if due > now - LATE_GRACE else entry.next_tick(now - LATE_GRACE)
+    while tick <= now:
+        ticks.append(tick)
+        tick = entry.next_tick(tick)
+    return ticks or [entry.latest_tick(now)]
+
+
+def _push(entry: PeriodicEntry, spec: JobSpec, claim: Claim) -> list[str]:
+    """Enqueue through the process's default client (its middleware run), the entry's
+    name and tick in the payload's ``periodic`` field (the job can read them from
+    ``limitd.spec.current_payload()``); a capacity entry calls
+    ``perform_with_capacity``, which picks its own jids and payloads."""
     if entry.capacity:
         job_class = capacity_job(spec.name)
         if job_class is None:
             raise LookupError(f"{spec.name} is not a LimitedCapacityJob (capacity: true)")
         return list(job_class.perform_with_capacity(*entry.args))
-    item = {"class": spec.name, "args": list(entry.args), "jid": jid}
+    item = {
+        "class": spec.name,
+        "args": list(entry.args),
+        "jid": claim.jid,
+        "periodic": {"name": entry.name, "tick": round(claim.tick)},
+    }
     pushed = default_client().push(item, spec)
     return [] if pushed is None else [pushed]
 
