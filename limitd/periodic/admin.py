@@ -14,7 +14,7 @@ trip to Redis for the records, two without entries.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import redis as redis_py
@@ -53,16 +53,17 @@ def periodic_status(
     """Each entry's status, in the entries' order (by name for recorded ones)."""
     store = PeriodicStore(_connection(redis))
     if entries is None:
-        entries = recorded_entries(store)
-    records = store.records(entry.name for entry in entries)
+        records = store.records(store.names())
+        entries = recorded_entries(records)
+    else:
+        records = store.records(entry.name for entry in entries)
     at = clock.now() if now is None else now
     return [_status(entry, records[entry.name], at) for entry in entries]
 
 
-def recorded_entries(store: PeriodicStore) -> list[PeriodicEntry]:
+def recorded_entries(records: Mapping[str, Record]) -> list[PeriodicEntry]:
     """The entries schedulers recorded when they started, as far as Redis knows them
     (their arguments and options are only in the config)."""
-    records = store.records(store.names())
     return [
         PeriodicEntry(name=name, cron=record.cron, job=record.job or "?", tz=record.tz or "UTC")
         for name, record in records.items()
