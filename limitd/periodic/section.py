@@ -106,7 +106,7 @@ class PeriodicEntry:
         if first == second:
             return [first]
         if first > second:  # no such wall time: the clocks jumped over it
-            return [] if _every_hour(self.cron) else [_gap_end(second, first, self.zone)]
+            return [] if _every_hour(self.cron) else [_offset_change(second, first, self.zone)]
         return [first, second] if _every_hour(self.cron) else [first]
 
     def as_dict(self) -> dict[str, Any]:
@@ -233,14 +233,9 @@ def _repeated_hour(timestamp: float, zone: ZoneInfo) -> _Repeat | None:
     return _Repeat(start, start + span, first_pass)
 
 
-def _gap_end(before: float, after: float, zone: ZoneInfo) -> float:
-    """The instant the clocks jumped forward over a wall-clock time that has
-    ``before`` and ``after`` as its two readings."""
-    return _offset_change(before, after, zone)
-
-
 def _offset_change(low_bound: float, high_bound: float, zone: ZoneInfo) -> float:
-    """The first whole second after ``low_bound`` with ``high_bound``'s UTC offset:
+    """The first whole second after ``low_bound`` with ``high_bound``'s UTC offset
+    (when the clocks jumped between the two readings of one wall-clock time): by
     bisection, a dozen steps for an hour."""
     low, high = math.floor(low_bound), math.ceil(high_bound)
     jumped = in_zone(high, zone).utcoffset()
