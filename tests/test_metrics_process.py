@@ -142,6 +142,12 @@ def test_check_prints_the_section_as_it_reads_it_back(tmp_path: Path) -> None:
     assert "metrics:\n  port: 9300\n  bind: 127.0.0.1\n" in out.stdout
     (tmp_path / "printed.yml").write_text(out.stdout)
     assert load_config([tmp_path / "printed.yml"]).section("metrics").port == 9300
+    write(tmp_path, "queues: [a]\n", "app.yml")
+    out = run_cli(tmp_path, "check", "app.yml")
+    assert out.returncode == 0, out.stderr
+    assert "metrics:\n  port: null\n  bind: null\n" in out.stdout
+    (tmp_path / "printed.yml").write_text(out.stdout)
+    assert not load_config([tmp_path / "printed.yml"]).section("metrics").enabled
 
 
 # the middleware

@@ -84,8 +84,9 @@ def _address(section: Section) -> str:
 
 
 def as_dict(settings: MetricsSettings) -> dict[str, Any]:
-    """The section as ``limitd check`` prints it (and reads it back)."""
-    return {"port": settings.port, "bind": settings.bind}
+    """The section as ``limitd check`` prints it (and reads it back): without a port,
+    ``bind`` is null too, as a bind alone is refused."""
+    return {"port": settings.port, "bind": settings.bind if settings.enabled else None}
 
 
 def check_ports(config: Config, jobs: Iterable[JobSpec]) -> None:
