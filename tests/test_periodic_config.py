@@ -24,6 +24,8 @@ from limitd.config.values import Section
 from limitd.embedded import RedisServer
 from limitd.periodic.scheduler import PeriodicScheduler
 from limitd.periodic.section import PeriodicSettings, read_periodic
+from limitd.registry import registry
+from limitd.spec import JobSpec
 
 EX_CONFIG = 78
 
@@ -170,22 +172,26 @@ def test_the_list_form_loads_from_a_file(tmp_path: Path) -> None:
     assert (entry.name, entry.args) == ("a.B", [1])
 
 
+def own_jobs() -> list[JobSpec]:
+    """This module's job only: other test modules define jobs other checks refuse."""
+    spec = registry.resolve("periodic_config_test.Report")
+    assert spec is not None
+    return [spec]
+
+
 # --- the check against the app's jobs ----------------------------------------------------
 
 
 def test_the_job_may_be_named_by_wire_name_or_dotted_path(tmp_path: Path) -> None:
     for job in ("periodic_config_test.Report", f"{__name__}.report"):
-        check_app(
-            load_config(
-                [write(tmp_path, f"periodic:\n  r:\n    cron: '0 3 * * *'\n    job: {job}\n")]
-            )
-        )
+        file = write(tmp_path, f"periodic:\n  r:\n    cron: '0 3 * * *'\n    job: {job}\n")
+        check_app(load_config([file]), own_jobs())
 
 
 def test_an_unknown_job_is_a_config_error(tmp_path: Path) -> None:
     file = write(tmp_path, "periodic:\n  r:\n    cron: '0 3 * * *'\n    job: app.Nope\n")
     with pytest.raises(ConfigError) as caught:
-        check_app(load_config([file]))
+        check_app(load_config([file]), own_jobs())
     assert (caught.value.file, caught.value.key) == (file, "periodic.r.job")
     assert "'app.Nope' is not a registered job" in caught.value.message
 
@@ -199,7 +205,7 @@ def test_capacity_on_a_job_that_is_not_limited_capacity_is_a_config_error(
         "    capacity: true\n",
     )
     with pytest.raises(ConfigError) as caught:
-        check_app(load_config([file]))
+        check_app(load_config([file]), own_jobs())
     assert caught.value.key == "periodic.r.capacity"
     assert "needs a LimitedCapacityJob" in caught.value.message
 
