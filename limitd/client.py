@@ -12,6 +12,7 @@ is tried once more, as Sidekiq does.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -34,6 +35,7 @@ from limitd.payload import (
 from limitd.redis import retry_on_failover
 from limitd.registry import registry
 from limitd.spec import JobSpec
+from limitd.transactions import hold as transactions
 
 
 class Client:
@@ -57,6 +59,14 @@ class Client:
         for a scheduled job). Returns the jid, or None when a middleware halted it."""
         spec = spec or registry.resolve(str(item.get("class")))
         payload = normalize(item, spec)
+        held = transactions.current()
+        if held is not None:  # a transaction is open: push after it commits
+            check_args(payload["class"], payload["args"], self.strict_args)
+            held.add(lambda: self._invoke(spec, payload), _what(payload))
+            return str(payload["jid"])
+        return self._invoke(spec, payload)
+
+    def _invoke(self, spec: JobSpec | None, payload: Payload) -> str | None:
         pushed = self.middleware.invoke(spec, payload, self.redis, self._push_one)
         return pushed["jid"] if pushed else None
 
@@ -73,13 +83,20 @@ class Client:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         spec = spec or registry.resolve(str(item.get("class")))
+        held = transactions.current()
         jids: list[str | None] = []
         for start in range(0, len(args_list), batch_size):
             chunk = [
                 normalize({**item, "args": args}, spec)
                 for args in args_list[start : start + batch_size]
             ]
-            jids += self._push_chunk(spec, chunk)
+            if held is None:
+                jids += self._push_chunk(spec, chunk)
+                continue
+            for payload in chunk:  # validated now, pushed after the commit
+                check_args(payload["class"], payload["args"], self.strict_args)
+            held.add(functools.partial(self._push_chunk, spec, chunk), _what(*chunk))
+            jids += [payload["jid"] for payload in chunk]
         return jids
 
     def _push_chunk(self, spec: JobSpec | None, chunk: list[Payload]) -> list[str | None]:
@@ -130,6 +147,13 @@ class Client:
             pipe.lpush(keys.queue(queue), *bodies)
             pipe.publish(keys.WAKE_CHANNEL, queue)  # idle capsules start it at once
         pipe.execute()
+
+
+def _what(*payloads: Payload) -> str:
+    """The held push as the log names it when it fails after the commit."""
+    jids = ",".join(str(payload.get("jid")) for payload in payloads[:5])
+    more = f" (+{len(payloads) - 5} more)" if len(payloads) > 5 else ""
+    return f"jid={jids}{more} class={payloads[0].get('class')}"
 
 
 def _keep(payload: Payload) -> Payload:

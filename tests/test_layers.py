@@ -49,6 +49,7 @@ LAYERS: dict[str, tuple[int, str]] = {
     "limitd.fetch.recoveries": (MIDDLEWARE, ""),
     "limitd.capacity.store": (MIDDLEWARE, ""),
     "limitd.capacity.leases": (MIDDLEWARE, ""),
+    "limitd.transactions.hold": (MIDDLEWARE, ""),
     "limitd.periodic.store": (MIDDLEWARE, ""),
     "limitd.metrics.jobs": (MIDDLEWARE, ""),
     # configuration, and where Redis is
@@ -66,6 +67,9 @@ LAYERS: dict[str, tuple[int, str]] = {
     "limitd.limiters.limiter": (SIDES, "client"),
     "limitd.capacity.job": (SIDES, "client"),
     "limitd.periodic.scheduler": (SIDES, "client"),
+    "limitd.transactions.sqlalchemy": (SIDES, "client"),
+    "limitd.transactions.django": (SIDES, "client"),
+    "limitd.transactions.api": (SIDES, "client"),
     "limitd.fetch": (SIDES, "server"),
     "limitd.supervisor": (SIDES, "server"),
     "limitd.logs": (SIDES, "server"),
@@ -109,6 +113,7 @@ DOCSTRING_ONLY = (
     "limitd.capacity",
     "limitd.periodic",
     "limitd.metrics",
+    "limitd.transactions",
 )
 
 

@@ -38,6 +38,7 @@ builder was killed inside ``jobs()``, a dead job is never retried) still goes aw
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import secrets
 from collections.abc import Iterator
@@ -59,6 +60,7 @@ from limitd.client import Client, default_client, normalize
 from limitd.payload import Payload, check_args, dumps
 from limitd.registry import registry
 from limitd.spec import JobSpec, current_payload
+from limitd.transactions import hold as transactions
 
 DEFAULT_EXPIRES_IN = 30 * 86_400.0
 STATUS_MARK = "\x00limitd-batch-status\x00"
@@ -130,13 +132,20 @@ class Batch:
         batch cannot fire until the block ends, even if the block raises."""
         redis = _client(self._client).redis
         new = None if self._created else self._new(building_bid())
-        open_batch(redis, self.bid, new)
+        held = transactions.current()
+        if held is None:
+            open_batch(redis, self.bid, new)
+        else:  # in a transaction: opened, filled and closed after the commit, as one unit
+            held.add(functools.partial(open_batch, redis, self.bid, new), f"batch {self.bid}")
         self._created = True
         try:
             with building_inside(self.bid):
                 yield self
         finally:
-            close_batch(redis, self.bid)
+            if held is None:
+                close_batch(redis, self.bid)
+            else:
+                held.add(functools.partial(close_batch, redis, self.bid), f"batch {self.bid}")
 
     def _new(self, parent: str | None) -> NewBatch:
         return NewBatch(

@@ -1,0 +1,111 @@
+"""Pushes held until a database transaction commits.
+
+The most common bug with a job queue: a job enqueued inside a transaction runs before
+the transaction commits (the worker cannot find the row) or although it rolled back.
+The client asks :func:`current` before every push; when an ORM adapter says a
+transaction is open (``limitd.transactions.sqlalchemy``, ``.django``), the push is
+validated at once (so a bad argument fails inside the transaction, where the mistake
+is) and its jid returned, but the Redis work is held in that transaction's
+:class:`Held`: run in order when it commits, dropped when it rolls back. A savepoint
+has a ``Held`` of its own, handed to its parent when released.
+
+Held work runs with the context it was enqueued in (``contextvars``), so a job
+enqueued inside a batch's ``jobs()`` block still joins that batch after the commit.
+One action that fails does not stop the others; every failure is logged with the jid
+and job name, and the first is raised to the code that committed: the database has
+committed, the job did not go out (the outbox option closes that gap).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("limitd.transactions")
+
+Provider = Callable[[], "Held | None"]
+
+
+@dataclass(frozen=True)
+class _Action:
+    run: Callable[[], Any]
+    context: contextvars.Context
+    what: str  # "jid=... class=..." for the log
+
+
+class PushAfterCommitFailed(Exception):
+    """Held pushes that failed after the transaction committed (the first is the cause)."""
+
+
+class Held:
+    """The pushes held by one transaction (or savepoint)."""
+
+    def __init__(self, owner: object = None) -> None:
+        self.owner = owner  # what the adapter keys this on (a SessionTransaction ...)
+        self.actions: list[_Action] = []
+
+    def add(self, run: Callable[[], Any], what: str) -> None:
+        self.actions.append(_Action(run, contextvars.copy_context(), what))
+
+    def __len__(self) -> int:
+        return len(self.actions)
+
+    def hand_to(self, parent: Held) -> None:
+        """A released savepoint: its pushes now wait for the enclosing transaction."""
+        parent.actions.extend(self.actions)
+        self.actions = []
+
+    def drop(self, why: str) -> None:
+        if self.actions:
+            log.info("dropped %d held pushes: %s", len(self.actions), why)
+            for action in self.actions:
+                log.debug("dropped %s: %s", action.what, why)
+        self.actions = []
+
+    def run(self) -> None:
+        """The transaction committed: run every action in order, each even if one
+        before it failed; then raise the first failure, if any."""
+        actions, self.actions = self.actions, []
+        failures: list[BaseException] = []
+        for action in actions:
+            try:
+                action.context.run(action.run)
+            except Exception as exc:
+                log.exception("push after commit failed: %s", action.what)
+                failures.append(exc)
+        if failures:
+            raise PushAfterCommitFailed(
+                f"{len(failures)} of {len(actions)} pushes failed after the commit: {failures[0]!r}"
+            ) from failures[0]
+
+
+_providers: list[Provider] = []
+_lock = threading.Lock()
+
+
+def add_provider(provider: Provider) -> None:
+    """Ask ``provider`` (an ORM adapter) at every push whether a transaction is open.
+    Adding the same provider again changes nothing."""
+    with _lock:
+        if provider not in _providers:
+            _providers.append(provider)
+
+
+def remove_provider(provider: Provider) -> None:
+    with _lock:
+        if provider in _providers:
+            _providers.remove(provider)
+
+
+def current() -> Held | None:
+    """Where a push made now must wait, or None to push at once. Costs one empty-list
+    check when no adapter is set up."""
+    for provider in _providers:
+        held = provider()
+        if held is not None:
+            return held
+    return None
