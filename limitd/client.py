@@ -62,7 +62,7 @@ class Client:
         held = transactions.current()
         if held is not None:  # a transaction is open: push after it commits
             check_args(payload["class"], payload["args"], self.strict_args)
-            held.add(lambda: self._invoke(spec, payload), _what(payload))
+            held.add_push([payload], lambda: self._invoke(spec, payload), _what(payload))
             return str(payload["jid"])
         return self._invoke(spec, payload)
 
@@ -95,7 +95,7 @@ class Client:
                 continue
             for payload in chunk:  # validated now, pushed after the commit
                 check_args(payload["class"], payload["args"], self.strict_args)
-            held.add(functools.partial(self._push_chunk, spec, chunk), _what(*chunk))
+            held.add_push(chunk, functools.partial(self._push_chunk, spec, chunk), _what(*chunk))
             jids += [payload["jid"] for payload in chunk]
         return jids
 

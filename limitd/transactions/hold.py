@@ -51,6 +51,12 @@ class Held:
     def add(self, run: Callable[[], Any], what: str) -> None:
         self.actions.append(_Action(run, contextvars.copy_context(), what))
 
+    def add_push(self, payloads: list[dict[str, Any]], run: Callable[[], Any], what: str) -> None:
+        """A push of ``payloads`` (complete, validated, jids set): by default ``run``
+        after the commit, like any action. The outbox's ``Held`` writes the payloads into
+        the transaction instead, which is why the client says what it pushes."""
+        self.add(run, what)
+
     def __len__(self) -> int:
         return len(self.actions)
 
