@@ -187,8 +187,8 @@ def test_fair_tenant_reroutes_are_counted_per_job_queue_and_rule(redis: redis_py
     # acct-1: the 1st and 2nd by rule 1; the 3rd by rule 2 (its window holds 2 already)
     samples = scrape(redis, [FAIR_TENANT])
     name = "limitd_fair_tenant_reroutes_total"
-    assert value(samples, name, job=REROUTED, queue="metrics_slow", rule="1") == 3
-    assert value(samples, name, job=REROUTED, queue="metrics_slower", rule="2") == 1
+    assert value(samples, name, job_class=REROUTED, queue="metrics_slow", rule="1") == 3
+    assert value(samples, name, job_class=REROUTED, queue="metrics_slower", rule="2") == 1
     assert value(samples, "limitd_exporter_up", part="fair_tenant") == 1
     assert [f.name for f in fair_tenant_metrics(redis)] == ["limitd_fair_tenant_reroutes"]
 

@@ -189,16 +189,16 @@ def test_jobs_are_counted_by_outcome_and_timed() -> None:
     run_job(chain, "done", queue="other")
     samples = registry_samples(registry)
     total = "limitd_jobs_total"
-    assert value(samples, total, job=SPEC.name, queue="mail", outcome="done") == 2
+    assert value(samples, total, job_class=SPEC.name, queue="mail", outcome="done") == 2
     for outcome in ("retry", "dead", "discarded", "rescheduled"):
-        assert value(samples, total, job=SPEC.name, queue="mail", outcome=outcome) == 1
-    assert value(samples, total, job=SPEC.name, queue="other", outcome="done") == 1
+        assert value(samples, total, job_class=SPEC.name, queue="mail", outcome=outcome) == 1
+    assert value(samples, total, job_class=SPEC.name, queue="other", outcome="done") == 1
     count = "limitd_job_duration_seconds_count"
-    assert value(samples, count, job=SPEC.name, queue="mail") == 6
-    assert value(samples, "limitd_job_duration_seconds_sum", job=SPEC.name, queue="mail") == 1.5
+    assert value(samples, count, job_class=SPEC.name, queue="mail") == 6
+    assert value(samples, "limitd_job_duration_seconds_sum", job_class=SPEC.name, queue="mail") == 1.5
     bucket = "limitd_job_duration_seconds_bucket"
-    assert value(samples, bucket, job=SPEC.name, queue="mail", le="0.1") == 0
-    assert value(samples, bucket, job=SPEC.name, queue="mail", le="0.25") == 6
+    assert value(samples, bucket, job_class=SPEC.name, queue="mail", le="0.1") == 0
+    assert value(samples, bucket, job_class=SPEC.name, queue="mail", le="0.25") == 6
 
 
 def test_a_job_that_never_reached_the_chain_is_counted_not_timed() -> None:
@@ -208,7 +208,7 @@ def test_a_job_that_never_reached_the_chain_is_counted_not_timed() -> None:
     payload = {"class": "app.Unknown", "jid": "unknown", "args": []}
     chain.settle(None, payload, "mail", "retry", RuntimeError("no such job"))
     samples = registry_samples(registry)
-    labels = {"job": "app.Unknown", "queue": "mail"}
+    labels = {"job_class": "app.Unknown", "queue": "mail"}
     assert value(samples, "limitd_jobs_total", outcome="retry", **labels) == 1
     assert ("limitd_job_duration_seconds_count", tuple(sorted(labels.items()))) not in samples
 
@@ -236,7 +236,7 @@ def test_the_service_serves_on_port_plus_process_number_until_stopped(
         run_job(context.chain, "done")
         samples = get_metrics(port)
         assert value(samples, "limitd_process_info", capsule="mail", process_number="1") == 1
-        labels = {"job": SPEC.name, "queue": "mail", "outcome": "done"}
+        labels = {"job_class": SPEC.name, "queue": "mail", "outcome": "done"}
         assert value(samples, "limitd_jobs_total", **labels) == 1
         assert any(name == "process_cpu_seconds_total" for name, _ in samples)
     finally:

@@ -1,6 +1,6 @@
 """Tenant fairness in ``limitd metrics``: how many jobs its rules rerouted.
 
-``limitd_fair_tenant_reroutes_total{job,queue,rule}``: jobs of ``job`` that rule number
+``limitd_fair_tenant_reroutes_total{job_class,queue,rule}``: jobs of ``job_class`` that rule number
 ``rule`` (1-based, in the job's ``fair_tenant_queues`` order) rerouted to ``queue``,
 since the counters were created (they are never reset). Read from the reroute counters
 (``limitd.fair_tenant.admin.reroutes``) in one round trip, summed over tenants: tenant
@@ -27,7 +27,7 @@ def fair_tenant_metrics(redis: Any) -> list[Metric]:
         "limitd_fair_tenant_reroutes",
         "Jobs rerouted by a tenant fairness rule (rule: its 1-based place in the job's "
         "fair_tenant_queues), all tenants together.",
-        labels=["job", "queue", "rule"],
+        labels=["job_class", "queue", "rule"],
     )
     for (job, queue, number), count in sorted(totals.items()):
         family.add_metric([job, queue, number], count)

@@ -4,9 +4,9 @@
 the chain's ``settled`` call (``limitd.middleware.chain``), made once the job's fate is
 recorded, adds the job to two families of the process's own registry:
 
-- ``limitd_job_duration_seconds{job,queue}``: histogram of the time the job spent in the
+- ``limitd_job_duration_seconds{job_class,queue}``: histogram of the time the job spent in the
   chain below this middleware and in ``perform``;
-- ``limitd_jobs_total{job,queue,outcome}``: jobs that ended, by outcome (``done``,
+- ``limitd_jobs_total{job_class,queue,outcome}``: jobs that ended, by outcome (``done``,
   ``retry``, ``dead``, ``discarded``, ``rescheduled``).
 
 No Redis call, no lock beyond prometheus-client's own per series: it runs for every job.
@@ -43,14 +43,14 @@ class JobMetrics:
         self.duration = Histogram(
             "limitd_job_duration_seconds",
             "Time jobs took in this process, from the server middleware to the end of perform.",
-            ("job", "queue"),
+            ("job_class", "queue"),
             registry=registry,
             buckets=DURATION_BUCKETS,
         )
         self.jobs = Counter(
             "limitd_jobs",
             "Jobs this process ran, by how they ended (done, retry, dead, discarded, rescheduled).",
-            ("job", "queue", "outcome"),
+            ("job_class", "queue", "outcome"),
             registry=registry,
         )
         self._local = threading.local()
