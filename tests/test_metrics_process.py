@@ -195,7 +195,9 @@ def test_jobs_are_counted_by_outcome_and_timed() -> None:
     assert value(samples, total, job_class=SPEC.name, queue="other", outcome="done") == 1
     count = "limitd_job_duration_seconds_count"
     assert value(samples, count, job_class=SPEC.name, queue="mail") == 6
-    assert value(samples, "limitd_job_duration_seconds_sum", job_class=SPEC.name, queue="mail") == 1.5
+    assert (
+        value(samples, "limitd_job_duration_seconds_sum", job_class=SPEC.name, queue="mail") == 1.5
+    )
     bucket = "limitd_job_duration_seconds_bucket"
     assert value(samples, bucket, job_class=SPEC.name, queue="mail", le="0.1") == 0
     assert value(samples, bucket, job_class=SPEC.name, queue="mail", le="0.25") == 6
