@@ -30,13 +30,14 @@ class ConfigSection:
     """A top-level config section the feature owns (``fair_tenant:``).
 
     ``read(section, env)`` turns the section (a ``limitd.config.values.Section``, empty
-    when the files do not have it) into the feature's settings, raising ``ConfigError``
-    naming the file, key and expected value; ``as_dict(settings)`` is what ``limitd
-    check`` prints."""
+    when the files do not have it; its data may be a list with ``list_form``) into the
+    feature's settings, raising ``ConfigError`` naming the file, key and expected value;
+    ``as_dict(settings)`` is what ``limitd check`` prints."""
 
     key: str
     read: Callable[[Any, Mapping[str, str]], Any]
     as_dict: Callable[[Any], dict[str, Any]]
+    list_form: bool = False  # the section may be a list: ``read`` gets it as the data
 
 
 class Service(Protocol):

@@ -160,10 +160,6 @@ def test_check_prints_the_section_in_a_form_that_reads_back(tmp_path: Path) -> N
     assert again.section("periodic") == first.section("periodic")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs limitd/config/schema.py to pass a top-level list to a feature's reader",
-)
 def test_the_list_form_loads_from_a_file(tmp_path: Path) -> None:
     config = load_config(
         [write(tmp_path, "periodic:\n  - cron: '* * * * *'\n    job: a.B\n    args: [1]\n")]

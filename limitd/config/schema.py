@@ -125,7 +125,10 @@ def load_config(paths: Sequence[str | Path], env: Mapping[str, str] | None = Non
         tag=shared.tag,
         logging=read_logging(top.section("logging")),
         capsules=read_capsules(top, shared),
-        sections={section.key: section.read(top.section(section.key), env) for section in owned},
+        sections={
+            section.key: section.read(top.section(section.key, allow_list=section.list_form), env)
+            for section in owned
+        },
         base_dir=str(Path(layers.files[0]).parent) if layers.files else ".",
     )
 

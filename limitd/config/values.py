@@ -105,8 +105,12 @@ class Section:
     def given(self, key: str) -> bool:
         return self.data.get(key) is not None
 
-    def section(self, key: str) -> Section:
+    def section(self, key: str, *, allow_list: bool = False) -> Section:
+        """The mapping under ``key`` (empty when absent); with ``allow_list``, a list
+        there is kept as the section's data, for readers that take both forms."""
         raw = self.data.get(key)
+        if allow_list and isinstance(raw, list):
+            return Section(raw, (*self.path, key), self.layers)  # type: ignore[arg-type]
         if raw is not None and not isinstance(raw, dict):
             raise self.error(key, f"expected a mapping, got {describe(raw)}")
         return Section(raw or {}, (*self.path, key), self.layers)

@@ -32,7 +32,7 @@ def check_periodic(config: Config, jobs: Iterable[JobSpec]) -> None:
 
 PERIODIC = Feature(
     name="periodic",
-    section=ConfigSection(section.KEY, section.read_periodic, section.as_dict),
+    section=ConfigSection(section.KEY, section.read_periodic, section.as_dict, list_form=True),
     add_commands=add_periodic_command,
     check_app=check_periodic,
     process_services=periodic_services,
