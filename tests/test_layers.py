@@ -52,6 +52,8 @@ LAYERS: dict[str, tuple[int, str]] = {
     "limitd.transactions.hold": (MIDDLEWARE, ""),
     "limitd.periodic.store": (MIDDLEWARE, ""),
     "limitd.metrics.jobs": (MIDDLEWARE, ""),
+    "limitd.outbox.table": (MIDDLEWARE, ""),
+    "limitd.outbox.held": (MIDDLEWARE, ""),
     # configuration, and where Redis is
     "limitd.config": (CONFIG, ""),
     "limitd.fair_tenant.section": (CONFIG, ""),
@@ -59,6 +61,7 @@ LAYERS: dict[str, tuple[int, str]] = {
     "limitd.periodic.section": (CONFIG, ""),
     "limitd.periodic.checks": (CONFIG, ""),
     "limitd.metrics.section": (CONFIG, ""),
+    "limitd.outbox.section": (CONFIG, ""),
     "limitd.locate": (CONFIG, ""),
     # the client side and the server side, beside each other
     "limitd.client": (SIDES, "client"),
@@ -70,6 +73,7 @@ LAYERS: dict[str, tuple[int, str]] = {
     "limitd.transactions.sqlalchemy": (SIDES, "client"),
     "limitd.transactions.django": (SIDES, "client"),
     "limitd.transactions.api": (SIDES, "client"),
+    "limitd.outbox.relay": (SIDES, "client"),
     "limitd.fetch": (SIDES, "server"),
     "limitd.supervisor": (SIDES, "server"),
     "limitd.logs": (SIDES, "server"),
@@ -87,6 +91,7 @@ LAYERS: dict[str, tuple[int, str]] = {
     "limitd.capacity.commands": (TOP, ""),
     "limitd.periodic.commands": (TOP, ""),
     "limitd.metrics.commands": (TOP, ""),
+    "limitd.outbox.commands": (TOP, ""),
     "limitd.capacity.metrics": (TOP, ""),
     "limitd.periodic.metrics": (TOP, ""),
     "limitd.fair_tenant.metrics": (TOP, ""),
@@ -99,6 +104,7 @@ LAYERS: dict[str, tuple[int, str]] = {
     "limitd.capacity.plug": (TOP, ""),
     "limitd.periodic.plug": (TOP, ""),
     "limitd.metrics.plug": (TOP, ""),
+    "limitd.outbox.plug": (TOP, ""),
     "limitd.features": (TOP, ""),
     "limitd.cli": (TOP, ""),
 }
@@ -114,6 +120,7 @@ DOCSTRING_ONLY = (
     "limitd.periodic",
     "limitd.metrics",
     "limitd.transactions",
+    "limitd.outbox",
 )
 
 

@@ -50,11 +50,15 @@ class _Level:
     parent: _Level | None = field(default=None, repr=False)
 
 
-def transaction_aware(target: Any = None) -> None:
+def transaction_aware(target: Any = None, outbox: bool | str = False) -> None:
     """Hold pushes made inside the transactions of ``target``'s sessions: the
     ``Session`` class (the default: every session, the ones ``AsyncSession`` wraps
     included), a subclass, a ``sessionmaker``, one session, an ``AsyncSession`` or an
-    ``async_sessionmaker``. Calling it again for the same target changes nothing."""
+    ``async_sessionmaker``. Calling it again for the same target changes nothing.
+
+    ``outbox`` (True, or the outbox table's name): write those pushes into the outbox
+    table in the transaction instead of holding them in memory; a relay pushes them
+    (``limitd.outbox``). Sync sessions only: the insert is made at the enqueue."""
     from sqlalchemy import event
 
     resolved = _event_target(target)
@@ -62,6 +66,8 @@ def transaction_aware(target: Any = None) -> None:
         if not event.contains(resolved, name, listener):
             event.listen(resolved, name, listener)
     add_provider(current_held)
+    if outbox:
+        _use_outbox(resolved, outbox)
 
 
 def current_held() -> Held | None:
@@ -85,6 +91,30 @@ def _event_target(target: Any) -> Any:
     return target
 
 
+# The outbox option: (event target, table name) of the sessions whose pushes are
+# written into an outbox table (limitd.outbox) rather than held in memory.
+_outboxes: list[tuple[Any, str]] = []
+
+
+def _use_outbox(resolved: Any, outbox: bool | str) -> None:
+    from limitd.outbox.table import DEFAULT_TABLE, checked_name
+
+    table = DEFAULT_TABLE if outbox is True else checked_name(str(outbox))
+    _outboxes[:] = [(known, name) for known, name in _outboxes if known is not resolved]
+    _outboxes.append((resolved, table))
+
+
+def _new_held(session: Any, transaction: Any) -> Held:
+    """A transaction's Held: the outbox's when its session was set up for one."""
+    for target, table in reversed(_outboxes):
+        kind = getattr(target, "class_", target)  # a sessionmaker's sessions are its class_
+        if session is kind or (isinstance(kind, type) and isinstance(session, kind)):
+            from limitd.outbox.held import OutboxHeld
+
+            return OutboxHeld(transaction, session, table)
+    return Held(transaction)
+
+
 def _levels(session: Any) -> list[_Level]:
     found: list[_Level] = session.info.setdefault(_INFO_KEY, [])
     return found
@@ -93,7 +123,7 @@ def _levels(session: Any) -> list[_Level]:
 def _created(session: Any, transaction: Any) -> None:
     levels = _levels(session)
     parent = next((level for level in levels if level.transaction is transaction.parent), None)
-    level = _Level(transaction, Held(transaction), parent=parent)
+    level = _Level(transaction, _new_held(session, transaction), parent=parent)
     if parent is None:
         level.wrote = bool(session.info.pop(_WROTE_KEY, False))
     levels.append(level)
