@@ -18,7 +18,8 @@ running job's path::
 One module per part: ``records`` (the job record shared by all), ``queues``,
 ``sorted_sets``, ``capsules``, ``stats``, ``tenants`` and ``batches``; limiters are
 listed by ``limiters()`` (from ``limitd.limiters.admin``), limited-capacity jobs by
-``capacity()`` (from ``limitd.capacity.admin``).
+``capacity()`` (from ``limitd.capacity.admin``), periodic entries by
+``periodic_status()`` (from ``limitd.periodic.admin``).
 """
 
 from limitd.api.capsules import Capsule, Capsules
@@ -39,6 +40,7 @@ from limitd.batch.admin import BatchStatus, batch_status, list_batches
 from limitd.capacity.admin import CapacityStatus, capacity
 from limitd.fair_tenant.admin import RuleWindow, TenantStatus, reroutes, top_tenants
 from limitd.limiters.admin import LimiterStatus, limiters
+from limitd.periodic.admin import PeriodicStatus, periodic_status
 
 __all__ = [
     "PAGE_SIZE",
@@ -51,6 +53,7 @@ __all__ = [
     "LimiterStatus",
     "PendingEntry",
     "PendingSet",
+    "PeriodicStatus",
     "ProcessStatus",
     "Processes",
     "Queue",
@@ -67,6 +70,7 @@ __all__ = [
     "capacity",
     "limiters",
     "list_batches",
+    "periodic_status",
     "queue_overview",
     "reroutes",
     "top_tenants",
