@@ -322,6 +322,21 @@ def test_a_failed_push_is_still_logged_where_django_internals_are_out_of_reach(
     assert "cannot be raised" in messages[1]
 
 
+def test_django_test_cases_can_run_the_held_pushes_with_capture_on_commit_callbacks(
+    redis: redis_py.Redis, aware: str
+) -> None:
+    """A ``TestCase`` never commits; ``captureOnCommitCallbacks(execute=True)`` runs the
+    held pushes as if it had (the README tells users so)."""
+    from django.test import TestCase
+
+    with transaction.atomic():  # the TestCase's own transaction, rolled back at the end
+        with TestCase.captureOnCommitCallbacks(execute=True) as callbacks:
+            jid = welcome.perform_async(1)
+            assert queued(redis) == []
+        assert queued(redis) == [jid] and len(callbacks) == 1
+        transaction.set_rollback(True)
+
+
 def test_only_the_aliases_asked_for_hold_pushes(redis: redis_py.Redis, table: str) -> None:
     provider = tx_django.transaction_aware(using="other")
     try:

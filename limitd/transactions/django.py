@@ -30,6 +30,7 @@ Django is imported only inside functions: ``import limitd`` works without it.
 from __future__ import annotations
 
 import contextvars
+import functools
 import inspect
 import sys
 from collections.abc import Callable, Iterable
@@ -154,7 +155,7 @@ class _OnCommit:
                 log.error(
                     "push after commit failed and cannot be raised to the code that "
                     "committed (Django's pending on_commit callbacks are out of reach): %s",
-                    self.what,
+                    "; ".join(what for what, _ in report.failures),
                 )
             return
         later = next((entry[1] for entry in pending if isinstance(entry[1], _OnCommit)), None)
@@ -165,7 +166,7 @@ class _OnCommit:
 
 
 # Django internals: the two functions below read private state of
-# django.db.backends.base.base.BaseDatabaseWrapper (Django 4.2 to 5.2 at least): the
+# django.db.backends.base.base.BaseDatabaseWrapper (as of Django 5.2): the
 # (savepoint ids, callback, robust) tuples it keeps in ``run_on_commit``, and the local
 # list ``current_run_on_commit`` that ``run_and_clear_commit_hooks`` pops them from
 # after the commit. If either changes, they answer "unknown" and the failures are only
@@ -201,6 +202,7 @@ def _pending_callbacks() -> list[Any] | None:
     return None
 
 
+@functools.cache
 def _hooks_code() -> CodeType | None:
     try:
         from django.db.backends.base.base import BaseDatabaseWrapper
