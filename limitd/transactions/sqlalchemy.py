@@ -62,12 +62,12 @@ def transaction_aware(target: Any = None, outbox: bool | str = False) -> None:
     from sqlalchemy import event
 
     resolved = _event_target(target)
+    if outbox:
+        _use_outbox(resolved, outbox)
     for name, listener in _LISTENERS.items():
         if not event.contains(resolved, name, listener):
             event.listen(resolved, name, listener)
     add_provider(current_held)
-    if outbox:
-        _use_outbox(resolved, outbox)
 
 
 def current_held() -> Held | None:
