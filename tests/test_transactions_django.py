@@ -129,7 +129,20 @@ def broken_signup(request: HttpRequest) -> JsonResponse:
     raise RuntimeError("the view failed after enqueueing")
 
 
-urlpatterns = [path("signup", signup), path("broken", broken_signup)]
+VIEW_CLIENTS: dict[str, limitd.Client] = {}  # what signup_elsewhere enqueues through
+
+
+def signup_elsewhere(request: HttpRequest) -> JsonResponse:
+    insert(request.GET["table"], 1)
+    welcome.set(client=VIEW_CLIENTS["elsewhere"]).perform_async(1)
+    return JsonResponse({})
+
+
+urlpatterns = [
+    path("signup", signup),
+    path("broken", broken_signup),
+    path("elsewhere", signup_elsewhere),
+]
 
 
 def test_a_job_enqueued_in_atomic_is_pushed_after_the_commit(
@@ -197,6 +210,21 @@ def test_a_view_that_raises_under_atomic_requests_pushes_nothing(
     with pytest.raises(RuntimeError, match="after enqueueing"):
         Client().get("/broken", {"table": aware})
     assert queued(redis) == [] and rows(aware) == []
+
+
+def test_a_view_whose_push_fails_after_its_commit_raises_to_the_request(
+    aware: str, dead_redis: tuple[limitd.Client, RedisServer]
+) -> None:
+    from django.test import Client
+
+    VIEW_CLIENTS["elsewhere"], server = dead_redis
+    server.stop()
+    try:
+        with pytest.raises(PushAfterCommitFailed):
+            Client().get("/elsewhere", {"table": aware})
+        assert rows(aware) == [1]
+    finally:
+        VIEW_CLIENTS.clear()
 
 
 def test_every_enqueue_form_waits_for_the_commit(redis: redis_py.Redis, aware: str) -> None:
