@@ -6,6 +6,7 @@ write enqueues into the table, ``limitd.outbox.table.create_table`` to create it
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from limitd.client import Client
@@ -14,6 +15,8 @@ from limitd.outbox import section
 from limitd.outbox.commands import add_outbox_command
 from limitd.outbox.relay import Relay, RelayService
 from limitd.plugins import ConfigSection, Feature, ProcessContext, Service
+
+log = logging.getLogger("limitd.outbox")
 
 
 def outbox_services(context: ProcessContext) -> list[Service]:
@@ -43,6 +46,7 @@ class OutboxRelayService:
         relay = Relay(engine, self.client, self.settings.table, self.settings.chunk)
         self.engine, self.service = engine, RelayService(relay, self.settings.poll_interval)
         self.service.start()
+        log.info("outbox relay started: table %s", self.settings.table)
 
     def stop(self) -> None:
         if self.service is not None:
