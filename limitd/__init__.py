@@ -23,6 +23,7 @@ from limitd.options import InvalidJobOption
 from limitd.payload import MalformedPayload, UnsafeArgument
 from limitd.registry import registry
 from limitd.spec import JobSpec, current_payload
+from limitd.transactions.api import transaction_aware
 from limitd.version import __version__
 
 __all__ = [
@@ -47,4 +48,5 @@ __all__ = [
     "job",
     "registry",
     "set_default_client",
+    "transaction_aware",
 ]

@@ -274,3 +274,22 @@ def test_a_worker_always_finds_the_row_its_job_names(
         capsule.stop(timeout=5)
     assert redis.hget("tx_test:missing", "n") is None
     assert int(redis.hget("tx_test:found", "n")) == ROWS
+
+
+def test_the_plain_entry_point_picks_the_adapter(
+    redis: redis_py.Redis, table: tuple[Engine, str]
+) -> None:
+    from sqlalchemy.orm import sessionmaker
+
+    engine, name = table
+    hold.remove_provider(current_held)
+    factory = sessionmaker(engine)
+    limitd.transaction_aware(factory)
+    with factory() as session, session.begin():
+        insert(session, name, 1)
+        jid = welcome.perform_async(1)
+        assert queued(redis) == []
+    assert queued(redis) == [jid]
+    limitd.transaction_aware("sqlalchemy")  # every Session: nothing changes twice
+    with pytest.raises(TypeError, match="expected 'django', 'sqlalchemy'"):
+        limitd.transaction_aware("peewee")
