@@ -4,6 +4,7 @@ with it), and the relay pushes every committed row exactly once, whatever dies w
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 import redis as redis_py
 from sqlalchemy import Engine, create_engine, event, insert, text
+from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 from sqlalchemy.orm import Session, sessionmaker
 
 import limitd
@@ -321,3 +323,27 @@ def test_a_relay_skips_rows_another_relay_holds(redis: redis_py.Redis, outbox: O
         assert sorted(queued(redis)) == sorted(jids)
     finally:
         impatient.dispose()
+
+
+def test_an_async_session_with_the_outbox_fails_clearly(
+    redis: redis_py.Redis, outbox: Outbox, postgres_table: tuple[str, str]
+) -> None:
+    engine = create_async_engine(
+        postgres_table[0].replace("postgresql://", "postgresql+psycopg://")
+    )
+    sessions = async_sessionmaker(engine)
+    tx.transaction_aware(sessions, outbox=outbox.table)
+
+    async def enqueue() -> None:
+        async with sessions() as session, session.begin():
+            welcome.perform_async(1)
+
+    async def enqueue_in_run_sync() -> Any:
+        async with sessions() as session, session.begin():
+            return await session.run_sync(lambda _: welcome.perform_async(2))
+
+    with pytest.raises(OutboxUnsupported, match="use a sync Session"):
+        asyncio.run(enqueue())
+    jid = asyncio.run(enqueue_in_run_sync())
+    asyncio.run(engine.dispose())
+    assert [row["jid"] for row in outbox.rows()] == [jid] and queued(redis) == []

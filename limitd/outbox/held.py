@@ -27,6 +27,12 @@ BATCH_REFUSED = (
     "outbox transaction, or enqueue its jobs from a session without outbox=True"
 )
 
+ASYNC_REFUSED = (
+    "the outbox writes its rows when the job is enqueued, which an AsyncSession cannot "
+    "do from async code: use a sync Session for outbox transactions, or enqueue inside "
+    "AsyncSession.run_sync"
+)
+
 
 class OutboxUnsupported(RuntimeError):
     """Something enqueued in an outbox transaction that the outbox cannot carry."""
@@ -50,6 +56,8 @@ class OutboxHeld(Held):
         after the commit) is not needed."""
         if building_bid() is not None:
             raise OutboxUnsupported(f"{what} (in batch {building_bid()}): {BATCH_REFUSED}")
+        if _async_outside_greenlet(self.session):
+            raise OutboxUnsupported(f"{what}: {ASYNC_REFUSED}")
         from sqlalchemy import insert
 
         rows = [{"jid": str(payload["jid"]), "payload": dumps(payload)} for payload in payloads]
@@ -70,3 +78,11 @@ class OutboxHeld(Held):
         if self.rows:
             log.info("%d outbox rows rolled back with the transaction: %s", self.rows, why)
         self.rows = 0
+
+
+def _async_outside_greenlet(session: Any) -> bool:
+    """An AsyncSession's sync session, called from plain async code (not from
+    ``run_sync``): it cannot run a statement, and trying leaves a coroutine behind."""
+    from sqlalchemy.util.concurrency import in_greenlet
+
+    return bool(session.get_bind().dialect.is_async) and not in_greenlet()
