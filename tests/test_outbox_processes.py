@@ -218,3 +218,22 @@ def test_limitd_outbox_relay_once_and_status(
     assert sorted(relayed(redis)) == sorted(jids)
     assert main(["outbox", "status", *flags]) == 0
     assert "rows waiting: 0" in capsys.readouterr().out
+
+
+@pytest.mark.timeout(60)
+def test_limitd_outbox_relay_runs_until_sigterm(
+    tmp_path: Path,
+    redis_server: RedisServer,
+    redis: redis_py.Redis,
+    database: Database,
+    supervisors: list[subprocess.Popen[bytes]],
+) -> None:
+    flags = ["--url", database.url, "--table", database.table]
+    supervisors.append(start(tmp_path, "outbox", "relay", *flags, redis_url=redis_server.url))
+    for batch in range(3):
+        with database.sessions() as session, session.begin():
+            welcome.perform_async(batch)
+        wait_for(lambda: database.rows() == 0, 30, "the relay to take the row")
+    assert redis.llen("queue:relayed") == 3
+    supervisors[0].send_signal(signal.SIGTERM)
+    assert supervisors[0].wait(timeout=10) == 0
