@@ -16,10 +16,11 @@ from limitd.capacity.plug import CAPACITY
 from limitd.fair_tenant.plug import FAIR_TENANT
 from limitd.limiters.plug import LIMITERS
 from limitd.metrics.plug import METRICS
+from limitd.outbox.plug import OUTBOX
 from limitd.periodic.plug import PERIODIC
 from limitd.unique.plug import UNIQUE
 
-SHIPPED = (BATCH, UNIQUE, FAIR_TENANT, LIMITERS, CAPACITY, PERIODIC, METRICS)
+SHIPPED = (BATCH, UNIQUE, FAIR_TENANT, LIMITERS, CAPACITY, PERIODIC, METRICS, OUTBOX)
 
 for _feature in SHIPPED:
     plugins.register(_feature)

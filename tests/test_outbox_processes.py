@@ -20,48 +20,25 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.orm import Session, sessionmaker
 
 import limitd
-from limitd import plugins
 from limitd.cli import main
 from limitd.commands.start import EX_CONFIG
 from limitd.config import config_as_dict, load_config
 from limitd.embedded import RedisServer
-from limitd.outbox.plug import OUTBOX
 from limitd.outbox.section import OutboxSettings
 from limitd.outbox.table import create_table
 from limitd.transactions import hold
 from limitd.transactions import sqlalchemy as tx
 from tests.helpers import wait_for
 
-RUNNER = textwrap.dedent("""
-    import sys
-
-    import limitd  # the shipped features register first
-    from limitd import plugins
-    from limitd.outbox.plug import OUTBOX
-
-    plugins.register(OUTBOX)
-    from limitd.cli import main
-
-    sys.exit(main(sys.argv[1:]))
-""")
-
 
 @limitd.job(name="test_outbox_processes.welcome", queue="relayed")
 def welcome(user_id: int) -> None: ...
 
 
-@pytest.fixture
-def outbox_feature(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The outbox registered for this test only (restored after)."""
-    monkeypatch.setattr(plugins, "_features", list(plugins.registered()))
-    plugins.register(OUTBOX)
-
-
 def start(cwd: Path, *args: str, redis_url: str) -> subprocess.Popen[bytes]:
-    (cwd / "runner.py").write_text(RUNNER)
     with (cwd / "limitd.log").open("ab") as log:
         return subprocess.Popen(
-            [sys.executable, str(cwd / "runner.py"), *args],
+            [sys.executable, "-m", "limitd.cli", *args],
             cwd=cwd,
             env={**os.environ, "LIMITD_REDIS_URL": redis_url},
             stdout=log,
@@ -170,7 +147,6 @@ def test_limitd_start_with_an_outbox_section_relays_committed_rows(
         ),
     ],
 )
-@pytest.mark.usefixtures("outbox_feature")
 def test_config_errors_name_the_file_the_key_and_what_is_expected(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], section: str, key: str, expected: str
 ) -> None:
@@ -191,9 +167,7 @@ def test_limitd_start_exits_78_on_a_bad_outbox_section(
     assert "bad.yml" in log and "outbox.url" in log
 
 
-def test_the_outbox_section_is_optional_and_printed_without_the_password(
-    tmp_path: Path, outbox_feature: None
-) -> None:
+def test_the_outbox_section_is_optional_and_printed_without_the_password(tmp_path: Path) -> None:
     config = tmp_path / "good.yml"
     config.write_text(
         "queues: [default]\noutbox: {url: 'postgresql+psycopg://app:secret@db/app', chunk: 5}\n"
@@ -209,7 +183,6 @@ def test_the_outbox_section_is_optional_and_printed_without_the_password(
     assert load_config([tmp_path / "none.yml"]).section("outbox") == OutboxSettings()
 
 
-@pytest.mark.usefixtures("outbox_feature")
 def test_limitd_outbox_relay_once_and_status(
     redis: redis_py.Redis,
     redis_server: RedisServer,
