@@ -276,20 +276,27 @@ def test_a_worker_always_finds_the_row_its_job_names(
     assert int(redis.hget("tx_test:found", "n")) == ROWS
 
 
-def test_the_plain_entry_point_picks_the_adapter(
-    redis: redis_py.Redis, table: tuple[Engine, str]
+def test_the_plain_entry_point_picks_the_adapter_and_only_its_sessions(
+    redis: redis_py.Redis, table: tuple[Engine, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from sqlalchemy.orm import sessionmaker
 
+    from limitd.transactions import sqlalchemy as adapter
+
     engine, name = table
-    hold.remove_provider(current_held)
+    monkeypatch.setattr(adapter, "_targets", [])  # as if only this maker were set up
     factory = sessionmaker(engine)
     limitd.transaction_aware(factory)
+    limitd.transaction_aware(factory)  # again: still one hold per transaction
     with factory() as session, session.begin():
         insert(session, name, 1)
         jid = welcome.perform_async(1)
         assert queued(redis) == []
     assert queued(redis) == [jid]
+    with Session(engine) as session, session.begin():  # not from the maker: at once
+        insert(session, name, 2)
+        other = welcome.perform_async(2)
+        assert queued(redis) == [other, jid]
     limitd.transaction_aware("sqlalchemy")  # every Session: nothing changes twice
     with pytest.raises(TypeError, match="expected 'django', 'sqlalchemy'"):
         limitd.transaction_aware("peewee")

@@ -60,13 +60,18 @@ def transaction_aware(target: Any = None, outbox: bool | str = False) -> None:
     table in the transaction instead of holding them in memory; a relay pushes them
     (``limitd.outbox``). Sync sessions only: the insert is made at the enqueue."""
     from sqlalchemy import event
+    from sqlalchemy.orm import Session
 
     resolved = _event_target(target)
+    if all(known is not resolved for known in _targets):
+        _targets.append(resolved)
     if outbox:
         _use_outbox(resolved, outbox)
+    # Listened for once, on the base class: listeners on a sessionmaker as well would
+    # fire twice for its sessions. _created keeps only the sessions of _targets.
     for name, listener in _LISTENERS.items():
-        if not event.contains(resolved, name, listener):
-            event.listen(resolved, name, listener)
+        if not event.contains(Session, name, listener):
+            event.listen(Session, name, listener)
     add_provider(current_held)
 
 
@@ -104,11 +109,19 @@ def _use_outbox(resolved: Any, outbox: bool | str) -> None:
     _outboxes.append((resolved, table))
 
 
+# The sessions set up for transaction-aware enqueue (classes, sessionmakers, sessions).
+_targets: list[Any] = []
+
+
+def _matches(session: Any, target: Any) -> bool:
+    kind = getattr(target, "class_", target)  # a sessionmaker's sessions are its class_
+    return session is kind or (isinstance(kind, type) and isinstance(session, kind))
+
+
 def _new_held(session: Any, transaction: Any) -> Held:
     """A transaction's Held: the outbox's when its session was set up for one."""
     for target, table in reversed(_outboxes):
-        kind = getattr(target, "class_", target)  # a sessionmaker's sessions are its class_
-        if session is kind or (isinstance(kind, type) and isinstance(session, kind)):
+        if _matches(session, target):
             from limitd.outbox.held import OutboxHeld
 
             return OutboxHeld(transaction, session, table)
@@ -121,6 +134,8 @@ def _levels(session: Any) -> list[_Level]:
 
 
 def _created(session: Any, transaction: Any) -> None:
+    if not any(_matches(session, target) for target in _targets):
+        return
     levels = _levels(session)
     parent = next((level for level in levels if level.transaction is transaction.parent), None)
     level = _Level(transaction, _new_held(session, transaction), parent=parent)
