@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from typing import Any, TypeAlias
 
 import redis as redis_py
+
+from limitd.supervisor.capsule import import_app
 
 EX_OK = 0
 EX_NOT_FOUND = 1  # some of the named jobs were not found; the others were processed
@@ -102,3 +105,15 @@ def add_json_flag(parser: argparse.ArgumentParser) -> None:
 def print_json(document: Any) -> None:
     """The document on stdout: numbers stay numbers, None becomes null."""
     print(json.dumps(document, indent=2, ensure_ascii=False))
+
+
+def import_app_modules(modules: list[str]) -> None:
+    """The ``-r MODULE`` modules of an admin command, from the current directory as
+    ``limitd start`` imports them; one that cannot be imported is a usage error."""
+    if not modules:
+        return
+    sys.path.insert(0, os.getcwd())
+    try:
+        import_app(modules)
+    except ImportError as exc:
+        raise UsageError(str(exc)) from None

@@ -12,8 +12,6 @@ round trips whatever the number of tenants). The enqueues sets are named by the
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from typing import Any
 
 from limitd.commands import table
@@ -22,16 +20,15 @@ from limitd.commands.common import (
     Connect,
     ResolveRedis,
     Subparsers,
-    UsageError,
     add_json_flag,
     bind,
+    import_app_modules,
     parse_count,
 )
 from limitd.config import load_config
 from limitd.fair_tenant.admin import TenantStatus, top_tenants
 from limitd.fair_tenant.section import KEY
 from limitd.locate import named_config
-from limitd.supervisor.capsule import import_app
 
 HEADERS = ("TENANT", "JOB", "ENQUEUES", "RULE NOW", "REROUTED")
 DEFAULT_LIMIT = "20"
@@ -68,7 +65,7 @@ def add_tenants_command(commands: Subparsers, resolve_redis: ResolveRedis) -> No
 
 def run_tenants(args: argparse.Namespace, connect: Connect) -> int:
     limit = parse_count(args.limit, "--limit", minimum=1)
-    _import_app(args.require)
+    import_app_modules(args.require)
     config = named_config(getattr(args, "config", None) or []) or load_config([])
     settings = config.section(KEY)
     rows = [tenant_row(status) for status in top_tenants(connect(), limit, settings=settings)]
@@ -90,16 +87,6 @@ def window_label(seconds: float) -> str:
         if seconds >= size and seconds % size == 0:
             return f"{int(seconds // size)}{unit}"
     return f"{seconds:g}s"
-
-
-def _import_app(modules: list[str]) -> None:
-    if not modules:
-        return
-    sys.path.insert(0, os.getcwd())
-    try:
-        import_app(modules)
-    except ImportError as exc:
-        raise UsageError(str(exc)) from None
 
 
 def _cells(row: dict[str, Any]) -> list[object]:

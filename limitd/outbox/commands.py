@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import signal
-import sys
 from typing import Any
 
 from limitd.client import Client
@@ -28,6 +26,7 @@ from limitd.commands.common import (
     add_json_flag,
     bind,
     fail,
+    import_app_modules,
     print_json,
 )
 from limitd.config.settings import Config
@@ -36,7 +35,6 @@ from limitd.middleware.defaults import default_client_chain
 from limitd.outbox.relay import Relay, RelayService
 from limitd.outbox.section import KEY, OutboxSettings
 from limitd.outbox.table import backlog, name_problem
-from limitd.supervisor.capsule import import_app
 
 
 def add_outbox_command(commands: Subparsers, resolve_redis: ResolveRedis) -> None:
@@ -87,7 +85,7 @@ def _add_database_flags(parser: argparse.ArgumentParser) -> None:
 def run_relay(args: argparse.Namespace, connect: Connect) -> int:
     config = named_config(getattr(args, "config", None) or [])
     settings = _settings(args, config)
-    _import_app(args.require)
+    import_app_modules(args.require)
     client = Client(connect(), middleware=default_client_chain(config.sections if config else None))
     engine = _engine(settings)
     try:
@@ -158,13 +156,3 @@ def _database_errors() -> type[Exception]:
     from sqlalchemy.exc import DBAPIError
 
     return DBAPIError
-
-
-def _import_app(modules: list[str]) -> None:
-    if not modules:
-        return
-    sys.path.insert(0, os.getcwd())
-    try:
-        import_app(modules)
-    except ImportError as exc:
-        raise UsageError(str(exc)) from None
