@@ -8,7 +8,8 @@ Per job class (its wire name ``N``), three keys sharing one hash slot:
 - ``limitd:capacity:{N}:state``: hash of what the gauges show (``max_running_jobs``,
   ``remaining_work_count``, ``updated_at``);
 
-and one index of the classes seen, ``limitd:capacity:names`` (zset name -> last use).
+and one index of the classes refilled, ``limitd:capacity:names`` (zset name -> last
+refill), which the listing and the gauges read.
 
 A place is reserved (``queued``) before a copy is pushed and becomes a running place
 when the copy starts, so the queue and the running copies together never exceed
@@ -84,7 +85,7 @@ class CapacityStore:
         """Reserve places for copies, at most the free capacity and ``remaining``:
         returns the jids whose copies the caller must now push."""
         args = [clock.now(), maximum, self.timing.queued_ttl, max(0, remaining), *jids]
-        reserved = int(self._call(RESERVE, args))
+        reserved = int(self._call(RESERVE, args, index=True))
         return list(jids[:reserved])
 
     def unreserve(self, jids: Sequence[str]) -> None:
@@ -107,13 +108,15 @@ class CapacityStore:
         now = clock.now()
         return int(RENEW(self.redis, self.keys[:1], [now, now + self.timing.lease, *jids]))
 
-    def _call(self, script: LuaScript, args: list[Any]) -> Any:
-        """The script and the index entry in one round trip (the index is a different
-        key slot, so it cannot be written by the script)."""
-        pipe = self.redis.pipeline(transaction=False)
-        script(pipe, self.keys, args)
-        pipe.zadd(NAMES, {self.name: clock.now()})
-        return pipe.execute()[0]
+    def _call(self, script: LuaScript, args: list[Any], *, index: bool = False) -> Any:
+        """One EVALSHA (no pipeline: redis-py's would check SCRIPT EXISTS first, a
+        round trip per call). ``index``: also note the class in the index of classes,
+        another key slot the script cannot write; refills do, so the listing and the
+        gauges know every class that is refilled."""
+        reply = script(self.redis, self.keys, args)
+        if index:
+            self.redis.zadd(NAMES, {self.name: clock.now()})
+        return reply
 
 
 @dataclass(frozen=True)
