@@ -427,3 +427,48 @@ def test_a_worker_always_finds_the_row_its_job_names(redis: redis_py.Redis, awar
         capsule.stop(timeout=5)
     assert redis.hget("tx_test:missing", "n") is None
     assert int(redis.hget("tx_test:found", "n")) == ROWS
+
+
+def test_the_outbox_writes_rows_in_the_atomic_block_and_the_relay_pushes_them(
+    redis: redis_py.Redis, table: str
+) -> None:
+    """outbox=True: pushes become rows of the outbox table in the block's transaction,
+    kept or dropped with it (savepoints included); the relay pushes the kept ones."""
+    from django.db import connection, transaction
+    from sqlalchemy import create_engine
+
+    from limitd.outbox.held import OutboxUnsupported
+    from limitd.outbox.relay import Relay
+    from limitd.outbox.table import create_table
+    from tests.postgres import postgres_url
+
+    outbox = f"{table}_outbox"
+    engine = create_engine(postgres_url().replace("postgresql://", "postgresql+psycopg://"))
+    create_table(engine, outbox)
+    provider = tx_django.transaction_aware(outbox=outbox)
+    try:
+        with transaction.atomic():
+            insert(table, 1)
+            kept = welcome.perform_async(1)
+            try:
+                with transaction.atomic():
+                    welcome.perform_async(2)
+                    raise RuntimeError("the savepoint rolls back")
+            except RuntimeError:
+                pass
+            with pytest.raises(OutboxUnsupported), limitd.Batch("b").jobs():
+                welcome.perform_async(3)
+        with pytest.raises(RuntimeError), transaction.atomic():
+            welcome.perform_async(4)
+            raise RuntimeError("the whole block rolls back")
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT jid FROM {outbox}")
+            assert [jid for (jid,) in cursor.fetchall()] == [kept]
+        assert queued(redis) == []
+        assert Relay(engine, limitd.default_client(), outbox).drain() == 1
+        assert queued(redis) == [kept]
+    finally:
+        hold.remove_provider(provider)
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP TABLE IF EXISTS {outbox}")
+        engine.dispose()

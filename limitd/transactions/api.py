@@ -8,6 +8,7 @@
     limitd.transaction_aware(SessionLocal)             # one sessionmaker (or session class,
                                                        # session, AsyncSession, async_sessionmaker)
     limitd.transaction_aware(SessionLocal, outbox=True)  # through the outbox table
+    limitd.transaction_aware("django", outbox=True)      # Django, through the outbox
 
 The adapters are imported only when asked for, so limitd runs without either ORM.
 """
@@ -20,7 +21,7 @@ from typing import Any
 def transaction_aware(orm: Any, /, **options: Any) -> Any:
     """Hold jobs enqueued inside the ORM's transactions until they commit, and drop them
     when they roll back. ``options`` go to the adapter (``using`` for Django, ``outbox``
-    for SQLAlchemy). Returns what the adapter returns (Django: its provider)."""
+    for both). Returns what the adapter returns (Django: its provider)."""
     if orm == "django":
         from limitd.transactions import django
 

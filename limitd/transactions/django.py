@@ -52,22 +52,36 @@ class AtomicBlocks:
     changes nothing."""
 
     aliases: tuple[str, ...] | None = None  # None: every alias, the default one first
+    outbox: str | None = None  # the outbox table's name: pushes become its rows
 
     def __call__(self) -> Held | None:
         from django.db import transaction
 
         for alias in self.aliases if self.aliases is not None else _every_alias():
             if transaction.get_connection(alias).in_atomic_block:
+                if self.outbox is not None:
+                    return DjangoOutboxHeld(alias, self.outbox)
                 return DjangoHeld(alias)
         return None
 
 
-def transaction_aware(using: str | Iterable[str] | None = None) -> AtomicBlocks:
+def transaction_aware(
+    using: str | Iterable[str] | None = None, outbox: bool | str = False
+) -> AtomicBlocks:
     """Hold pushes made inside ``transaction.atomic()`` on ``using`` (an alias, a list of
     aliases, or None for every alias in ``DATABASES``) until the transaction commits.
     Call it once Django is set up (``AppConfig.ready``). Returns the provider, which
-    ``limitd.transactions.hold.remove_provider`` takes to undo this."""
-    provider = AtomicBlocks(_checked_aliases(using))
+    ``limitd.transactions.hold.remove_provider`` takes to undo this.
+
+    ``outbox`` (True, or the outbox table's name): write those pushes as rows of the
+    outbox table in the atomic block's transaction instead, for the relay to push
+    (``limitd.outbox``); nothing waits in memory or in on_commit callbacks."""
+    table = None
+    if outbox:
+        from limitd.outbox.table import DEFAULT_TABLE, checked_name
+
+        table = DEFAULT_TABLE if outbox is True else checked_name(str(outbox))
+    provider = AtomicBlocks(_checked_aliases(using), table)
     add_provider(provider)
     return provider
 
@@ -105,6 +119,37 @@ class DjangoHeld(Held):
         callback = _OnCommit(run, what)
         transaction.on_commit(callback, using=self.alias, robust=True)
         callback.can_report = _registered_as_expected(self.alias, callback)
+
+
+class DjangoOutboxHeld(Held):
+    """An atomic block's pushes as rows of the outbox table, written through the
+    alias's connection inside the block: Django's savepoints and rollbacks keep or drop
+    them with the block's own rows. Generic actions (a batch's open and close) are
+    refused, as with SQLAlchemy's outbox."""
+
+    def __init__(self, alias: str, table: str) -> None:
+        super().__init__(owner=alias)
+        self.alias = alias
+        self.table = table
+
+    def add(self, run: Callable[[], Any], what: str) -> None:
+        from limitd.outbox.held import BATCH_REFUSED, OutboxUnsupported
+
+        raise OutboxUnsupported(f"{what}: {BATCH_REFUSED}")
+
+    def add_push(self, payloads: list[dict[str, Any]], run: Callable[[], Any], what: str) -> None:
+        from django.db import connections
+
+        from limitd.batch.building import building_bid
+        from limitd.outbox.held import BATCH_REFUSED, OutboxUnsupported
+        from limitd.payload import dumps
+
+        if building_bid() is not None:
+            raise OutboxUnsupported(f"{what} (in batch {building_bid()}): {BATCH_REFUSED}")
+        rows = [(str(payload["jid"]), dumps(payload)) for payload in payloads]
+        with connections[self.alias].cursor() as cursor:  # the table name was checked
+            cursor.executemany(f"INSERT INTO {self.table} (jid, payload) VALUES (%s, %s)", rows)
+        log.debug("outbox %s: wrote %s", self.table, what)
 
 
 @dataclass
