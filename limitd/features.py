@@ -4,7 +4,9 @@ Order matters for the client chain: batch membership first (it must see a later
 middleware halt the push, to take the job back out of the batch), then uniqueness
 (keyed on the queue asked for, before fairness may reroute it), then tenant fairness
 (a skipped duplicate is not counted against its tenant). Limiters have only a server
-middleware, innermost, so it sees ``OverLimit`` straight from the job.
+middleware, innermost, so it sees ``OverLimit`` straight from the job. Limited-capacity
+jobs, periodic jobs, metrics and the outbox have no default middleware (the job
+metrics middleware is added by its per-process service), so their place is free.
 
 Adding a feature: a folder with its modules and a ``plug`` module describing it as one
 ``limitd.plugins.Feature``, then one line here.
