@@ -26,7 +26,7 @@ the processes running one class need synchronised clocks.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from limitd import clock, keys
@@ -121,7 +121,9 @@ class CapacityStore:
 
 @dataclass(frozen=True)
 class CapacityState:
-    """A class's capacity as the gauges and ``limitd capacity`` show it."""
+    """A class's capacity as the gauges and ``limitd capacity`` show it.
+    ``max_running_jobs`` and ``remaining_work_count`` are the values read by the last
+    refill or copy (None before any); ``updated_at`` is when (epoch seconds)."""
 
     name: str
     running: int
@@ -130,9 +132,12 @@ class CapacityState:
     remaining_work_count: int | None
     updated_at: float | None
 
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
 
 def read_states(redis: Any) -> list[CapacityState]:
-    """Every class used in the last ``NAMES_TTL``, in two round trips whatever their
+    """Every class refilled in the last ``NAMES_TTL``, in two round trips whatever their
     number. Expired leases and reservations are not counted, pruned or not."""
     now = clock.now()
     pipe = redis.pipeline(transaction=False)
