@@ -40,7 +40,7 @@ FINISH = LuaScript(PACKAGE, "capacity_finish.lua", prelude=_LIB)
 RENEW = LuaScript(PACKAGE, "capacity_renew.lua")
 
 NAMES = keys.LIMITD_PREFIX + "capacity:names"
-NAMES_TTL = 30 * 86400.0  # a class unused this long leaves the listing and the gauges
+NAMES_TTL = 30 * 86400.0  # a class not refilled this long leaves the listing and the gauges
 NO_SUCCESSOR = -1
 
 
