@@ -163,8 +163,10 @@ local function save_arrivals()
   for _, rate_key in ipairs(moved) do
     local at = arrivals[rate_key]
     if at then
+      -- Kept a second past its arrival time: once passed it reads as absent anyway, and
+      -- the grace covers a caller whose clock runs a little behind Redis's.
       redis.call('SET', rate_key, string.format('%d', at),
-        'PX', math.ceil((at - clock()) / 1000))
+        'PX', math.ceil((at - clock()) / 1000) + 1000)
       arrivals[rate_key] = false -- written: once is enough
     end
   end
