@@ -1,9 +1,12 @@
 """One run of one system: enqueue N jobs (a subprocess in the system's interpreter that
-times itself), then start its workers and time the drain by polling the job counter."""
+times itself), then start its workers and time the drain by polling the job counter,
+with the Redis and worker CPU and the Redis commands over the whole drain and over its
+steady part (10% to 90% of the jobs)."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import time
@@ -12,12 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis as redis_py
-from procs import exited, start_group, stop_groups
+from procs import exited, start_group, stop_groups, worker_cpu_seconds
 from systems.base import APPS_DIR, Context, System
 
 COUNTER_KEY = "bench:done"  # the key apps/bench_counter.py and sidekiq_app.rb increment
 POLL_SECONDS = 0.01  # the counter's sampling period: the resolution of the drain figure
 LOG_TAIL = 1500
+STEADY_FROM, STEADY_TO = 0.1, 0.9  # the steady window, as shares of the jobs done
 
 
 class RunFailed(Exception):
@@ -25,18 +29,40 @@ class RunFailed(Exception):
 
 
 @dataclass(frozen=True)
-class Drain:
-    seconds: float  # from starting the workers until the counter read N
-    first_job: float  # from starting the workers until the counter first read > 0
-    polls: int = 0  # GETs of the counter this driver sent meanwhile
+class Snapshot:
+    """The counters at one moment of a drain, read right after one poll of the job
+    counter; the difference of two is what the system did in between."""
+
+    seconds: float  # since the workers were started
+    count: int  # jobs done by then
+    polls: int  # GETs of the job counter the driver had sent by then
+    commands: Counter[str]  # INFO commandstats calls
+    redis_cpu: float  # redis-server CPU seconds (user + sys)
+    worker_cpu: float  # CPU seconds of every process of the workers' sessions
 
 
 @dataclass(frozen=True)
-class DrainResult:
-    drain: Drain
+class Window:
+    """What a system did between two snapshots, per job done meanwhile."""
+
+    jobs: int
+    seconds: float
     commands_per_job: float  # Redis commands served per job (inside Lua included)
     lua_per_job: float  # EVAL/EVALSHA/FCALL calls per job
     redis_cpu_us_per_job: float  # redis-server CPU time (user + sys) per job
+    worker_cpu_us_per_job: float  # the workers' CPU time (user + sys) per job
+
+    @property
+    def rate(self) -> float:
+        return self.jobs / self.seconds
+
+
+@dataclass(frozen=True)
+class Drain:
+    seconds: float  # from starting the workers until the counter read N
+    first_job: float  # from starting the workers until the counter first read > 0
+    whole: Window  # from starting the workers until the counter read N
+    steady: Window | None  # from 10% to 90% of the jobs; None if seen at the same poll
 
 
 LUA_COMMANDS = ("eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro")
@@ -88,21 +114,22 @@ def enqueue_seconds(system: System, ctx: Context, jobs: int, deadline: float) ->
     return float(json.loads(done.stdout.strip().splitlines()[-1])["seconds"])
 
 
-def drain(
-    system: System, ctx: Context, conn: redis_py.Redis, jobs: int, deadline: float
-) -> DrainResult:
+def drain(system: System, ctx: Context, conn: redis_py.Redis, jobs: int, deadline: float) -> Drain:
     """Start the workers, wait until the counter reads ``jobs``, stop them (whole process
-    groups), then check the counter is exactly ``jobs``: no job lost or run twice. Also
-    counts the Redis commands the system sent meanwhile (start-up and stop included)."""
+    groups), then check the counter is exactly ``jobs``: no job lost or run twice.
+    Snapshots of the Redis and worker counters are taken at the start, when the counter
+    first reads 10% and 90% of ``jobs`` (the steady window, start-up and the tail left
+    out) and when it reads ``jobs``, all before the workers are stopped."""
     log_path = ctx.tmp / f"{system.name}.log"
     env = system_env(ctx.url)
     with log_path.open("wb") as log:
         commands = system.workers(ctx)
-        before, cpu_before = command_counts(conn), redis_cpu_seconds(conn)
+        procs: list[subprocess.Popen[bytes]] = []
+        start = _snapshot(conn, procs, seconds=0.0, count=0, polls=0)
         started = time.perf_counter()
-        procs = [start_group(cmd, cwd=APPS_DIR, env=env, log=log) for cmd in commands]
+        procs.extend(start_group(cmd, cwd=APPS_DIR, env=env, log=log) for cmd in commands)
         try:
-            result = _wait_for_count(
+            first_job, marks = _wait_for_count(
                 conn, procs, jobs=jobs, started=started, deadline=deadline, log_path=log_path
             )
         finally:
@@ -110,11 +137,47 @@ def drain(
     final = int(conn.get(COUNTER_KEY) or 0)
     if final != jobs:
         raise RunFailed(f"counter is {final} after the drain, expected exactly {jobs}")
-    cpu = redis_cpu_seconds(conn) - cpu_before
-    served = command_counts(conn) - before
-    served["get"] -= result.polls + 1  # the driver's own reads of the counter
+    low, high, end = marks
+    whole = window(start, end)
+    if whole is None:
+        raise RunFailed("the drain took no measurable time")
+    return Drain(end.seconds, first_job, whole, window(low, high))
+
+
+def window(a: Snapshot, b: Snapshot) -> Window | None:
+    """The figures per job between two snapshots (None when no job ran in between)."""
+    done, seconds = b.count - a.count, b.seconds - a.seconds
+    if done <= 0 or seconds <= 0:
+        return None
+    served = b.commands - a.commands
+    served["get"] -= b.polls - a.polls  # the driver's own reads of the counter
     lua = sum(served[name] for name in LUA_COMMANDS)
-    return DrainResult(result, sum(served.values()) / jobs, lua / jobs, 1e6 * cpu / jobs)
+    return Window(
+        jobs=done,
+        seconds=seconds,
+        commands_per_job=sum(served.values()) / done,
+        lua_per_job=lua / done,
+        redis_cpu_us_per_job=1e6 * (b.redis_cpu - a.redis_cpu) / done,
+        worker_cpu_us_per_job=1e6 * (b.worker_cpu - a.worker_cpu) / done,
+    )
+
+
+def _snapshot(
+    conn: redis_py.Redis,
+    procs: list[subprocess.Popen[bytes]],
+    *,
+    seconds: float,
+    count: int,
+    polls: int,
+) -> Snapshot:
+    return Snapshot(
+        seconds=seconds,
+        count=count,
+        polls=polls,
+        commands=command_counts(conn),
+        redis_cpu=redis_cpu_seconds(conn),
+        worker_cpu=worker_cpu_seconds(procs),
+    )
 
 
 def _wait_for_count(
@@ -125,7 +188,12 @@ def _wait_for_count(
     started: float,
     deadline: float,
     log_path: Path,
-) -> Drain:
+) -> tuple[float, list[Snapshot]]:
+    """Poll the counter until it reads ``jobs``; return when it first read > 0 and the
+    snapshots taken when it first reached 10%, 90% and 100% of ``jobs`` (one snapshot
+    stands for several marks passed at the same poll)."""
+    thresholds = [math.ceil(STEADY_FROM * jobs), math.ceil(STEADY_TO * jobs), jobs]
+    marks: list[Snapshot] = []
     first_job: float | None = None
     polls = 0
     while True:
@@ -134,8 +202,12 @@ def _wait_for_count(
         elapsed = time.perf_counter() - started
         if count and first_job is None:
             first_job = elapsed
+        passed = sum(1 for mark in thresholds[len(marks) :] if count >= mark)
+        if passed:
+            snap = _snapshot(conn, procs, seconds=elapsed, count=count, polls=polls)
+            marks.extend([snap] * passed)
         if count >= jobs:
-            return Drain(elapsed, first_job or elapsed, polls)
+            return first_job or elapsed, marks
         if elapsed > deadline:
             raise RunFailed(f"deadline: {count}/{jobs} jobs after {deadline:.0f} s")
         dead = exited(procs)

@@ -16,11 +16,15 @@ class Outcome:
     system: System
     jobs: int  # per run
     enqueue: list[float] = field(default_factory=list)  # jobs/s per run
-    drain: list[float] = field(default_factory=list)  # jobs/s per run
+    drain: list[float] = field(default_factory=list)  # whole drain, jobs/s per run
     first_job: list[float] = field(default_factory=list)  # seconds per run
-    commands: list[float] = field(default_factory=list)  # Redis commands per job, per run
-    lua: list[float] = field(default_factory=list)  # Lua calls per job, per run
-    redis_cpu: list[float] = field(default_factory=list)  # server CPU us per job, per run
+    commands_whole: list[float] = field(default_factory=list)  # whole drain, per job
+    # The steady window (10% to 90% of the jobs), per run:
+    steady: list[float] = field(default_factory=list)  # jobs/s
+    commands: list[float] = field(default_factory=list)  # Redis commands per job
+    lua: list[float] = field(default_factory=list)  # Lua calls per job
+    redis_cpu: list[float] = field(default_factory=list)  # redis-server CPU us per job
+    worker_cpu: list[float] = field(default_factory=list)  # the workers' CPU us per job
     error: str | None = None
 
 
@@ -40,18 +44,33 @@ How it is measured:
 - Enqueue: N jobs pushed by the system's own client in a fresh process, timed around the
   enqueue calls only (imports excluded), with the bulk API where the system has one a
   user would use (the "enqueue API" column).
-- Drain: the worker processes are started after the enqueue and timed until the counter
-  reads N (sampled every 10 ms), so worker start-up is inside the figure ("first job
-  after" is how much of it that is). The workers' process groups are then stopped and
-  the counter must be exactly N.
-- Redis commands per job: INFO commandstats over the drain (commands run inside Lua
-  scripts included, the driver's own reads excluded, start-up and heartbeats included);
-  in brackets the EVAL/EVALSHA calls per job. redis-server CPU per job: INFO cpu (user
-  + sys) over the drain, divided by N; Redis shares the 2 cores with the workers.
-- "drain / Lua ceiling" divides the median drain by the 1-client pipelined ceiling below.
-- limitd runs from the project venv, the peers from bench/peers/.venv, whose redis-py is
-  older and uses hiredis (arq needs redis-py < 6). The job's own INCR goes through each
-  venv's client; the cost of one round trip through each is timed below."""
+- Drain: the worker processes are started after the enqueue and the counter is read
+  every 10 ms until it reads N; the workers' process groups are then stopped and the
+  counter must be exactly N. The whole drain runs from starting the workers until the
+  counter reads N, so worker start-up is inside it ("first job after" is how much of it
+  that is). The steady drain is the window between the counter first reading 10% and
+  first reading 90% of N (jobs done in it / its seconds): start-up and the tail left
+  out. The figures marked "steady" are taken over that window.
+- Worker CPU per job: user + sys CPU of every process of the workers' sessions (each
+  worker command is a session leader; capsules, prefork children and processes that
+  already exited included), read from /proc/<pid>/stat at both ends of the window,
+  divided by the jobs done in it. It is CPU the system's own processes spent per job,
+  whatever the number of processes or threads.
+- Redis commands per job: INFO commandstats over the window (commands run inside Lua
+  scripts included, the driver's own reads excluded; the whole-drain figure also holds
+  start-up and heartbeats); in brackets the EVAL/EVALSHA calls per job.
+  redis-server CPU per job: INFO cpu (user + sys) over the window, divided by the jobs
+  done in it; Redis shares the 2 cores with the workers.
+- "steady / Lua ceiling" divides the median steady drain by the 1-client pipelined
+  ceiling below.
+- limitd and the floor worker run from the project venv, the peers from
+  bench/peers/.venv, whose redis-py is older and uses hiredis (arq needs redis-py < 6).
+  The job's own INCR goes through each venv's client; the cost of one round trip through
+  each is timed below.
+- The floor rows are not a job system: threads that BRPOP limitd's queue list,
+  json.loads the payload and call the function its class names (no acknowledgement, no
+  retries), on the same payloads as limitd (enqueued by limitd). They show what one
+  Python process can reach on this machine with the same Redis client."""
 
 CEILING_LABELS = {
     "pipelined_1_client": "1 client, pipelines of 100",
@@ -61,12 +80,15 @@ CEILING_LABELS = {
 
 COLUMNS = (
     "system",
-    "drain jobs/s, median (min-max)",
-    "enqueue jobs/s, median (min-max)",
+    "steady drain jobs/s, median (min-max)",
+    "whole drain jobs/s, median",
+    "worker CPU per job, steady (us)",
+    "redis-server CPU per job, steady (us)",
+    "Redis commands per job, steady (Lua calls)",
+    "Redis commands per job, whole drain",
     "first job after (s)",
-    "Redis commands per job (Lua calls)",
-    "redis-server CPU per job (us)",
-    "drain / Lua ceiling",
+    "enqueue jobs/s, median (min-max)",
+    "steady / Lua ceiling",
     "jobs per run",
     "settings",
     "enqueue API",
@@ -87,16 +109,19 @@ def _median(values: list[float], fmt: str) -> str:
 
 def _row(outcome: Outcome, ceiling: float | None) -> str:
     share = "-"
-    if outcome.drain and ceiling:
-        share = f"{100 * statistics.median(outcome.drain) / ceiling:.1f}%"
+    if outcome.steady and ceiling:
+        share = f"{100 * statistics.median(outcome.steady) / ceiling:.1f}%"
     note = f" **error:** {outcome.error}" if outcome.error else ""
     cells = [
         f"`{outcome.system.name}`",
-        spread(outcome.drain),
-        spread(outcome.enqueue),
-        _median(outcome.first_job, ".2f"),
-        f"{_median(outcome.commands, '.1f')} ({_median(outcome.lua, '.2f')})",
+        spread(outcome.steady),
+        _median(outcome.drain, ",.0f"),
+        _median(outcome.worker_cpu, ".0f"),
         _median(outcome.redis_cpu, ".0f"),
+        f"{_median(outcome.commands, '.1f')} ({_median(outcome.lua, '.2f')})",
+        _median(outcome.commands_whole, ".1f"),
+        _median(outcome.first_job, ".2f"),
+        spread(outcome.enqueue),
         share,
         f"{outcome.jobs:,}",
         outcome.system.settings + note,
@@ -142,7 +167,7 @@ def markdown(
 ) -> str:
     """The whole of RESULTS.md."""
     text = [
-        "# limitd and its peers: enqueue and drain throughput",
+        "# limitd and its peers: enqueue and drain throughput, CPU per job",
         "",
         "Produced by `.venv/bin/python bench/peers/run.py` (from the repository root) on a "
         "noisy 2-core machine: read differences under ~10-15% as noise.",
@@ -157,7 +182,7 @@ def markdown(
         "",
         *(f"{line}  " for line in skipped),
         "",
-        "![drain jobs/s per system](drain.png)",
+        "![steady drain jobs/s per system](drain.png)",
         "",
         *baseline_section(baseline),
     ]
@@ -165,14 +190,15 @@ def markdown(
 
 
 def chart_data(outcomes: list[Outcome], title: str) -> dict[str, object]:
+    """The steady drain per system, for chart.py."""
     rows = [
         {
             "name": o.system.name,
-            "median": statistics.median(o.drain),
-            "min": min(o.drain),
-            "max": max(o.drain),
+            "median": statistics.median(o.steady),
+            "min": min(o.steady),
+            "max": max(o.steady),
         }
         for o in outcomes
-        if o.drain
+        if o.steady
     ]
     return {"title": title, "systems": rows}

@@ -6,7 +6,9 @@ draining them, alternating the systems run after run because the machine is nois
 
 Each job increments a Redis counter; a drain is timed from starting the system's worker
 processes (start-up included, as for an operator) until the counter reads N, and the
-counter must then be exactly N. Each system has its own database on the server, flushed
+counter must then be exactly N. The steady drain is the part between 10% and 90% of the
+jobs, over which the workers' CPU, redis-server's CPU and the Redis commands are also
+taken per job. Each system has its own database on the server, flushed
 before and after each run. Writes RESULTS.md and drain.png beside this file (--quick
 prints only, unless --out is given). The peers live in bench/peers/.venv, created from
 requirements.txt on first use.
@@ -120,18 +122,27 @@ def one_run(outcome: Outcome, server: RedisServer, db: int, tmp: Path, deadline:
     finally:
         conn.flushdb()
         conn.close()
-    result = measured.drain
+    whole, steady = measured.whole, measured.steady
     outcome.enqueue.append(jobs / seconds)
-    outcome.drain.append(jobs / result.seconds)
-    outcome.first_job.append(result.first_job)
-    outcome.commands.append(measured.commands_per_job)
-    outcome.lua.append(measured.lua_per_job)
-    outcome.redis_cpu.append(measured.redis_cpu_us_per_job)
-    return (
-        f"{jobs:>6,} jobs: enqueue {jobs / seconds:>7,.0f}/s, drain "
-        f"{jobs / result.seconds:>6,.0f}/s ({result.seconds:.2f} s, first job "
-        f"{result.first_job:.2f} s), {measured.commands_per_job:.1f} Redis cmds/job "
-        f"({measured.lua_per_job:.2f} Lua), Redis CPU {measured.redis_cpu_us_per_job:.0f} us/job"
+    outcome.drain.append(whole.rate)
+    outcome.first_job.append(measured.first_job)
+    outcome.commands_whole.append(whole.commands_per_job)
+    line = (
+        f"{jobs:>6,} jobs: enqueue {jobs / seconds:>7,.0f}/s, whole drain {whole.rate:>6,.0f}/s "
+        f"({whole.seconds:.2f} s, first job {measured.first_job:.2f} s, worker CPU "
+        f"{whole.worker_cpu_us_per_job:.0f} us/job, {whole.commands_per_job:.1f} cmds/job)"
+    )
+    if steady is None:
+        return line + "; steady: - (10% and 90% seen at the same poll)"
+    outcome.steady.append(steady.rate)
+    outcome.commands.append(steady.commands_per_job)
+    outcome.lua.append(steady.lua_per_job)
+    outcome.redis_cpu.append(steady.redis_cpu_us_per_job)
+    outcome.worker_cpu.append(steady.worker_cpu_us_per_job)
+    return line + (
+        f"; steady {steady.rate:>6,.0f}/s: worker CPU {steady.worker_cpu_us_per_job:.0f} "
+        f"us/job, Redis CPU {steady.redis_cpu_us_per_job:.0f} us/job, "
+        f"{steady.commands_per_job:.1f} cmds/job ({steady.lua_per_job:.2f} Lua)"
     )
 
 
@@ -155,9 +166,10 @@ def run_all(systems: list[System], server: RedisServer, args: argparse.Namespace
 
 def draw_chart(outcomes: list[Outcome], png: Path) -> None:
     """drain.png, drawn in the peers' venv (matplotlib lives there)."""
-    runs = len(max((o.drain for o in outcomes), key=len, default=[]))
+    runs = len(max((o.steady for o in outcomes), key=len, default=[]))
     title = (
-        f"drain of no-op jobs, median of {runs} runs; {machine.cpu_model()}, {os.cpu_count()} cores"
+        f"steady drain (10%-90% of the jobs) of no-op jobs, median of {runs} runs; "
+        f"{machine.cpu_model()}, {os.cpu_count()} cores"
     )
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as data:
         json.dump(report.chart_data(outcomes, title), data)

@@ -10,6 +10,7 @@ from systems.base import System
 
 MODULES = (
     "limitd_system",
+    "floor_system",
     "celery_system",
     "rq_system",
     "dramatiq_system",

@@ -1,6 +1,8 @@
 """limitd: ``limitd start`` from the project venv, 1 and 2 capsule processes x 10
-threads, limit fetch with a limit of 1,000 on the queue (never binding, so the
-limit-aware fetch is what is measured), logging at WARNING (no per-job INFO line)."""
+threads, logging at WARNING (no per-job INFO line). ``limitd-N`` uses the limit fetch
+with a limit of 1,000 on the queue (never binding, so the limit-aware fetch is what is
+measured); ``limitd-basic-N`` the basic fetch, no limits, to show what the limit fetch
+costs on top of it."""
 
 from __future__ import annotations
 
@@ -21,9 +23,9 @@ require: [limitd_app]
 queues: [{queue}]
 concurrency: {threads}
 processes: {processes}
-fetch: limit
-limits: {{{queue}: {limit}}}
+fetch: {fetch}
 """
+LIMITS_LINE = "limits: {{{queue}: {limit}}}\n"
 
 
 def enqueue(jobs: int) -> None:
@@ -43,17 +45,18 @@ def _url() -> str:
     return redis_url()
 
 
-def workers(processes: int) -> Callable[[Context], list[list[str]]]:
+def workers(processes: int, fetch: str) -> Callable[[Context], list[list[str]]]:
     """``limitd start`` on a YAML config written for this run (flags cannot set the log
-    level)."""
+    level); the limit fetch gets its (never binding) limit."""
 
     def commands(ctx: Context) -> list[list[str]]:
-        config = ctx.tmp / f"limitd-{processes}.yml"
-        config.write_text(
-            CONFIG.format(
-                url=ctx.url, queue=QUEUE, threads=THREADS, processes=processes, limit=LIMIT
-            )
+        config = ctx.tmp / f"limitd-{fetch}-{processes}.yml"
+        text = CONFIG.format(
+            url=ctx.url, queue=QUEUE, threads=THREADS, processes=processes, fetch=fetch
         )
+        if fetch == "limit":
+            text += LIMITS_LINE.format(queue=QUEUE, limit=LIMIT)
+        config.write_text(text)
         return [[str(PROJECT_BIN / "limitd"), "start", str(config)]]
 
     return commands
@@ -65,20 +68,30 @@ def missing() -> str | None:
     return None
 
 
+def _settings(processes: int, fetch: str) -> str:
+    plural = "es" if processes > 1 else ""
+    limits = f", limits {{{QUEUE}: {LIMIT}}} (not binding)" if fetch == "limit" else ""
+    return (
+        f"limitd start, {processes} capsule process{plural} x {THREADS} threads, "
+        f"fetch: {fetch}{limits}, logging WARNING"
+    )
+
+
+def _name(processes: int, fetch: str) -> str:
+    return f"limitd-{processes}" if fetch == "limit" else f"limitd-{fetch}-{processes}"
+
+
 SYSTEMS = [
     System(
-        name=f"limitd-{processes}",
-        settings=(
-            f"limitd start, {processes} capsule process{'es' if processes > 1 else ''} x "
-            f"{THREADS} threads, fetch: limit, limits {{{QUEUE}: {LIMIT}}} (not binding), "
-            "logging WARNING"
-        ),
+        name=_name(processes, fetch),
+        settings=_settings(processes, fetch),
         enqueue_api=f"perform_bulk, {BULK} per LPUSH",
-        workers=workers(processes),
+        workers=workers(processes, fetch),
         app="limitd_app",
         enqueue=enqueue,
         python=project_python(),
         missing=missing,
     )
+    for fetch in ("limit", "basic")
     for processes in (1, 2)
 ]
