@@ -32,20 +32,29 @@ def command_calls(conn: redis_py.Redis) -> int:
 
 
 @contextmanager
+def bench_redis_url(url: str | None) -> Iterator[str]:
+    """``url``, or the URL of a private redis-server started for the run (for benchmarks
+    that hand the URL to processes they start)."""
+    if url is not None:
+        yield url
+        return
+    server = RedisServer()
+    server.start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@contextmanager
 def redis_for_bench(url: str | None) -> Iterator[redis_py.Redis]:
     """A client on ``url``, or on a private redis-server started for the run."""
-    server = None
-    if url is None:
-        server = RedisServer()
-        server.start()
-        url = server.url
-    conn = redis_py.Redis.from_url(url)
-    try:
-        yield conn
-    finally:
-        conn.close()
-        if server:
-            server.stop()
+    with bench_redis_url(url) as bench_url:
+        conn = redis_py.Redis.from_url(bench_url)
+        try:
+            yield conn
+        finally:
+            conn.close()
 
 
 def timed_drain(
