@@ -34,6 +34,19 @@ ERROR_PAUSE = 1.0
 CLOSED_POLL = 0.05
 
 
+class _Waiter:
+    """One processor's place in line: a lock held until a unit (or None, on quiet) is
+    put in ``unit``. Made once per thread and reused: a handoff is one lock release."""
+
+    __slots__ = ("lock", "timed_out", "unit")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.lock.acquire()
+        self.unit: UnitOfWork | None = None
+        self.timed_out = False  # its last wait ended with nothing
+
+
 class Dispatcher:
     """Serves a capsule's processors through the same ``retrieve_work(done)`` calls a
     fetch serves; start it with the capsule, ``close`` it on quiet, ``stop`` it last."""
@@ -42,11 +55,16 @@ class Dispatcher:
         self.fetch = fetch
         self.gate = gate
         self._conn = OwnConnection(fetch.redis)  # used by the dispatcher thread only
-        self._cond = threading.Condition()
-        self._ready: deque[UnitOfWork] = deque()  # fetched, for the next idle processor
+        self._mutex = threading.Lock()
+        self._ready: deque[UnitOfWork] = deque()  # fetched, for the next processor
         self._finished: list[UnitOfWork] = []  # run, to settle with the next call
-        self._waiting = 0  # processors waiting for a job
-        self._local = threading.local()  # per processor: did its last wait time out?
+        self._idle: list[_Waiter] = []  # processors waiting, the latest last
+        self._local = threading.local()
+        # The dispatcher sleeps on the gate only after saying so here; until then a
+        # processor with news (a job to settle, or a fresh wait) counts it instead of
+        # waking it, and the dispatcher looks at the count before it sleeps.
+        self._asleep = False
+        self._news = 0
         self._closed = False
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="limitd-dispatcher", daemon=True)
@@ -61,32 +79,52 @@ class Dispatcher:
     @property
     def waiting(self) -> int:
         """Processors waiting for a job."""
-        return self._waiting
+        return len(self._idle)
 
     def retrieve_work(self, done: UnitOfWork | None = None) -> UnitOfWork | None:
         """Leave ``done`` to be settled and take a fetched job, waiting up to
         ``block_seconds`` for one; None if there was none or the capsule is quieting."""
-        with self._cond:
+        waiter = self._waiter()
+        with self._mutex:
             if done is not None:
                 self._finished.append(done)
-            if not self._ready and not self._closed:
-                self._waiting += 1
-                if done is not None or not getattr(self._local, "idle", False):
-                    # One more processor to serve (and maybe a job to settle). One that
-                    # waited in vain is no news: the dispatcher polls for it already.
-                    self.gate.wake()
-                try:
-                    got = self._cond.wait_for(
-                        lambda: self._ready or self._closed, self.block_seconds
-                    )
-                finally:
-                    self._waiting -= 1
-                self._local.idle = not got
-            elif done is not None:
-                self.gate.wake()
-            if self._closed or not self._ready:
+            if self._closed:
                 return None
-            return self._ready.popleft()
+            unit = self._ready.popleft() if self._ready else None
+            if unit is None:
+                self._idle.append(waiter)
+            # A processor that waited in vain is no news: the dispatcher polls for it.
+            wake = (done is not None or (unit is None and not waiter.timed_out)) and self._tell()
+        if wake:
+            self.gate.wake()
+        return unit if unit is not None else self._wait(waiter)
+
+    def _tell(self) -> bool:
+        """Called under the mutex with news: True when the dispatcher sleeps and must be
+        woken (by the caller, after letting go of the mutex)."""
+        if self._asleep:
+            self._asleep = False
+            return True
+        self._news += 1
+        return False
+
+    def _wait(self, waiter: _Waiter) -> UnitOfWork | None:
+        if not waiter.lock.acquire(timeout=self.block_seconds):
+            with self._mutex:
+                if waiter in self._idle:  # nobody served it
+                    self._idle.remove(waiter)
+                    waiter.timed_out = True
+                    return None
+            waiter.lock.acquire()  # served just now: the release is on its way
+        waiter.timed_out = False
+        unit, waiter.unit = waiter.unit, None
+        return unit
+
+    def _waiter(self) -> _Waiter:
+        waiter: _Waiter | None = getattr(self._local, "waiter", None)
+        if waiter is None:
+            waiter = self._local.waiter = _Waiter()
+        return waiter
 
     def try_retrieve(self, done: UnitOfWork | None = None) -> UnitOfWork | None:
         return self.fetch.try_retrieve(done)
@@ -97,14 +135,14 @@ class Dispatcher:
     def held(self) -> list[UnitOfWork]:
         """Units in Redis's in-progress lists that no processor holds: fetched and not
         yet taken, or finished and not yet settled."""
-        with self._cond:
+        with self._mutex:
             return [*self._ready, *self._finished]
 
     def close(self) -> None:
         """Quiet: fetch nothing more; processors waiting return None at once."""
-        with self._cond:
+        with self._mutex:
             self._closed = True
-            self._cond.notify_all()
+            self._serve()
 
     def stop(self, timeout: float = 2.0) -> None:
         """After the processors have stopped: settle what they finished, requeue what
@@ -128,10 +166,10 @@ class Dispatcher:
     def _step(self) -> None:
         """One call to Redis if there is anything to settle or anyone to serve, then a
         wait when there is nothing more to do right now."""
-        with self._cond:
+        with self._mutex:
             finished, self._finished = self._finished, []
-            closed = self._closed
-            want = 0 if closed else self._waiting - len(self._ready)
+            closed, self._news = self._closed, 0
+            want = 0 if closed else len(self._idle) - len(self._ready)
         if finished or want > 0:
             try:
                 units = self.fetch.settle_and_take(finished, want, self._conn)
@@ -145,26 +183,41 @@ class Dispatcher:
                 return  # there may be more: ask again at once
         if closed:
             self._stopped.wait(CLOSED_POLL)
-        else:
-            # A push, a finished job, an idle processor, the poll, or the moment a rate
-            # limit lets a waiting job go (only worth waking for with someone to serve).
-            self.gate.wait(at_most=self.fetch.room_in if want > 0 else None)
+            return
+        with self._mutex:
+            if self._news:
+                return  # processors came with news during the call: serve them first
+            self._asleep = True
+        # A push, a finished job, an idle processor, the poll, or the moment a rate
+        # limit lets a waiting job go (only worth waking for with someone to serve).
+        self.gate.wait(at_most=self.fetch.room_in if want > 0 else None)
+        with self._mutex:
+            self._asleep = False
 
     def _hand_out(self, units: Sequence[UnitOfWork]) -> None:
-        with self._cond:
+        with self._mutex:
             if not self._closed:
                 self._ready.extend(units)
-                self._cond.notify(len(units))
+                self._serve()
                 return
         self.fetch.bulk_requeue(units)  # fetched while the capsule was quieting
 
+    def _serve(self) -> None:
+        """Under the mutex: give each waiting processor a fetched unit, the one that
+        waited least first (its thread is the likeliest still in the CPU's caches); on
+        quiet, give them None."""
+        while self._idle and (self._ready or self._closed):
+            waiter = self._idle.pop()
+            waiter.unit = None if self._closed else self._ready.popleft()
+            waiter.lock.release()
+
     def _keep(self, finished: list[UnitOfWork]) -> None:
         """Put back units whose settling failed, for the next attempt."""
-        with self._cond:
+        with self._mutex:
             self._finished[:0] = finished
 
     def _flush(self) -> None:
-        with self._cond:
+        with self._mutex:
             finished, self._finished = self._finished, []
             ready = list(self._ready)
             self._ready.clear()
