@@ -61,8 +61,12 @@
 -- Settling in the same call as the next fetch halves the round trips per job, and a
 -- capsule's dispatcher settles and takes several jobs per call under load.
 --
--- Cost: O(1) per queue tried per job taken (HGET, LLEN, SISMEMBER, LMOVE), nothing scans
--- a queue or a busy count; only settling scans this capsule's own in-progress list
+-- Cost: what the call needs of a queue's state is read once per call, not once per job
+-- (LLEN, SISMEMBER, the limits and the busy count), then counted here as jobs are
+-- settled and taken: nothing else can change those keys while the script runs, so the
+-- counts stay exact. The jobs a queue gives in one call move with one RPOP (with a
+-- count) and one LPUSH, and its busy count changes once for what was taken and once for
+-- what was settled. Only settling scans anything: this capsule's own in-progress list
 -- (LREM), whose length is bounded by the capsule's threads. Rate limits add one HGET per
 -- queue per call, none at all while no queue has one (one EXISTS per call), and a TIME,
 -- a GET and a SET per call for a rate-limited queue, whatever the jobs it gives.
@@ -70,32 +74,58 @@ local limits, process_limits, paused, busy = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local held, capsules, capsule_id, channel = KEYS[5], KEYS[6], ARGV[1], ARGV[2]
 local rate_limits, recoveries = KEYS[7], KEYS[#KEYS]
 
+-- A queue's global limit and busy count, by name: read on first use in this call, then
+-- kept current here.
+local limit_of, busy_of = {}, {}
+
+local function limit(name)
+  if limit_of[name] == nil then
+    limit_of[name] = tonumber(redis.call('HGET', limits, name)) or false
+  end
+  return limit_of[name]
+end
+
+local function busy_count(name)
+  if busy_of[name] == nil then
+    busy_of[name] = tonumber(redis.call('HGET', busy, name) or '0')
+  end
+  return busy_of[name]
+end
+
+-- Free ``count`` slots of queue ``name``, whose jobs were settled; returns how many
+-- are left busy.
+local function release(name, count)
+  local left = redis.call('HINCRBY', busy, name, -count)
+  if left < 0 then
+    redis.call('HSET', busy, name, 0)
+    left = 0
+  end
+  busy_of[name] = left
+  return left
+end
+
+-- Free the slots of acknowledged jobs, and say so if they were the last of a queue at
+-- its limit with jobs waiting for them (another capsule may be idle for want of one).
+local function free_slots(name, queue_key, count)
+  local left, cap = release(name, count), limit(name)
+  if cap and left < cap and left + count >= cap and redis.call('LLEN', queue_key) > 0 then
+    redis.call('PUBLISH', channel, name)
+  end
+end
+
+-- Remove one finished job from its in-progress list: 1 if it was there. A requeued job
+-- goes back to the front of its queue now; an acknowledged one's slot is freed by the
+-- caller, with the others of its queue.
 local function settle(in_progress_key, queue_key, job, name, mode)
   if redis.call('LREM', in_progress_key, 1, job) == 0 then
     return 0
   end
-  local left = redis.call('HINCRBY', busy, name, -1)
-  if left < 0 then
-    redis.call('HSET', busy, name, 0)
-  end
   if mode == 'requeue' then
+    release(name, 1)
     redis.call('RPUSH', queue_key, job)
-    redis.call('PUBLISH', channel, name)
-  elseif left + 1 == tonumber(redis.call('HGET', limits, name))
-      and redis.call('LLEN', queue_key) > 0 then
-    -- This freed the last slot of a queue at its limit, with jobs waiting for it.
     redis.call('PUBLISH', channel, name)
   end
   return 1
-end
-
-local function at_limit(name, in_progress_key)
-  local process_limit = tonumber(redis.call('HGET', process_limits, name))
-  if process_limit and redis.call('LLEN', in_progress_key) >= process_limit then
-    return true
-  end
-  local limit = tonumber(redis.call('HGET', limits, name))
-  return limit ~= nil and tonumber(redis.call('HGET', busy, name) or '0') >= limit
 end
 
 -- Rate limits. The hash is looked at once per call, each queue's rate once per call.
@@ -173,10 +203,21 @@ local function save_arrivals()
 end
 
 local settles, want, queues = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local settled = 0
+local settled, acked, acked_names, queue_key_of = 0, {}, {}, {}
 for j = 1, settles do
-  settled = settled + settle(KEYS[6 + 2 * j], KEYS[7 + 2 * j], ARGV[6 + 2 * j],
-    ARGV[7 + 2 * j], ARGV[3])
+  local name, queue_key = ARGV[7 + 2 * j], KEYS[7 + 2 * j]
+  local done = settle(KEYS[6 + 2 * j], queue_key, ARGV[6 + 2 * j], name, ARGV[3])
+  settled = settled + done
+  if done == 1 and ARGV[3] == 'ack' then
+    if acked[name] == nil then
+      acked_names[#acked_names + 1] = name
+      queue_key_of[name] = queue_key
+    end
+    acked[name] = (acked[name] or 0) + 1
+  end
+end
+for _, name in ipairs(acked_names) do
+  free_slots(name, queue_key_of[name], acked[name])
 end
 
 local natural = {}
@@ -205,28 +246,54 @@ local function rate_allows(name, rate_key)
   return false
 end
 
--- Take one job from the first eligible queue of ``order``. Returns the queue's name and
--- the job, "stop" when a blocking queue holds the rest back, or nil when no queue has one.
+-- Queue i's state in this call: its keys, the jobs left in it, whether it may give any
+-- at all (not empty, not paused), its process limit and this capsule's jobs of it in
+-- progress (read when first needed), and the jobs taken from it so far.
+local state = {}
+
+local function queue_state(i)
+  local st = state[i]
+  if st == nil then
+    local at = 2 * settles + 3 * i -- queue i's keys are at 5 + at, 6 + at, 7 + at
+    local name = ARGV[6 + 2 * settles + 2 * i]
+    st = {name = name, blocking = ARGV[7 + 2 * settles + 2 * i] == '1',
+          queue_key = KEYS[5 + at], in_progress_key = KEYS[6 + at], rate_key = KEYS[7 + at],
+          left = redis.call('LLEN', KEYS[5 + at]), taken = 0}
+    -- An empty queue is skipped before anything else is read: an idle poll costs one
+    -- LLEN (and one SISMEMBER) per queue.
+    st.open = st.left > 0 and redis.call('SISMEMBER', paused, name) == 0
+    state[i] = st
+  end
+  return st
+end
+
+local function at_limit(st)
+  if st.held == nil then
+    st.process_limit = tonumber(redis.call('HGET', process_limits, st.name)) or false
+    st.held = st.process_limit and redis.call('LLEN', st.in_progress_key) or 0
+  end
+  if st.process_limit and st.held >= st.process_limit then
+    return true
+  end
+  local cap = limit(st.name)
+  return cap and busy_count(st.name) >= cap
+end
+
+-- Pick the queue the next job comes from: the first eligible one of ``order``. Returns
+-- its state, "stop" when a blocking queue holds the rest back, or nil when no queue has
+-- a job to give. The job itself moves later, with the others taken from that queue.
 local function take_one(order)
   for _, i in ipairs(order) do
-    local name, blocking = ARGV[6 + 2 * settles + 2 * i], ARGV[7 + 2 * settles + 2 * i] == '1'
-    local at = 2 * settles + 3 * i -- queue i's keys are at 5 + at, 6 + at, 7 + at
-    local queue_key, in_progress_key, rate_key = KEYS[5 + at], KEYS[6 + at], KEYS[7 + at]
-    -- An empty queue is skipped before its limits are read: an idle poll costs one LLEN
-    -- (and one SISMEMBER) per queue.
-    if redis.call('LLEN', queue_key) > 0 and redis.call('SISMEMBER', paused, name) == 0 then
-      local free, rate, tat = not at_limit(name, in_progress_key), nil, nil
-      if free then free, rate, tat = rate_allows(name, rate_key) end
+    local st = queue_state(i)
+    if st.open and st.left > 0 then
+      local free, rate, tat = not at_limit(st), nil, nil
+      if free then free, rate, tat = rate_allows(st.name, st.rate_key) end
       if free then
-        -- The oldest job (right end) moves to the left of the in-progress list.
-        local job = redis.call('LMOVE', queue_key, in_progress_key, 'RIGHT', 'LEFT')
-        if job then
-          redis.call('HINCRBY', busy, name, 1)
-          redis.call('SADD', held, name)
-          if rate then use_rate(rate_key, rate, tat) end
-          return name, job
-        end
-      elseif blocking then
+        st.left, st.taken, st.held = st.left - 1, st.taken + 1, st.held + 1
+        if busy_of[st.name] ~= nil then busy_of[st.name] = busy_of[st.name] + 1 end
+        if rate then use_rate(st.rate_key, rate, tat) end
+        return st
+      elseif st.blocking then
         -- A blocking queue with work waiting for a slot: lower queues must not jump ahead.
         return 'stop'
       end
@@ -245,19 +312,40 @@ local function recovered(job)
   return tonumber(redis.call('HGET', recoveries, redis.sha1hex(job))) or 0
 end
 
-local taken = {settled, 0}
 -- Each job starts again from the first queue of its order, so a strict order stays
 -- strict, weights apply per job, and every job sees the busy counts the previous one
 -- updated (and the rate schedules it moved).
-while #taken < 2 + 3 * want do
-  local name, job = take_one(order_of((#taken + 1) / 3))
-  if not job then break end
-  taken[#taken + 1] = name
+local picks = {}
+while #picks < want do
+  local st = take_one(order_of(#picks + 1))
+  if st == nil or st == 'stop' then break end
+  picks[#picks + 1] = st
+end
+
+-- Move each queue's jobs in one go: the oldest (right end) first, each to the left of
+-- the in-progress list, as one LMOVE per job would.
+local jobs_of, holding = {}, {}
+for i = 1, queues do
+  local st = state[i]
+  if st ~= nil and st.taken > 0 then
+    jobs_of[st] = redis.call('RPOP', st.queue_key, st.taken)
+    redis.call('LPUSH', st.in_progress_key, unpack(jobs_of[st]))
+    redis.call('HINCRBY', busy, st.name, st.taken)
+    holding[#holding + 1] = st.name
+  end
+end
+if #holding > 0 then
+  redis.call('SADD', held, unpack(holding))
+  redis.call('SADD', capsules, capsule_id)
+end
+
+local taken, given = {settled, 0}, {}
+for _, st in ipairs(picks) do
+  given[st] = (given[st] or 0) + 1
+  local job = jobs_of[st][given[st]]
+  taken[#taken + 1] = st.name
   taken[#taken + 1] = job
   taken[#taken + 1] = recovered(job)
-end
-if #taken > 2 then
-  redis.call('SADD', capsules, capsule_id)
 end
 save_arrivals()
 if room_at then
