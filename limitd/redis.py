@@ -157,8 +157,10 @@ class LuaScript:
         self._sha = self._script.sha.encode()
 
     def __call__(self, conn: Any, keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> Any:
-        """Run on ``conn`` (a client or a pipeline)."""
-        if isinstance(conn, Pipeline):
+        """Run on ``conn`` (a client, a pipeline or an own connection)."""
+        # Pipeline is a typing Protocol to isinstance(), which makes the check cost a
+        # microsecond: the dispatcher's own connection, called for every fetch, skips it.
+        if not isinstance(conn, OwnConnection) and isinstance(conn, Pipeline):
             return self._script(keys=list(keys), args=list(args), client=conn)
         command = self.packed(keys, args)
         try:
@@ -243,9 +245,20 @@ def client_of(conn: Conn) -> redis.Redis:
 def send_packed(conn: Conn, command: bytes) -> Any:
     """Send a packed command and read the reply. Not retried on a connection error: the
     caller decides, since a script may have run regardless."""
+    if isinstance(conn, OwnConnection):  # the hot path: no pool, no context manager
+        return _exchange(conn.connection, command)
     with _connection(conn) as connection:
         connection.send_packed_command([command], check_health=False)
         return connection.read_response()
+
+
+def _exchange(connection: Any, command: bytes) -> Any:
+    try:
+        connection.send_packed_command([command], check_health=False)
+        return connection.read_response()
+    except (ConnectionError, TimeoutError, OSError):
+        connection.disconnect()
+        raise
 
 
 def send_calls_then(conn: Conn, calls: Sequence[ScriptCall], command: bytes) -> Any:

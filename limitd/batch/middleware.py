@@ -69,6 +69,9 @@ class BatchMembership:
 class BatchProgress:
     """Server middleware: after each run of a batch job, tell the batch how it ended."""
 
+    def concerns(self, payload: Payload) -> bool:
+        return bool(payload.get("bid"))
+
     def __call__(
         self, spec: JobSpec, payload: Payload, queue: str, call_next: Callable[[], Any]
     ) -> Any:

@@ -55,7 +55,10 @@ class CapsuleTitle:
         self._thread.start()
 
     def changed(self) -> None:
-        self._changed.set()
+        """Called twice per job by every processor: an Event already set is left alone
+        (reading the flag is free; setting it takes the Event's lock)."""
+        if not self._changed.is_set():
+            self._changed.set()
 
     def stop(self) -> None:
         self._done.set()

@@ -126,6 +126,10 @@ class UniqueRelease:
     def __init__(self, redis: Any) -> None:
         self.redis = redis
 
+    def concerns(self, payload: Payload) -> bool:
+        """Only a job that holds a lock has one to free."""
+        return bool(payload.get(LOCK_FIELD))
+
     def __call__(
         self, spec: JobSpec, payload: Payload, queue: str, call_next: Callable[[], Any]
     ) -> Any:
