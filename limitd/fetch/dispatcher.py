@@ -1,17 +1,25 @@
-"""One fetcher per capsule: it settles what the processors finished and fetches for
-them, several jobs per Lua call when they are busy.
+"""One fetch call at a time per capsule: it settles what the processors finished and
+fetches for every processor waiting, several jobs per Lua call when they are busy.
 
 Why not let each processor thread fetch for itself, as Sidekiq's do? In CPython every
 socket call releases and retakes the GIL, and with ten threads each making a round trip
-per job a busy capsule spent its CPU handing the GIL around: strace counted 45 futex
-calls per job, and the capsule drained faster with 4 threads than with 10. With one
-dispatcher, idle processors sleep on a condition instead of contending, and a busy
-capsule sends one call for many jobs.
+per job a busy capsule spent its CPU handing the GIL around (strace: 45 futex calls per
+job), and each Lua call costs Redis several times a plain command. One call for all the
+waiting processors keeps both down.
 
-Nothing is fetched ahead of need: the dispatcher asks for as many jobs as processors are
-waiting, so a job counted busy under a limit is one about to run, as before, and other
-capsules are not starved of it. Finished jobs are settled by the next call, which the
-finishing processor triggers at once.
+Who makes the call: under load, the processor that finished a job and found nobody
+calling. It already holds the GIL and needs a job itself, so the call costs no thread
+hop: py-spy showed a separate fetcher thread, queueing for the GIL behind ten busy
+processors after each socket call, kept them waiting for jobs 65% of the time.
+Processors that finish while a call is in flight wait; the caller serves them from its
+reply if it asked for them, and hands the next call to one of those it could not serve.
+When the capsule is idle, its dispatcher thread makes the calls: it sleeps until a push
+is announced, a processor arrives, the poll interval passes, or a rate limit lets a
+waiting job go.
+
+Nothing is fetched ahead of need: a call asks for as many jobs as processors are
+waiting, so a job counted busy under a limit is one about to run, and other capsules are
+not starved of it. Finished jobs are settled by the next call.
 """
 
 from __future__ import annotations
@@ -35,16 +43,18 @@ CLOSED_POLL = 0.05
 
 
 class _Waiter:
-    """One processor's place in line: a lock held until a unit (or None, on quiet) is
-    put in ``unit``. Made once per thread and reused: a handoff is one lock release."""
+    """One processor's place in line: a lock held until it is given a job in ``unit``,
+    None (on quiet), or the next call to make (``lead``). Made once per thread and
+    reused: a handoff is one lock release."""
 
-    __slots__ = ("lock", "timed_out", "unit")
+    __slots__ = ("lead", "lock", "timed_out", "unit")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.lock.acquire()
         self.unit: UnitOfWork | None = None
         self.timed_out = False  # its last wait ended with nothing
+        self.lead = False
 
 
 class Dispatcher:
@@ -54,15 +64,16 @@ class Dispatcher:
     def __init__(self, fetch: LimitFetch, gate: IdleGate) -> None:
         self.fetch = fetch
         self.gate = gate
-        self._conn = OwnConnection(fetch.redis)  # used by the dispatcher thread only
+        self._conn = OwnConnection(fetch.redis)  # used by whoever holds _calling
         self._mutex = threading.Lock()
         self._ready: deque[UnitOfWork] = deque()  # fetched, for the next processor
         self._finished: list[UnitOfWork] = []  # run, to settle with the next call
         self._idle: list[_Waiter] = []  # processors waiting, the latest last
         self._local = threading.local()
-        # The dispatcher sleeps on the gate only after saying so here; until then a
-        # processor with news (a job to settle, or a fresh wait) counts it instead of
-        # waking it, and the dispatcher looks at the count before it sleeps.
+        self._calling = False  # a call is in flight (it owns _conn)
+        # The dispatcher thread sleeps on the gate only after saying so here; until
+        # then news (a job to settle, a fresh wait) is counted instead of waking it,
+        # and it looks at the count before it sleeps.
         self._asleep = False
         self._news = 0
         self._closed = False
@@ -82,31 +93,94 @@ class Dispatcher:
         return len(self._idle)
 
     def retrieve_work(self, done: UnitOfWork | None = None) -> UnitOfWork | None:
-        """Leave ``done`` to be settled and take a fetched job, waiting up to
-        ``block_seconds`` for one; None if there was none or the capsule is quieting."""
+        """Leave ``done`` to be settled and take a job, making the call if nobody is,
+        else waiting up to ``block_seconds`` to be served; None if there was none or the
+        capsule is quieting."""
         waiter = self._waiter()
+        # A processor that waited in vain is no news: the dispatcher thread polls for it.
+        news = done is not None or not waiter.timed_out
+        lead, unit, wake = False, None, False
         with self._mutex:
             if done is not None:
                 self._finished.append(done)
             if self._closed:
                 return None
-            unit = self._ready.popleft() if self._ready else None
-            if unit is None:
+            if self._ready:
+                unit = self._ready.popleft()
+                wake = done is not None and self._tell()
+            elif news and not self._calling:
+                self._calling = lead = True
+            else:
                 self._idle.append(waiter)
-            # A processor that waited in vain is no news: the dispatcher polls for it.
-            wake = (done is not None or (unit is None and not waiter.timed_out)) and self._tell()
+                wake = news and self._tell()
         if wake:
             self.gate.wake()
+        if lead:
+            return self._lead(waiter)
         return unit if unit is not None else self._wait(waiter)
 
     def _tell(self) -> bool:
-        """Called under the mutex with news: True when the dispatcher sleeps and must be
-        woken (by the caller, after letting go of the mutex)."""
-        if self._asleep:
+        """Under the mutex, with news: True when the dispatcher thread sleeps and must
+        be woken (by the caller, once out of the mutex). A call in flight will see it."""
+        if self._asleep and not self._calling:
             self._asleep = False
             return True
         self._news += 1
         return False
+
+    def _lead(self, waiter: _Waiter) -> UnitOfWork | None:
+        """Make the call (``_calling`` is ours) for this processor and every one waiting;
+        keep the first job and serve the others; wait like them if there was none."""
+        with self._mutex:
+            self._news = 0
+            finished, self._finished = self._finished, []
+            want = 1 + len(self._idle) - len(self._ready)
+        units: Sequence[UnitOfWork] = []
+        crashed = True  # until the call returns or fails as Redis calls may
+        try:
+            units = self.fetch.settle_and_take(finished, want, self._conn)
+            finished, crashed = [], False
+        except redis_py.RedisError as exc:
+            crashed = False
+            log.warning("fetch failed, the dispatcher retries in %.0fs: %s", ERROR_PAUSE, exc)
+        finally:
+            with self._mutex:
+                mine, unwanted = self._after_call(finished, units, want)
+                if mine is None and not unwanted and not self._closed and not crashed:
+                    self._idle.append(waiter)
+        if unwanted:
+            self.fetch.bulk_requeue(unwanted)  # fetched while the capsule was quieting
+            return None
+        if mine is None and not self._closed:
+            return self._wait(waiter)
+        return mine
+
+    def _after_call(
+        self, unsettled: list[UnitOfWork], units: Sequence[UnitOfWork], want: int
+    ) -> tuple[UnitOfWork | None, list[UnitOfWork]]:
+        """Under the mutex, after a processor's call: the caller's own job (if any) and
+        the jobs to requeue because the capsule quieted meanwhile."""
+        self._calling = False
+        self._finished[:0] = unsettled  # the call failed: settled by the next one
+        if self._closed:
+            return None, list(units)
+        self._ready.extend(units)
+        mine = self._ready.popleft() if self._ready else None
+        self._serve()
+        if len(units) == want and self._idle:
+            # More came during the call: the latest of them makes the next one.
+            successor = self._idle.pop()
+            successor.lead, self._calling = True, True
+            successor.lock.release()
+        elif len(units) < want or self._finished:
+            # No more jobs for now, or the call failed: the dispatcher thread polls,
+            # waits for wake-ups, and settles what is left.
+            if self._asleep:
+                self._asleep = False
+                self.gate.wake()
+            else:
+                self._news += 1
+        return mine, []
 
     def _wait(self, waiter: _Waiter) -> UnitOfWork | None:
         if not waiter.lock.acquire(timeout=self.block_seconds):
@@ -117,6 +191,9 @@ class Dispatcher:
                     return None
             waiter.lock.acquire()  # served just now: the release is on its way
         waiter.timed_out = False
+        if waiter.lead:
+            waiter.lead = False
+            return self._lead(waiter)
         unit, waiter.unit = waiter.unit, None
         return unit
 
@@ -164,17 +241,21 @@ class Dispatcher:
                 self._stopped.wait(ERROR_PAUSE)
 
     def _step(self) -> None:
-        """One call to Redis if there is anything to settle or anyone to serve, then a
-        wait when there is nothing more to do right now."""
+        """One call to Redis if there is anything to settle or anyone to serve and no
+        processor is calling, then a wait when there is nothing more to do right now."""
         with self._mutex:
-            finished, self._finished = self._finished, []
-            closed, self._news = self._closed, 0
-            want = 0 if closed else len(self._idle) - len(self._ready)
-        if finished or want > 0:
+            busy = self._calling  # a processor's call: it says if anything is left
+            finished, want, closed = [], 0, self._closed
+            if not busy:
+                finished, self._finished = self._finished, []
+                self._news = 0
+                want = 0 if closed else len(self._idle) - len(self._ready)
+                self._calling = bool(finished) or want > 0
+        if self._calling and not busy:
             try:
                 units = self.fetch.settle_and_take(finished, want, self._conn)
             except redis_py.RedisError as exc:
-                self._keep(finished)
+                self._hand_out([], unsettled=finished)
                 log.warning("fetch failed, retrying in %.0fs: %s", ERROR_PAUSE, exc)
                 self._stopped.wait(ERROR_PAUSE)
                 return
@@ -185,17 +266,22 @@ class Dispatcher:
             self._stopped.wait(CLOSED_POLL)
             return
         with self._mutex:
-            if self._news:
+            if self._news and not self._calling:
                 return  # processors came with news during the call: serve them first
             self._asleep = True
-        # A push, a finished job, an idle processor, the poll, or the moment a rate
-        # limit lets a waiting job go (only worth waking for with someone to serve).
+        # A push, a finished job, an idle processor, the end of a processor's call that
+        # left work, the poll, or the moment a rate limit lets a waiting job go (only
+        # worth waking for with someone to serve).
         self.gate.wait(at_most=self.fetch.room_in if want > 0 else None)
         with self._mutex:
             self._asleep = False
 
-    def _hand_out(self, units: Sequence[UnitOfWork]) -> None:
+    def _hand_out(self, units: Sequence[UnitOfWork], unsettled: Sequence[UnitOfWork] = ()) -> None:
+        """After the dispatcher's own call: serve the waiting processors, and keep what
+        could not be settled for the next call."""
         with self._mutex:
+            self._calling = False
+            self._finished[:0] = unsettled
             if not self._closed:
                 self._ready.extend(units)
                 self._serve()
@@ -210,11 +296,6 @@ class Dispatcher:
             waiter = self._idle.pop()
             waiter.unit = None if self._closed else self._ready.popleft()
             waiter.lock.release()
-
-    def _keep(self, finished: list[UnitOfWork]) -> None:
-        """Put back units whose settling failed, for the next attempt."""
-        with self._mutex:
-            self._finished[:0] = finished
 
     def _flush(self) -> None:
         with self._mutex:
