@@ -116,6 +116,38 @@ def test_server_middleware_can_skip_the_job(redis: redis_py.Redis) -> None:
     assert ran == []
 
 
+class OddOnly(Around):
+    """Wants only jobs with an odd argument: the others skip it, around perform and at
+    settle alike."""
+
+    def concerns(self, payload):  # type: ignore[no-untyped-def]
+        return payload["args"][0] % 2 == 1
+
+    def settled(self, spec, payload, queue, outcome, error):  # type: ignore[no-untyped-def]
+        self.log.append(f"settled {payload['args'][0]} {outcome}")
+
+
+def test_a_middleware_sees_only_the_jobs_it_concerns(redis: redis_py.Redis) -> None:
+    log: list[str] = []
+    chain = ServerChain([OddOnly(log)])
+    note.perform_async(2)
+    note.perform_async(3)
+    Capsule(CapsuleConfig(), redis=redis, middleware=chain).drain()
+    assert sorted(ran) == [2, 3]
+    assert log == ["before executor_test.Note default", "after", "settled 3 done"]
+
+
+def test_a_chain_changed_after_use_is_followed(redis: redis_py.Redis) -> None:
+    log: list[str] = []
+    chain = ServerChain()
+    note.perform_async(1)
+    Capsule(CapsuleConfig(), redis=redis, middleware=chain).drain()
+    chain.add(Around(log))
+    note.perform_async(2)
+    Capsule(CapsuleConfig(), redis=redis, middleware=chain).drain()
+    assert log == ["before executor_test.Note default", "after"]
+
+
 @freeze_time("2026-11-21 08:00:00")
 def test_stats_counters_and_daily_keys(redis: redis_py.Redis) -> None:
     note.perform_async(1)

@@ -2,9 +2,9 @@
 
 One Lua call (``limit_fetch.lua``) settles the jobs the capsule just finished and takes
 the next ones: for each, it picks the first eligible queue in this fetch's order, moves
-the job into this capsule's in-progress list and counts the busy slot. A capsule's
-processor threads do not call it themselves: its :class:`~limitd.fetch.dispatcher.
-Dispatcher` does, for all of them (see there why). The job stays in
+the job into this capsule's in-progress list and counts the busy slot. A capsule makes
+one such call at a time, for every processor thread waiting: see :class:`~limitd.fetch.
+dispatcher.Dispatcher` for who makes it and why. The job stays in
 Redis until it is settled (acknowledged or requeued), so a capsule killed with SIGKILL
 loses nothing: the reaper returns its in-progress jobs to their queues.
 

@@ -80,23 +80,29 @@ class Chain:
 
     def __init__(self, entries: list[Any] | None = None) -> None:
         self._entries: list[Any] = list(entries or [])
+        self._version = 0  # bumped by every change, for what subclasses derive from it
 
     def add(self, middleware: Any) -> None:
         """Append (runs last, innermost)."""
         self._entries.append(middleware)
+        self._version += 1
 
     def prepend(self, middleware: Any) -> None:
         """Insert first (runs first, outermost)."""
         self._entries.insert(0, middleware)
+        self._version += 1
 
     def insert_before(self, existing: type, middleware: Any) -> None:
         self._entries.insert(self._index_of(existing), middleware)
+        self._version += 1
 
     def insert_after(self, existing: type, middleware: Any) -> None:
         self._entries.insert(self._index_of(existing) + 1, middleware)
+        self._version += 1
 
     def remove(self, kind: type) -> None:
         self._entries = [m for m in self._entries if not isinstance(m, kind)]
+        self._version += 1
 
     def __contains__(self, kind: type) -> bool:
         return any(isinstance(m, kind) for m in self._entries)
@@ -161,17 +167,25 @@ class ClientChain(Chain):
         return step(0, payload)
 
 
-def _concerned(entries: list[Any], payload: Payload) -> list[Any]:
-    """The middleware that want to see this job (see ``concerns``)."""
-    return [m for m in entries if getattr(m, "concerns", None) is None or m.concerns(payload)]
-
-
 class ServerChain(Chain):
+    def __init__(self, entries: list[Any] | None = None) -> None:
+        super().__init__(entries)
+        self._plan: tuple[int, list[tuple[Any, Any]]] = (-1, [])
+
+    def _concerned(self, payload: Payload) -> list[Any]:
+        """The middleware that want to see this job (see ``concerns``). Every job asks,
+        so each middleware's ``concerns`` is looked up once per change of the chain."""
+        version, plan = self._plan
+        if version != self._version:
+            plan = [(m, getattr(m, "concerns", None)) for m in self._entries]
+            self._plan = (self._version, plan)
+        return [m for m, concerns in plan if concerns is None or concerns(payload)]
+
     def invoke(
         self, spec: JobSpec, payload: Payload, queue: str, perform: Callable[[], Any]
     ) -> Any:
         """Run every middleware concerned with this job around ``perform``."""
-        entries = _concerned(self._entries, payload)
+        entries = self._concerned(payload)
 
         def step(index: int) -> Any:
             if index == len(entries):
@@ -192,7 +206,7 @@ class ServerChain(Chain):
         collect the script calls they return. These run before the job is acknowledged:
         if they fail, the job runs again, so ``settled`` work must be idempotent per jid."""
         calls: list[ScriptCall] = []
-        for middleware in _concerned(self._entries, payload):
+        for middleware in self._concerned(payload):
             settled = getattr(middleware, "settled", None)
             if settled is None:
                 continue

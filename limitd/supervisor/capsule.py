@@ -71,7 +71,7 @@ class Capsule:
         self.order = QueueOrder(self.config.queues)
         self.gate = IdleGate(self.config.poll_range)
         self.fetch = self._build_fetch()
-        # Limit fetch: one dispatcher fetches for every processor (see its module).
+        # Limit fetch: one call at a time for every waiting processor (see its module).
         self.dispatcher = (
             Dispatcher(self.fetch, self.gate) if isinstance(self.fetch, LimitFetch) else None
         )

@@ -79,11 +79,14 @@ class JobExecutor:
         return outcome
 
     def _execute(self, unit: UnitOfWork, payload: Payload) -> str:
-        started = clock.monotonic()
+        # Every job passes here: the clock is read only for the INFO line that uses it.
+        timed = log.isEnabledFor(logging.INFO)
+        started = clock.monotonic() if timed else 0.0
         outcome, calls = self._run(payload, unit.queue)
         if calls:
             unit.defer(calls)  # made before the acknowledgement, with it if possible
-        _log_outcome(payload, unit.queue, outcome, clock.monotonic() - started)
+        if timed:
+            _log_outcome(payload, unit.queue, outcome, clock.monotonic() - started)
         return outcome
 
     def _kill(self, unit: UnitOfWork, payload: Payload | None, exc: Exception) -> str:
@@ -160,8 +163,6 @@ def _next_step(fate: Fate | None) -> str:
 
 
 def _log_outcome(payload: Payload, queue: str, outcome: str, elapsed: float) -> None:
-    if not log.isEnabledFor(logging.INFO):  # every job passes here: skip building extra
-        return
     log.info(
         "%s jid=%s class=%s queue=%s elapsed=%.3f",
         outcome,
