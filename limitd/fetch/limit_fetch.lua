@@ -250,18 +250,25 @@ end
 -- at all (not empty, not paused), its process limit and this capsule's jobs of it in
 -- progress (read when first needed), and the jobs taken from it so far.
 local state = {}
+local EMPTY = {open = false, left = 0, taken = 0} -- shared by every empty queue
 
 local function queue_state(i)
   local st = state[i]
   if st == nil then
     local at = 2 * settles + 3 * i -- queue i's keys are at 5 + at, 6 + at, 7 + at
+    -- An empty queue is skipped before anything else is read: an idle poll costs one
+    -- LLEN (and one SISMEMBER) per queue, and a call over many queues builds nothing
+    -- for the empty ones.
+    local left = redis.call('LLEN', KEYS[5 + at])
+    if left == 0 then
+      state[i] = EMPTY
+      return EMPTY
+    end
     local name = ARGV[6 + 2 * settles + 2 * i]
     st = {name = name, blocking = ARGV[7 + 2 * settles + 2 * i] == '1',
           queue_key = KEYS[5 + at], in_progress_key = KEYS[6 + at], rate_key = KEYS[7 + at],
-          left = redis.call('LLEN', KEYS[5 + at]), taken = 0}
-    -- An empty queue is skipped before anything else is read: an idle poll costs one
-    -- LLEN (and one SISMEMBER) per queue.
-    st.open = st.left > 0 and redis.call('SISMEMBER', paused, name) == 0
+          left = left, taken = 0}
+    st.open = redis.call('SISMEMBER', paused, name) == 0
     state[i] = st
   end
   return st
