@@ -152,3 +152,60 @@ def test_weighted_orders_are_drawn_per_job_within_one_call(redis) -> None:
     taken = Counter(unit.queue for unit in units)
     assert sum(taken.values()) == 40
     assert 20 <= taken["a"] <= 38 and taken["b"] >= 2, taken
+
+
+def test_a_processor_that_needs_a_job_makes_the_call_itself(redis) -> None:
+    """Under load no thread hop: with the dispatcher's own thread never started, a
+    processor coming back with a finished job settles it and takes the next one in its
+    own call, and a fresh one takes its first job the same way."""
+    push(redis, "a", 3)
+    fetch = fetch_for(redis, "a")
+    dispatcher = Dispatcher(fetch, IdleGate(poll_range=(0.05, 0.05)))  # never started
+    first = dispatcher.retrieve_work()
+    assert first is not None and busy(redis, "a") == 1
+    second = dispatcher.retrieve_work(first)
+    assert second is not None and second.job != first.job
+    assert busy(redis, "a") == 1, "the first was settled in the same call"
+    assert redis.llen(keys.in_progress("cap-1", "a")) == 1
+    dispatcher.stop()
+    assert busy(redis, "a") == 1  # the second is still held: nobody handed it back
+
+
+def test_processors_arriving_during_a_call_are_served_by_the_next_one(redis) -> None:
+    """While one processor's call is in flight, others wait; when it returns, one of
+    them makes the next call for all of them: every processor gets a job, none twice."""
+    push(redis, "a", 12)
+    fetch = fetch_for(redis, "a")
+    dispatcher = Dispatcher(fetch, IdleGate(poll_range=(0.05, 0.05)))  # never started
+    in_call, go_on = threading.Event(), threading.Event()
+    settle_and_take = fetch.settle_and_take
+
+    def slow_first_call(*args, **kwargs):  # type: ignore[no-untyped-def]
+        if not in_call.is_set():
+            in_call.set()
+            go_on.wait(10)
+        return settle_and_take(*args, **kwargs)
+
+    fetch.settle_and_take = slow_first_call  # type: ignore[method-assign]
+    got: list[bytes] = []
+    lock = threading.Lock()
+
+    def processor() -> None:
+        unit = dispatcher.retrieve_work()
+        with lock:
+            got.append(unit.job if unit is not None else b"")
+
+    leader = threading.Thread(target=processor)
+    leader.start()
+    assert in_call.wait(10)
+    others = [threading.Thread(target=processor) for _ in range(4)]
+    for thread in others:
+        thread.start()
+    wait_for(lambda: dispatcher.waiting == 4, message="four processors waiting")
+    go_on.set()
+    for thread in [leader, *others]:
+        thread.join(10)
+    assert len(got) == 5 and b"" not in got
+    assert len(set(got)) == 5
+    assert busy(redis, "a") == 5 and redis.llen(keys.queue("a")) == 7
+    dispatcher.stop()
