@@ -160,11 +160,9 @@ class Dispatcher:
     ) -> tuple[UnitOfWork | None, list[UnitOfWork]]:
         """Under the mutex, after a processor's call: the caller's own job (if any) and
         the jobs to requeue because the capsule quieted meanwhile."""
-        self._calling = False
-        self._finished[:0] = unsettled  # the call failed: settled by the next one
+        unwanted = self._call_done(unsettled, units)
         if self._closed:
-            return None, list(units)
-        self._ready.extend(units)
+            return None, unwanted
         mine = self._ready.popleft() if self._ready else None
         self._serve()
         if len(units) == want and self._idle:
@@ -244,14 +242,14 @@ class Dispatcher:
         """One call to Redis if there is anything to settle or anyone to serve and no
         processor is calling, then a wait when there is nothing more to do right now."""
         with self._mutex:
-            busy = self._calling  # a processor's call: it says if anything is left
-            finished, want, closed = [], 0, self._closed
-            if not busy:
+            # While a processor's call is in flight, it says if anything is left.
+            finished, want, closed, calling = [], 0, self._closed, False
+            if not self._calling:
                 finished, self._finished = self._finished, []
                 self._news = 0
                 want = 0 if closed else len(self._idle) - len(self._ready)
-                self._calling = bool(finished) or want > 0
-        if self._calling and not busy:
+                calling = self._calling = bool(finished) or want > 0
+        if calling:
             try:
                 units = self.fetch.settle_and_take(finished, want, self._conn)
             except redis_py.RedisError as exc:
@@ -280,13 +278,23 @@ class Dispatcher:
         """After the dispatcher's own call: serve the waiting processors, and keep what
         could not be settled for the next call."""
         with self._mutex:
-            self._calling = False
-            self._finished[:0] = unsettled
-            if not self._closed:
-                self._ready.extend(units)
-                self._serve()
-                return
-        self.fetch.bulk_requeue(units)  # fetched while the capsule was quieting
+            unwanted = self._call_done(unsettled, units)
+            self._serve()
+        if unwanted:
+            self.fetch.bulk_requeue(unwanted)  # fetched while the capsule was quieting
+
+    def _call_done(
+        self, unsettled: Sequence[UnitOfWork], units: Sequence[UnitOfWork]
+    ) -> list[UnitOfWork]:
+        """Under the mutex, after any call: nobody is calling any more, what it could not
+        settle waits for the next call, and its jobs wait for processors; returns them
+        instead if the capsule quieted meanwhile (to requeue, outside the mutex)."""
+        self._calling = False
+        self._finished[:0] = unsettled
+        if self._closed:
+            return list(units)
+        self._ready.extend(units)
+        return []
 
     def _serve(self) -> None:
         """Under the mutex: give each waiting processor a fetched unit, the one that
