@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 
@@ -145,9 +146,14 @@ class Dispatcher:
             log.warning("fetch failed, the dispatcher retries in %.0fs: %s", ERROR_PAUSE, exc)
         finally:
             with self._mutex:
-                mine, unwanted = self._after_call(finished, units, want)
+                mine, unwanted, handed = self._after_call(finished, units, want)
                 if mine is None and not unwanted and not self._closed and not crashed:
                     self._idle.append(waiter)
+        if handed:
+            # The successor needs the GIL to write its call; without a yield it waits for
+            # this thread's next socket call, and its round trip starts that much later
+            # (measured at 2 x 10: 1.16x the drain, faster in each of six rounds).
+            time.sleep(0)
         if unwanted:
             self.fetch.bulk_requeue(unwanted)  # fetched while the capsule was quieting
             return None
@@ -157,12 +163,13 @@ class Dispatcher:
 
     def _after_call(
         self, unsettled: list[UnitOfWork], units: Sequence[UnitOfWork], want: int
-    ) -> tuple[UnitOfWork | None, list[UnitOfWork]]:
-        """Under the mutex, after a processor's call: the caller's own job (if any) and
-        the jobs to requeue because the capsule quieted meanwhile."""
+    ) -> tuple[UnitOfWork | None, list[UnitOfWork], bool]:
+        """Under the mutex, after a processor's call: the caller's own job (if any), the
+        jobs to requeue because the capsule quieted meanwhile, and whether the next call
+        was passed to a waiting processor."""
         unwanted = self._call_done(unsettled, units)
         if self._closed:
-            return None, unwanted
+            return None, unwanted, False
         mine = self._ready.popleft() if self._ready else None
         self._serve()
         if len(units) == want and self._idle:
@@ -170,7 +177,8 @@ class Dispatcher:
             successor = self._idle.pop()
             successor.lead, self._calling = True, True
             successor.lock.release()
-        elif len(units) < want or self._finished:
+            return mine, [], True
+        if len(units) < want or self._finished:
             # No more jobs for now, or the call failed: the dispatcher thread polls,
             # waits for wake-ups, and settles what is left.
             if self._asleep:
@@ -178,7 +186,7 @@ class Dispatcher:
                 self.gate.wake()
             else:
                 self._news += 1
-        return mine, []
+        return mine, [], False
 
     def _wait(self, waiter: _Waiter) -> UnitOfWork | None:
         if not waiter.lock.acquire(timeout=self.block_seconds):
