@@ -27,6 +27,24 @@ def command_counts(conn: redis_py.Redis) -> Counter[str]:
     )
 
 
+def redis_cpu_seconds(conn: redis_py.Redis) -> float:
+    """Seconds of CPU the Redis server has used (user + system): a difference over a
+    run is what the run cost Redis."""
+    info = conn.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+class RoundSignal:
+    """Counts units of work done, from job threads to the bench's thread; a fresh
+    semaphore each round, so nothing carries over."""
+
+    semaphore = threading.Semaphore(0)
+
+    @classmethod
+    def reset(cls) -> None:
+        cls.semaphore = threading.Semaphore(0)
+
+
 def command_calls(conn: redis_py.Redis) -> int:
     return sum(command_counts(conn).values())
 

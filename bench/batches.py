@@ -22,7 +22,7 @@ import threading
 import time
 
 import redis as redis_py
-from _common import command_calls, redis_for_bench, timed_drain
+from _common import command_calls, redis_cpu_seconds, redis_for_bench, timed_drain
 
 import limitd
 from limitd.supervisor import Capsule, CapsuleConfig
@@ -52,14 +52,14 @@ def one_round(conn: redis_py.Redis, jobs: int, threads: int, in_batch: bool) -> 
     enqueue_s = time.perf_counter() - started
     capsule = Capsule(CapsuleConfig(queues=["bench"], concurrency=threads), redis=conn)
     calls = command_calls(conn)
-    redis_cpu = _redis_cpu(conn)
+    redis_cpu = redis_cpu_seconds(conn)
     started = time.perf_counter()
     timed_drain(conn, capsule, done, jobs)
     while batch is not None and conn.llen("queue:bench_callbacks") == 0:
         time.sleep(0.0005)  # the last jobs' bookkeeping, then the callback
     drain_s = time.perf_counter() - started
     drain_calls = command_calls(conn) - calls
-    redis_us = (_redis_cpu(conn) - redis_cpu) / jobs * 1e6
+    redis_us = (redis_cpu_seconds(conn) - redis_cpu) / jobs * 1e6
     capsule.stop(timeout=5)
     return {
         "enqueue": jobs / enqueue_s,
@@ -67,12 +67,6 @@ def one_round(conn: redis_py.Redis, jobs: int, threads: int, in_batch: bool) -> 
         "cmds": drain_calls / jobs,
         "redis_us": redis_us,
     }
-
-
-def _redis_cpu(conn: redis_py.Redis) -> float:
-    """Seconds of CPU the Redis server has used (user + system)."""
-    info = conn.info("cpu")
-    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
 def main() -> None:

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 import redis as redis_py
-from _common import command_counts, redis_for_bench
+from _common import RoundSignal, command_counts, redis_cpu_seconds, redis_for_bench
 
 import limitd
 from limitd.capacity.store import queued_key, running_key
@@ -41,19 +41,9 @@ DEADLINE = 120.0  # seconds a round may take before the bench gives up
 BREAKDOWN: dict[str, Counter[str]] = {"plain": Counter(), "capacity": Counter()}
 
 
-class Signal:
-    """Counts units of work done; a fresh semaphore each round, so nothing carries over."""
-
-    semaphore = threading.Semaphore(0)
-
-    @classmethod
-    def reset(cls) -> None:
-        cls.semaphore = threading.Semaphore(0)
-
-
 @limitd.job(name="bench.CapacityPlain", queue=QUEUE)
 def plain_noop(n: int) -> None:
-    Signal.semaphore.release()
+    RoundSignal.semaphore.release()
 
 
 class Backlog:
@@ -85,7 +75,7 @@ class CapacityNoop(limitd.LimitedCapacityJob, name="bench.CapacityNoop", queue=Q
 
     def perform_work(self, *args: Any) -> None:
         if self.backlog.take():
-            Signal.semaphore.release()
+            RoundSignal.semaphore.release()
 
     def remaining_work_count(self, *args: Any) -> int:
         return self.backlog.count()
@@ -103,7 +93,7 @@ def wait_for(condition: Callable[[], bool], what: str, deadline: float) -> None:
 
 def wait_units(units: int, deadline: float) -> None:
     for _ in range(units):
-        if not Signal.semaphore.acquire(timeout=max(0.0, deadline - time.perf_counter())):
+        if not RoundSignal.semaphore.acquire(timeout=max(0.0, deadline - time.perf_counter())):
             raise TimeoutError(f"round did not finish in {DEADLINE:.0f} s: units of work")
 
 
@@ -119,7 +109,7 @@ def copies_settled(conn: redis_py.Redis) -> bool:
 
 def one_round(conn: redis_py.Redis, jobs: int, threads: int, kind: str) -> dict[str, float]:
     conn.flushdb()
-    Signal.reset()
+    RoundSignal.reset()
     limitd.set_default_client(limitd.Client(conn))
     if kind == "plain":
         plain_noop.perform_bulk([[i] for i in range(jobs)])
@@ -128,7 +118,7 @@ def one_round(conn: redis_py.Redis, jobs: int, threads: int, kind: str) -> dict[
         CapacityNoop.maximum = threads
     capsule = Capsule(CapsuleConfig(queues=[QUEUE], concurrency=threads), redis=conn)
     calls = command_counts(conn)
-    redis_cpu = _redis_cpu(conn)
+    redis_cpu = redis_cpu_seconds(conn)
     started = time.perf_counter()
     deadline = started + DEADLINE
     try:
@@ -147,14 +137,8 @@ def one_round(conn: redis_py.Redis, jobs: int, threads: int, kind: str) -> dict[
     return {
         "rate": jobs / seconds,
         "cmds": served.total() / jobs,
-        "redis_us": (_redis_cpu(conn) - redis_cpu) / jobs * 1e6,
+        "redis_us": (redis_cpu_seconds(conn) - redis_cpu) / jobs * 1e6,
     }
-
-
-def _redis_cpu(conn: redis_py.Redis) -> float:
-    """Seconds of CPU the Redis server has used (user + system)."""
-    info = conn.info("cpu")
-    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
 def main() -> None:

@@ -20,11 +20,10 @@ from __future__ import annotations
 import argparse
 import logging
 import statistics
-import threading
 import time
 
 import redis as redis_py
-from _common import redis_for_bench
+from _common import RoundSignal, redis_for_bench
 from prometheus_client import CollectorRegistry
 
 import limitd
@@ -37,19 +36,9 @@ DEADLINE = 120.0  # seconds a round may take before the bench gives up
 KINDS = ("default", "metrics")
 
 
-class Signal:
-    """Counts jobs run; a fresh semaphore each round, so nothing carries over."""
-
-    semaphore = threading.Semaphore(0)
-
-    @classmethod
-    def reset(cls) -> None:
-        cls.semaphore = threading.Semaphore(0)
-
-
 @limitd.job(name="bench.MetricsNoop", queue=QUEUE)
 def noop(n: int) -> None:
-    Signal.semaphore.release()
+    RoundSignal.semaphore.release()
 
 
 def capsule_for(conn: redis_py.Redis, threads: int, kind: str) -> Capsule:
@@ -62,7 +51,7 @@ def capsule_for(conn: redis_py.Redis, threads: int, kind: str) -> Capsule:
 
 def one_round(conn: redis_py.Redis, jobs: int, threads: int, kind: str) -> dict[str, float]:
     conn.flushdb()
-    Signal.reset()
+    RoundSignal.reset()
     limitd.set_default_client(limitd.Client(conn))
     noop.perform_bulk([[i] for i in range(jobs)])
     capsule = capsule_for(conn, threads, kind)
@@ -72,7 +61,7 @@ def one_round(conn: redis_py.Redis, jobs: int, threads: int, kind: str) -> dict[
     try:
         capsule.start()
         for _ in range(jobs):
-            if not Signal.semaphore.acquire(timeout=max(0.0, deadline - time.perf_counter())):
+            if not RoundSignal.semaphore.acquire(timeout=max(0.0, deadline - time.perf_counter())):
                 raise TimeoutError(f"round did not finish in {DEADLINE:.0f} s")
         seconds = time.perf_counter() - started
         cpu_s = time.process_time() - cpu
