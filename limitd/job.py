@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -50,6 +51,7 @@ def define(
     retries_exhausted: ExhaustedHook | None = None,
     tenant: TenantHook | None = None,
     limiter_backoff: LimiterBackoffHook | None = None,
+    is_async: bool = False,
 ) -> JobSpec:
     """Validate options, build the spec and register it under its wire name."""
     spec = JobSpec(
@@ -61,6 +63,7 @@ def define(
         retries_exhausted=retries_exhausted,
         tenant=tenant,
         limiter_backoff=limiter_backoff,
+        is_async=is_async,
     )
     registry.register(spec)
     return spec
@@ -162,6 +165,7 @@ def job(
             retries_exhausted=retries_exhausted,
             tenant=tenant,
             limiter_backoff=limiter_backoff,
+            is_async=inspect.iscoroutinefunction(target),
         )
         return JobFunction(target, spec)
 
@@ -197,6 +201,7 @@ class Job:
             retries_exhausted=_hook(cls, "retries_exhausted"),
             tenant=_hook(cls, "fair_tenant"),
             limiter_backoff=_hook(cls, "limiter_backoff"),
+            is_async=inspect.iscoroutinefunction(cls.perform),  # type: ignore[attr-defined]
         )
 
     @classmethod

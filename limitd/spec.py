@@ -37,6 +37,9 @@ class JobSpec:
     retries_exhausted: ExhaustedHook | None = None
     tenant: TenantHook | None = None  # called with the job's arguments (fair_tenant)
     limiter_backoff: LimiterBackoffHook | None = None
+    # ``run`` returns a coroutine: the capsule runs the job on its event loop, not on a
+    # processor thread (see ``limitd.supervisor.async_lane``).
+    is_async: bool = False
 
     @property
     def queue(self) -> str:

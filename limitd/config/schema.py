@@ -59,6 +59,7 @@ REDIS_URL_ENV = "LIMITD_REDIS_URL"
 OWN_KEYS = (
     "queues",
     "concurrency",
+    "async_concurrency",
     "limits",
     "process_limits",
     "rate_limits",
@@ -257,6 +258,7 @@ def read_capsule(name: str, section: Section, shared: Shared) -> CapsuleSpec:
             name=name,
             queues=queues,
             concurrency=concurrency,
+            async_concurrency=section.optional_integer("async_concurrency", 1),
             timeout=shared.timeout,
             require=list(shared.require),
             tag=shared.tag,
@@ -369,6 +371,7 @@ def capsule_as_dict(spec: CapsuleSpec) -> dict[str, Any]:
     return {
         "queues": [name if weight == 0 else [name, weight] for name, weight in weights.items()],
         "concurrency": capsule.concurrency,
+        "async_concurrency": capsule.async_concurrency,
         "limits": dict(capsule.limits),
         "process_limits": dict(capsule.process_limits),
         "rate_limits": {

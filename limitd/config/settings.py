@@ -32,6 +32,9 @@ class CapsuleConfig:
     name: str = "default"
     queues: Sequence[QueueSpec] = ("default",)
     concurrency: int = 10
+    # Async jobs in flight at once on the capsule's event loop; None: 100 when the app
+    # defines async jobs, else no loop at all (see ``limitd.supervisor.async_lane``).
+    async_concurrency: int | None = None
     timeout: float = 25.0
     require: Sequence[str] = ()
     tag: str = ""
@@ -64,6 +67,15 @@ class CapsuleConfig:
         ):
             raise ValueError(
                 f"{where}: concurrency must be an integer >= 1, got {self.concurrency!r}"
+            )
+        if self.async_concurrency is not None and (
+            isinstance(self.async_concurrency, bool)
+            or not isinstance(self.async_concurrency, int)
+            or self.async_concurrency < 1
+        ):
+            raise ValueError(
+                f"{where}: async_concurrency must be an integer >= 1, "
+                f"got {self.async_concurrency!r}"
             )
         if self.timeout < 0:
             raise ValueError(f"{where}: timeout must be >= 0 seconds")
