@@ -15,6 +15,7 @@ from typing import Any, TypeVar, cast
 
 import hiredis
 import redis
+import redis.asyncio
 from redis.client import Pipeline
 from redis.commands.core import Script
 from redis.exceptions import (
@@ -48,6 +49,34 @@ def connect(
         socket_connect_timeout=connect_timeout,
         health_check_interval=30,
     )
+
+
+_ASYNC_CONNECTIONS = {
+    redis.Connection: redis.asyncio.Connection,
+    redis.UnixDomainSocketConnection: redis.asyncio.UnixDomainSocketConnection,
+    redis.SSLConnection: redis.asyncio.SSLConnection,
+}
+
+
+def async_twin(client: redis.Redis, max_connections: int | None = None) -> redis.asyncio.Redis:
+    """An asyncio client for the server ``client`` talks to, with its settings (address,
+    database, password, timeouts). Async code must not share a sync client's sockets, and
+    building from the client rather than a URL keeps the two on the same server whatever
+    located it. Asyncio clients belong to the event loop that first uses them: build one
+    per loop."""
+    pool = client.connection_pool
+    kind = _ASYNC_CONNECTIONS.get(pool.connection_class)
+    if kind is None:
+        raise TypeError(f"no asyncio connection for {pool.connection_class.__name__}")
+    settings = {k: v for k, v in pool.connection_kwargs.items() if k not in _SYNC_ONLY}
+    async_pool = redis.asyncio.ConnectionPool(
+        connection_class=kind, max_connections=max_connections, **settings
+    )
+    return redis.asyncio.Redis(connection_pool=async_pool)
+
+
+# Connection settings the asyncio connections do not take.
+_SYNC_ONLY = frozenset({"socket_keepalive_options", "ssl_min_version", "ssl_ciphers"})
 
 
 class ScriptCall:
@@ -168,6 +197,16 @@ class LuaScript:
         except NoScriptError:
             client_of(conn).script_load(self.source)
             return send_packed(conn, command)
+
+    async def acall(
+        self, conn: redis.asyncio.Redis, keys: Sequence[Any] = (), args: Sequence[Any] = ()
+    ) -> Any:
+        """The same call on an asyncio client (see :func:`async_twin`)."""
+        try:
+            return await conn.evalsha(self._script.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            await conn.script_load(self.source)
+            return await conn.evalsha(self._script.sha, len(keys), *keys, *args)
 
     def packed(self, keys: Sequence[Any], args: Sequence[Any]) -> bytes:
         return pack_command(b"EVALSHA", self._sha, len(keys), *keys, *args)
