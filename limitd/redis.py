@@ -8,6 +8,8 @@ SCRIPT FLUSH), which redis-py's ``Script`` already handles.
 
 from __future__ import annotations
 
+import asyncio
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from importlib import resources
@@ -73,6 +75,23 @@ def async_twin(client: redis.Redis, max_connections: int | None = None) -> redis
         connection_class=kind, max_connections=max_connections, **settings
     )
     return redis.asyncio.Redis(connection_pool=async_pool)
+
+
+_twins: weakref.WeakKeyDictionary[Any, dict[int, redis.asyncio.Redis]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def loop_twin(client: redis.Redis) -> redis.asyncio.Redis:
+    """The running event loop's asyncio twin of ``client``, built on first use and kept
+    as long as the loop lives: async job code and the async client share it, and a new
+    loop (each ``asyncio.run``) gets its own."""
+    loop = asyncio.get_running_loop()
+    per_loop = _twins.setdefault(loop, {})
+    twin = per_loop.get(id(client))
+    if twin is None:
+        twin = per_loop[id(client)] = async_twin(client)
+    return twin
 
 
 # Connection settings the asyncio connections do not take.
