@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -80,21 +80,14 @@ class Client:
     ) -> list[str | None]:
         """Enqueue one job per entry of ``args_list``, each through the middleware chain
         on its own, written in chunks of ``batch_size``. Returns jids in input order."""
-        if batch_size < 1:
-            raise ValueError("batch_size must be at least 1")
         spec = spec or registry.resolve(str(item.get("class")))
         held = transactions.current()
         jids: list[str | None] = []
-        for start in range(0, len(args_list), batch_size):
-            chunk = [
-                normalize({**item, "args": args}, spec)
-                for args in args_list[start : start + batch_size]
-            ]
+        for chunk in bulk_chunks(item, args_list, batch_size, spec):
             if held is None:
                 jids += self._push_chunk(spec, chunk)
                 continue
-            for payload in chunk:  # validated now, pushed after the commit
-                check_args(payload["class"], payload["args"], self.strict_args)
+            check_all(chunk, self.strict_args)  # validated now, pushed after the commit
             held.add_push(chunk, functools.partial(self._push_chunk, spec, chunk), _what(*chunk))
             jids += [payload["jid"] for payload in chunk]
         return jids
@@ -117,8 +110,7 @@ class Client:
     def raw_push(self, payloads: Iterable[Payload]) -> None:
         """Write payloads that already went through the middleware chain."""
         batch = list(payloads)
-        for payload in batch:
-            check_args(payload["class"], payload["args"], self.strict_args)
+        check_all(batch, self.strict_args)
         if batch:
             retry_on_failover(self.redis, lambda: self._write(batch))
 
@@ -127,26 +119,53 @@ class Client:
         return payload
 
     def _write(self, payloads: list[Payload]) -> None:
-        now = clock.now()
-        scheduled: dict[str, float] = {}
-        immediate: dict[str, list[str]] = {}
-        for payload in payloads:
-            at = payload.get("at")
-            if at is not None:
-                body = {k: v for k, v in payload.items() if k != "at"}
-                scheduled[dumps(body)] = float(at)
-            else:
-                payload["enqueued_at"] = now
-                immediate.setdefault(payload["queue"], []).append(dumps(payload))
         pipe = self.redis.pipeline(transaction=False)
-        if scheduled:
-            pipe.zadd(keys.SCHEDULE, scheduled)
-            pipe.publish(keys.DUE_CHANNEL, repr(min(scheduled.values())))
-        for queue, bodies in immediate.items():
-            pipe.sadd(keys.QUEUES, queue)
-            pipe.lpush(keys.queue(queue), *bodies)
-            pipe.publish(keys.WAKE_CHANNEL, queue)  # idle capsules start it at once
+        queue_write(pipe, payloads)
         pipe.execute()
+
+
+def queue_write(pipe: Any, payloads: list[Payload]) -> None:
+    """Queue the write of ``payloads`` on ``pipe``, a sync or an asyncio pipeline (their
+    command methods queue without I/O alike): scheduled jobs in one ZADD and one PUBLISH
+    of the earliest time, immediate ones as SADD + LPUSH + PUBLISH per queue. Stamps
+    ``enqueued_at`` on the immediate payloads."""
+    now = clock.now()
+    scheduled: dict[str, float] = {}
+    immediate: dict[str, list[str]] = {}
+    for payload in payloads:
+        at = payload.get("at")
+        if at is not None:
+            body = {k: v for k, v in payload.items() if k != "at"}
+            scheduled[dumps(body)] = float(at)
+        else:
+            payload["enqueued_at"] = now
+            immediate.setdefault(payload["queue"], []).append(dumps(payload))
+    if scheduled:
+        pipe.zadd(keys.SCHEDULE, scheduled)
+        pipe.publish(keys.DUE_CHANNEL, repr(min(scheduled.values())))
+    for queue, bodies in immediate.items():
+        pipe.sadd(keys.QUEUES, queue)
+        pipe.lpush(keys.queue(queue), *bodies)
+        pipe.publish(keys.WAKE_CHANNEL, queue)  # idle capsules start it at once
+
+
+def check_all(payloads: Iterable[Payload], strict_args: str) -> None:
+    """Every payload's arguments must survive JSON (see ``limitd.payload.check_args``)."""
+    for payload in payloads:
+        check_args(payload["class"], payload["args"], strict_args)
+
+
+def bulk_chunks(
+    item: Payload, args_list: Sequence[list[Any]], batch_size: int, spec: JobSpec | None
+) -> Iterator[list[Payload]]:
+    """The payloads of a bulk push, normalized, ``batch_size`` at a time."""
+    if batch_size < 1:
+        raise ValueError("batch_size must be at least 1")
+    for start in range(0, len(args_list), batch_size):
+        yield [
+            normalize({**item, "args": args}, spec)
+            for args in args_list[start : start + batch_size]
+        ]
 
 
 def _what(*payloads: Payload) -> str:
