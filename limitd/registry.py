@@ -40,5 +40,10 @@ class JobRegistry:
     def names(self) -> list[str]:
         return sorted(self._jobs)
 
+    def has_async(self) -> bool:
+        """Whether any registered job is ``async def`` (a capsule then runs a loop)."""
+        with self._lock:
+            return any(spec.is_async for spec in self._jobs.values())
+
 
 registry = JobRegistry()

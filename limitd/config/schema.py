@@ -60,6 +60,7 @@ OWN_KEYS = (
     "queues",
     "concurrency",
     "async_concurrency",
+    "async_block_warning",
     "limits",
     "process_limits",
     "rate_limits",
@@ -259,6 +260,7 @@ def read_capsule(name: str, section: Section, shared: Shared) -> CapsuleSpec:
             queues=queues,
             concurrency=concurrency,
             async_concurrency=section.optional_integer("async_concurrency", 1),
+            async_block_warning=section.number("async_block_warning", 1.0, 0, above=True),
             timeout=shared.timeout,
             require=list(shared.require),
             tag=shared.tag,
@@ -372,6 +374,7 @@ def capsule_as_dict(spec: CapsuleSpec) -> dict[str, Any]:
         "queues": [name if weight == 0 else [name, weight] for name, weight in weights.items()],
         "concurrency": capsule.concurrency,
         "async_concurrency": capsule.async_concurrency,
+        "async_block_warning": capsule.async_block_warning,
         "limits": dict(capsule.limits),
         "process_limits": dict(capsule.process_limits),
         "rate_limits": {

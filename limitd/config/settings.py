@@ -35,6 +35,7 @@ class CapsuleConfig:
     # Async jobs in flight at once on the capsule's event loop; None: 100 when the app
     # defines async jobs, else no loop at all (see ``limitd.supervisor.async_lane``).
     async_concurrency: int | None = None
+    async_block_warning: float = 1.0  # warn when an async job holds the loop this long
     timeout: float = 25.0
     require: Sequence[str] = ()
     tag: str = ""
@@ -60,23 +61,11 @@ class CapsuleConfig:
 
     def __post_init__(self) -> None:
         where = f"capsule {self.name}"
-        if (
-            isinstance(self.concurrency, bool)
-            or not isinstance(self.concurrency, int)
-            or self.concurrency < 1
-        ):
+        if not _is_count(self.concurrency):
             raise ValueError(
                 f"{where}: concurrency must be an integer >= 1, got {self.concurrency!r}"
             )
-        if self.async_concurrency is not None and (
-            isinstance(self.async_concurrency, bool)
-            or not isinstance(self.async_concurrency, int)
-            or self.async_concurrency < 1
-        ):
-            raise ValueError(
-                f"{where}: async_concurrency must be an integer >= 1, "
-                f"got {self.async_concurrency!r}"
-            )
+        self._check_async(where)
         if self.timeout < 0:
             raise ValueError(f"{where}: timeout must be >= 0 seconds")
         if self.fetch not in FETCHES:
@@ -98,6 +87,15 @@ class CapsuleConfig:
                 f"got {self.scheduled_poll!r}"
             )
         self._check_limits(where)
+
+    def _check_async(self, where: str) -> None:
+        if self.async_concurrency is not None and not _is_count(self.async_concurrency):
+            raise ValueError(
+                f"{where}: async_concurrency must be an integer >= 1, "
+                f"got {self.async_concurrency!r}"
+            )
+        if self.async_block_warning <= 0:
+            raise ValueError(f"{where}: async_block_warning must be > 0 seconds")
 
     def _check_limits(self, where: str) -> None:
         listed = set(QueueOrder(self.queues).names)
@@ -191,3 +189,8 @@ class ConfigError(ValueError):
         self.file = file
         self.key = key
         self.message = message
+
+
+def _is_count(value: object) -> bool:
+    """An int >= 1 (a bool is not a count)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import ClassVar, cast
 
 import redis as redis_py
 
@@ -37,6 +37,8 @@ class UnitOfWork:
     job: bytes
     fetch: BasicFetch
     recoveries: int = 0
+    # ``defer`` makes its calls at once (a round trip) rather than keeping them.
+    defer_is_io: ClassVar[bool] = True
 
     def acknowledge(self) -> None:
         """Nothing to do: BRPOP already removed the job."""

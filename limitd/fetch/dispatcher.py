@@ -120,6 +120,15 @@ class Dispatcher:
             return self._lead(waiter)
         return unit if unit is not None else self._wait(waiter)
 
+    def settle_later(self, done: UnitOfWork) -> None:
+        """Leave ``done`` (a job finished off the processor threads: an async job) to be
+        settled by the next call, which under load some processor makes anyway."""
+        with self._mutex:
+            self._finished.append(done)
+            wake = self._tell()
+        if wake:
+            self.gate.wake()
+
     def _tell(self) -> bool:
         """Under the mutex, with news: True when the dispatcher thread sleeps and must
         be woken (by the caller, once out of the mutex). A call in flight will see it."""

@@ -23,7 +23,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import redis as redis_py
 from redis.exceptions import NoScriptError
@@ -47,6 +47,7 @@ ACK, REQUEUE = b"ack", b"requeue"
 class LimitUnitOfWork(UnitOfWork):
     fetch: LimitFetch  # type: ignore[assignment]
     after_run: list[ScriptCall] = field(default_factory=list)
+    defer_is_io: ClassVar[bool] = False
 
     def defer(self, calls: Sequence[ScriptCall]) -> None:
         """Keep ``calls`` to send with this job's acknowledgement, in the same round

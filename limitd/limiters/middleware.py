@@ -17,9 +17,10 @@ seconds >= 0.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from limitd import clock, keys, options
@@ -70,6 +71,12 @@ def backoff_seconds(spec: JobSpec, count: int, exc: OverLimit, payload: Payload)
     return default_backoff(count)
 
 
+def _next_count(payload: Payload) -> int | None:
+    """This job's over-limit count after one more, or None past ``max_overlimit``."""
+    count = int(payload.get(COUNT_FIELD) or 0) + 1
+    return count if count <= int(payload.get("max_overlimit", DEFAULT_MAX_OVERLIMIT)) else None
+
+
 class OverLimitReschedule:
     """Server middleware: ``OverLimit`` out of a job puts it back in ``schedule``."""
 
@@ -82,10 +89,27 @@ class OverLimitReschedule:
         try:
             return call_next()
         except OverLimit as exc:
-            count = int(payload.get(COUNT_FIELD) or 0) + 1
-            if count > int(payload.get("max_overlimit", DEFAULT_MAX_OVERLIMIT)):
+            count = _next_count(payload)
+            if count is None:
                 raise  # rescheduled often enough: an error like any other
             self._reschedule(spec, payload, queue, count, exc)
+            raise Rescheduled(str(exc)) from exc
+
+    async def acall(
+        self,
+        spec: JobSpec,
+        payload: Payload,
+        queue: str,
+        call_next: Callable[[], Awaitable[Any]],
+    ) -> Any:
+        """The same for an async job; the reschedule's round trip is made off the loop."""
+        try:
+            return await call_next()
+        except OverLimit as exc:
+            count = _next_count(payload)
+            if count is None:
+                raise
+            await asyncio.to_thread(self._reschedule, spec, payload, queue, count, exc)
             raise Rescheduled(str(exc)) from exc
 
     def _reschedule(

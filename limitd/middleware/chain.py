@@ -24,6 +24,15 @@ Server middleware::
     def concerns(self, payload):                              # optional
         return "bid" in payload   # False: skipped for this job, call and settled alike
 
+Async jobs (``async def``) pass the same chain on the capsule's event loop. There a
+middleware's ``acall`` is awaited when it has one::
+
+    async def acall(self, spec, payload, queue, call_next):
+        return await call_next()
+
+and one without runs its ``__call__`` on a worker thread, its ``call_next`` handed back
+to the loop: it works unchanged, but holds a thread for as long as the job runs.
+
 ``concerns`` lets a feature stay out of the way of jobs that do not use it: every job
 passes the server chain, and a middleware that only calls on costs each of them a frame
 and a closure for nothing.
@@ -37,8 +46,9 @@ job is acknowledged, in the same round trip as the acknowledgement when the fetc
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from limitd.payload import Payload
@@ -180,6 +190,37 @@ class ServerChain(Chain):
             plan = [(m, getattr(m, "concerns", None)) for m in self._entries]
             self._plan = (self._version, plan)
         return [m for m, concerns in plan if concerns is None or concerns(payload)]
+
+    def without_acall(self) -> list[str]:
+        """Names of the middleware an async job runs through on a worker thread."""
+        return [type(m).__name__ for m in self._entries if not hasattr(m, "acall")]
+
+    async def ainvoke(
+        self,
+        spec: JobSpec,
+        payload: Payload,
+        queue: str,
+        perform: Callable[[], Awaitable[Any]],
+    ) -> Any:
+        """:meth:`invoke` for an async job, on the running loop (see the module
+        docstring for middleware without ``acall``)."""
+        entries = self._concerned(payload)
+        loop = asyncio.get_running_loop()
+
+        async def step(index: int) -> Any:
+            if index == len(entries):
+                return await perform()
+            middleware = entries[index]
+            acall = getattr(middleware, "acall", None)
+            if acall is not None:
+                return await acall(spec, payload, queue, lambda: step(index + 1))
+
+            def call_next_on_loop() -> Any:
+                return asyncio.run_coroutine_threadsafe(step(index + 1), loop).result()
+
+            return await asyncio.to_thread(middleware, spec, payload, queue, call_next_on_loop)
+
+        return await step(0)
 
     def invoke(
         self, spec: JobSpec, payload: Payload, queue: str, perform: Callable[[], Any]

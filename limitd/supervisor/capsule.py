@@ -17,6 +17,7 @@ counters.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import logging
 import os
@@ -39,6 +40,7 @@ from limitd.middleware.chain import ServerChain
 from limitd.middleware.defaults import default_server_chain
 from limitd.retry import RetryHandler
 from limitd.supervisor import liveness
+from limitd.supervisor.async_lane import DEFAULT_ASYNC_CONCURRENCY, AsyncLane
 from limitd.supervisor.executor import JobExecutor
 from limitd.supervisor.heartbeat import Heartbeat, ProcessRecord, WorkItem, new_identity
 from limitd.supervisor.poller import ScheduledPoller
@@ -81,6 +83,7 @@ class Capsule:
         self.executor = JobExecutor(
             retry, chain, self.stats, max_recoveries=self.config.max_recoveries
         )
+        self.lane = self._build_lane()
         self.poller = ScheduledPoller(
             self.redis,
             poll_interval_average=self.config.poll_interval_average,
@@ -115,6 +118,8 @@ class Capsule:
         return isinstance(self.fetch, LimitFetch)
 
     def start(self) -> None:
+        if self.lane is not None:
+            self.lane.start()
         self.heartbeat.start()
         if self.dispatcher is not None:
             self.dispatcher.start()
@@ -167,6 +172,8 @@ class Capsule:
         self.quiet()
         self._wait_for_processors(deadline)
         requeued = self._hard_shutdown(grace)
+        if self.lane is not None:
+            self.lane.stop(grace)
         if self.dispatcher is not None:
             self.dispatcher.stop()
         self.wakeup.stop()
@@ -213,17 +220,58 @@ class Capsule:
     def work(self) -> list[WorkItem]:
         with self._lock:
             processors = list(self._processors)
-        return [
+        threads = [
             WorkItem(str(p.ident), unit.queue, unit.job, p.current_since)
             for p in processors
             if (unit := p.current) is not None
         ]
+        if self.lane is None:
+            return threads
+        tasks = [
+            WorkItem(f"async-{index}", unit.queue, unit.job, since)
+            for index, (unit, since) in enumerate(self.lane.running())
+        ]
+        return threads + tasks
 
     def _held(self) -> list[UnitOfWork]:
         with self._lock:
             processors = list(self._processors)
         held = [unit for processor in processors for unit in processor.held()]
+        if self.lane is not None:
+            held += self.lane.held()
         return held + (self.dispatcher.held() if self.dispatcher is not None else [])
+
+    def _build_lane(self) -> AsyncLane | None:
+        """The event loop for async jobs, when the app has any (or the config sized it)."""
+        size = self.config.async_concurrency
+        if size is None and self.executor.jobs.has_async():
+            size = DEFAULT_ASYNC_CONCURRENCY
+        if size is None:
+            return None
+        lane = AsyncLane(
+            self.executor,
+            self._settle_async,
+            size,
+            name=self.config.name,
+            block_warning=self.config.async_block_warning,
+        )
+        self.executor.hand_off = lane.submit
+        bridged = self.executor.chain.without_acall()
+        if bridged:
+            log.warning(
+                "server middleware without acall() run async jobs on a worker thread "
+                "each: %s",
+                ", ".join(bridged),
+            )
+        return lane
+
+    async def _settle_async(self, unit: UnitOfWork) -> None:
+        """An async job finished: the limit fetch settles it with its next call; the
+        basic fetch has nothing to settle but deferred calls, made off the loop."""
+        if self.dispatcher is not None:
+            self.dispatcher.settle_later(unit)
+        else:
+            await asyncio.to_thread(unit.acknowledge)
 
     def _build_fetch(self) -> LimitFetch | BasicFetch:
         if self.config.fetch == "basic":
@@ -266,9 +314,10 @@ class Capsule:
                 self._spawn(processor.index)
 
     def _wait_for_processors(self, deadline: float) -> None:
+        """Until every processor has left and the loop has no job (or the deadline)."""
         while clock.monotonic() < deadline:
             with self._lock:
-                if not self._processors:
+                if not self._processors and (self.lane is None or not self.lane.busy()):
                     return
             threading.Event().wait(JOIN_POLL_SECONDS)
 
@@ -280,9 +329,13 @@ class Capsule:
         with self._lock:
             remaining = list(self._processors)
         running = [(p, unit) for p in remaining if (unit := p.current) is not None]
-        if running:
-            self.fetch.bulk_requeue([unit for _, unit in running])
-            log.warning("timeout reached: requeued %d unfinished jobs", len(running))
+        ours = {id(unit) for _, unit in running}  # a processor waiting for a loop slot
+        on_loop = [u for u in self.lane.abandon() if id(u) not in ours] if self.lane else []
+        if running or on_loop:
+            self.fetch.bulk_requeue([unit for _, unit in running] + on_loop)
+            log.warning("timeout reached: requeued %d unfinished jobs", len(running) + len(on_loop))
+        if self.lane is not None:
+            self.lane.cancel()
         for processor, _ in running:
             processor.kill()
         # Idle threads leave within one fetch; those interrupted need their job's next
@@ -293,7 +346,7 @@ class Capsule:
         for processor in remaining:
             until = killed_until if processor in killed else idle_until
             processor.join(max(0.0, until - clock.monotonic()))
-        return len(running)
+        return len(running) + len(on_loop)
 
     def _retire(self) -> None:
         """Last words in Redis: counters, no process record, no liveness. Whatever the
@@ -316,6 +369,7 @@ class Capsule:
             "capsule": self.config.name,
             "capsule_id": self.id,
             "concurrency": self.config.concurrency,
+            "async_concurrency": self.lane.size if self.lane is not None else 0,
             "queues": self.order.names,
             "weights": [self.order.weights],
             "labels": [],

@@ -1,5 +1,8 @@
 """Runs one fetched job: parse -> resolve -> server middleware -> perform -> outcome.
 
+Sync jobs run in the calling processor thread (``execute``); async jobs are handed to the
+capsule's event loop and run there by ``execute_async``, through the same steps.
+
 This is where every job's fate is decided and logged, once: ``done``, ``retry``,
 ``dead``, ``discarded`` or ``rescheduled`` (a middleware put it back in ``schedule``,
 see ``limitd.middleware.chain.Rescheduled``). The caller acknowledges the unit of work only after
@@ -9,9 +12,11 @@ keeps jobs until acknowledged never loses one whose retry could not be written.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from limitd import clock
 from limitd.fetch.recoveries import RecoveredTooOften, count_in
@@ -30,6 +35,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("limitd.job")
 
 DEFAULT_MAX_RECOVERIES = 3
+
+
+# What ``execute`` returns for an async job it gave to the event loop.
+HANDED_OFF = "handed_off"
+
+# (unit, its decoded payload, its async spec): starts the job on the capsule's loop.
+HandOff = Callable[["UnitOfWork", Payload, JobSpec], None]
 
 
 class Shutdown(BaseException):
@@ -52,8 +64,11 @@ class JobExecutor:
         stats: JobStats | None = None,
         jobs: JobRegistry = registry,
         max_recoveries: int = DEFAULT_MAX_RECOVERIES,
+        *,
+        hand_off: HandOff | None = None,
     ) -> None:
         self.retry = retry
+        self.hand_off = hand_off
         self.chain = chain if chain is not None else ServerChain()
         self.stats = stats if stats is not None else JobStats()
         self.jobs = jobs
@@ -61,28 +76,73 @@ class JobExecutor:
 
     def execute(self, unit: UnitOfWork) -> str:
         """Run ``unit`` and return its outcome. A job that cannot be decoded, or that was
-        given back ``max_recoveries`` times without completing, is buried, not run."""
-        try:
-            payload = parse(unit.job)
-        except MalformedPayload as exc:
-            outcome = self._kill(unit, None, exc)
-        else:
-            recovered = max(unit.recoveries, count_in(payload))
-            if recovered >= self.max_recoveries:
-                reason = unit.recovery_reason(payload)
-                outcome = self._kill(unit, payload, RecoveredTooOften(recovered, reason))
-            else:
-                outcome = self._execute(unit, payload)
+        given back ``max_recoveries`` times without completing, is buried, not run. An
+        async job goes to ``hand_off`` (the capsule's event loop) when there is one, and
+        the outcome is ``HANDED_OFF``: the loop runs it and settles it."""
+        payload, outcome = self._admit(unit)
+        if outcome is None:
+            spec = self.jobs.resolve(payload["class"])
+            if spec is not None and spec.is_async and self.hand_off is not None:
+                self.hand_off(unit, payload, spec)
+                return HANDED_OFF
+            outcome = self._execute(unit, payload, spec)
             if unit.recoveries:
                 unit.forget_recoveries()
         self.stats.record(failed=outcome not in ("done", "rescheduled"))
         return outcome
 
-    def _execute(self, unit: UnitOfWork, payload: Payload) -> str:
+    async def execute_async(self, unit: UnitOfWork, payload: Payload, spec: JobSpec) -> str:
+        """Run a handed-off async job on the running loop, as :meth:`execute` runs a
+        sync one. What needs a blocking Redis call off the hot path (recording a
+        failure, forgetting recoveries) goes to a worker thread, so no other job on the
+        loop waits for it. Cancelled at a hard shutdown after its job was requeued: the
+        CancelledError goes on, nothing is recorded."""
+        timed = log.isEnabledFor(logging.INFO)
+        started = clock.monotonic() if timed else 0.0
+        token = running(payload)
+        error: BaseException | None = None
+        try:
+            await self.chain.ainvoke(spec, payload, unit.queue, lambda: spec.run(payload))
+            outcome = "done"
+        except Rescheduled:
+            outcome = "rescheduled"
+        except (Exception, SystemExit) as exc:
+            error = exc
+            outcome = await asyncio.to_thread(self._failed, spec, payload, unit.queue, exc)
+        finally:
+            finished(token)
+        calls = self.chain.settle(spec, payload, unit.queue, outcome, error)
+        if calls and unit.defer_is_io:
+            await asyncio.to_thread(unit.defer, calls)
+        elif calls:
+            unit.defer(calls)  # kept for the acknowledgement
+        if unit.recoveries:
+            await asyncio.to_thread(unit.forget_recoveries)
+        if timed:
+            _log_outcome(payload, unit.queue, outcome, clock.monotonic() - started)
+        self.stats.record(failed=outcome not in ("done", "rescheduled"))
+        return outcome
+
+    def _admit(self, unit: UnitOfWork) -> tuple[Payload, str | None]:
+        """Decode the job; bury it (and say so with its outcome) if it must not run."""
+        try:
+            payload = parse(unit.job)
+        except MalformedPayload as exc:
+            return {}, self._kill(unit, None, exc)
+        recovered = max(unit.recoveries, count_in(payload))
+        if recovered < self.max_recoveries:
+            return payload, None
+        reason = unit.recovery_reason(payload)
+        outcome = self._kill(unit, payload, RecoveredTooOften(recovered, reason))
+        if unit.recoveries:
+            unit.forget_recoveries()
+        return payload, outcome
+
+    def _execute(self, unit: UnitOfWork, payload: Payload, spec: JobSpec | None) -> str:
         # Every job passes here: the clock is read only for the INFO line that uses it.
         timed = log.isEnabledFor(logging.INFO)
         started = clock.monotonic() if timed else 0.0
-        outcome, calls = self._run(payload, unit.queue)
+        outcome, calls = self._run(spec, payload, unit.queue)
         if calls:
             unit.defer(calls)  # made before the acknowledgement, with it if possible
         if timed:
@@ -103,8 +163,9 @@ class JobExecutor:
         )
         return "dead"
 
-    def _run(self, payload: Payload, queue: str) -> tuple[str, list[ScriptCall]]:
-        spec = self.jobs.resolve(payload["class"])
+    def _run(
+        self, spec: JobSpec | None, payload: Payload, queue: str
+    ) -> tuple[str, list[ScriptCall]]:
         token = running(payload)
         error: BaseException | None = None
         try:
@@ -113,7 +174,7 @@ class JobExecutor:
                     f"no job named {payload['class']!r} is registered in this "
                     f"worker (registered: {', '.join(self.jobs.names())})"
                 )
-            self.chain.invoke(spec, payload, queue, lambda: spec.run(payload))
+            self.chain.invoke(spec, payload, queue, lambda: _perform(spec, payload))
             outcome = "done"
         except Rescheduled:  # a middleware put it back in schedule: it runs again
             outcome = "rescheduled"
@@ -135,6 +196,15 @@ class JobExecutor:
             raise
         _log_failure(payload, queue, exc, fate)
         return fate.outcome
+
+
+def _perform(spec: JobSpec, payload: Payload) -> Any:
+    """Run the job in this thread; an async job with no event loop to go to (draining in
+    a script or a test) gets a loop of its own for the time it runs."""
+    result = spec.run(payload)
+    if spec.is_async:
+        return asyncio.run(result)
+    return result
 
 
 def _log_failure(payload: Payload, queue: str, exc: BaseException, fate: Fate | None) -> None:

@@ -17,7 +17,7 @@ import redis as redis_py
 from limitd import clock
 from limitd.fetch import Fetch, UnitOfWork
 from limitd.payload import describe_job
-from limitd.supervisor.executor import JobExecutor, Shutdown
+from limitd.supervisor.executor import HANDED_OFF, JobExecutor, Shutdown
 
 log = logging.getLogger("limitd.processor")
 
@@ -104,8 +104,8 @@ class Processor:
         self.current = unit
         self.on_busy()
         try:
-            self.executor.execute(unit)
-            self._finished = unit
+            if self.executor.execute(unit) != HANDED_OFF:
+                self._finished = unit  # settled by the next fetch (an async job by its loop)
         except Shutdown:
             raise
         except Exception as exc:

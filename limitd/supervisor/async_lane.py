@@ -1,0 +1,234 @@
+"""The capsule's event loop, where its async jobs run.
+
+Most background jobs wait on the network. A thread per waiting job caps a process at its
+thread count; a task per job on one event loop does not. So a capsule whose app defines
+``async def`` jobs runs a loop in one more thread, and its processors, which fetch every
+job as before, hand async jobs to it instead of running them. Fetching, limits and
+reliability stay the processors' and the fetch's: an async job sits in the same
+in-progress list as any other until the loop settles it.
+
+- ``async_concurrency`` slots bound the jobs on the loop. A processor holding an async job
+  waits for a slot before it fetches again, so a full loop stops the fetching of more.
+- Every job the lane holds (waiting for a slot, running, or finishing) is in ``held``,
+  so the heartbeat never takes one for an orphan.
+- A stop cancels the tasks still running at the deadline once the capsule has requeued
+  their jobs; a cancelled job records nothing.
+- A job that blocks the loop (a sync call in async code) stalls every job on it. A watch
+  thread warns, naming the job and the line it is on, when the loop has not turned for
+  ``block_warning`` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import io
+import logging
+import sys
+import threading
+import traceback
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from limitd import clock
+from limitd.fetch.basic import UnitOfWork
+from limitd.payload import Payload, describe_job
+from limitd.spec import JobSpec
+from limitd.supervisor.executor import JobExecutor
+
+log = logging.getLogger("limitd.async")
+
+DEFAULT_ASYNC_CONCURRENCY = 100
+DEFAULT_BLOCK_WARNING = 1.0
+SLOT_WAIT = 0.5  # a processor waiting for a slot looks up this often to see a stop
+
+# Hands a finished job over for acknowledgement (with its deferred calls made).
+Settle = Callable[[UnitOfWork], Awaitable[None]]
+
+
+@dataclass(eq=False)
+class _Entry:
+    """One async job the lane holds."""
+
+    unit: UnitOfWork
+    payload: Payload
+    spec: JobSpec
+    since: float = field(default_factory=clock.now)
+    task: asyncio.Task[None] | None = None
+
+
+class AsyncLane:
+    def __init__(
+        self,
+        executor: JobExecutor,
+        settle: Settle,
+        size: int,
+        *,
+        name: str = "default",
+        block_warning: float = DEFAULT_BLOCK_WARNING,
+    ) -> None:
+        self.executor = executor
+        self.size = size
+        self._settle = settle
+        self._block_warning = block_warning
+        self._slots = threading.BoundedSemaphore(size)
+        self._entries: dict[int, _Entry] = {}  # id(unit) -> entry; written by both sides
+        self._abandoned = threading.Event()  # hard stop: start nothing more
+        self._stopped = threading.Event()
+        self._loop = asyncio.new_event_loop()
+        # Middleware without ``acall`` hold a worker thread per running job (see
+        # ``ServerChain.ainvoke``): the default pool of a few threads would cap the lane.
+        self._loop.set_default_executor(
+            concurrent.futures.ThreadPoolExecutor(size + 4, f"limitd-{name}-async-worker")
+        )
+        self._pulse = clock.monotonic()
+        self._thread = threading.Thread(
+            target=self._run_loop, name=f"limitd-{name}-async", daemon=True
+        )
+        self._watch = threading.Thread(
+            target=self._watch_loop, name=f"limitd-{name}-async-watch", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+        self._watch.start()
+
+    def submit(self, unit: UnitOfWork, payload: Payload, spec: JobSpec) -> None:
+        """From a processor thread: run this async job on the loop as soon as a slot is
+        free. After a hard stop nothing starts (the job was requeued with the others)."""
+        entry = _Entry(unit, payload, spec)
+        self._entries[id(unit)] = entry
+        started = False
+        try:
+            while not self._slots.acquire(timeout=SLOT_WAIT):
+                if self._abandoned.is_set():
+                    return
+            if self._abandoned.is_set():
+                self._slots.release()
+                return
+            self._loop.call_soon_threadsafe(self._start, entry)
+            started = True
+        finally:
+            if not started:
+                self._entries.pop(id(unit), None)
+
+    def held(self) -> list[UnitOfWork]:
+        """Every unit the lane holds in Redis (see the module docstring)."""
+        return [entry.unit for entry in list(self._entries.values())]
+
+    def running(self) -> list[tuple[UnitOfWork, float]]:
+        """The jobs on the loop and when each started, for the process record."""
+        return [(e.unit, e.since) for e in list(self._entries.values()) if e.task is not None]
+
+    def busy(self) -> int:
+        return len(self._entries)
+
+    def abandon(self) -> list[UnitOfWork]:
+        """Hard stop, step one: start nothing more and return every held job, for the
+        capsule to requeue before :meth:`cancel` ends the tasks."""
+        self._abandoned.set()
+        return self.held()
+
+    def cancel(self) -> None:
+        """Hard stop, step two: cancel the running tasks (their jobs were requeued)."""
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._cancel_all)
+
+    def stop(self, timeout: float) -> None:
+        """Stop the loop once its tasks ended (or ``timeout`` passed), then close it."""
+        deadline = clock.monotonic() + timeout
+        while self._entries and clock.monotonic() < deadline:
+            self._stopped.wait(0.01)
+        self._stopped.set()
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(max(0.0, deadline - clock.monotonic()) + 1.0)
+        self._watch.join(1.0)
+
+    def log_task_stacks(self) -> None:
+        """Each running async job's stack (TTIN), as the threads' stacks are logged."""
+        for entry in list(self._entries.values()):
+            task = entry.task
+            if task is None:
+                continue
+            stack = io.StringIO()
+            task.print_stack(file=stack)
+            log.warning("async task %s\n%s", task.get_name(), stack.getvalue())
+
+    # -- on the loop --------------------------------------------------------------
+
+    def _run_loop(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.call_soon(self._beat)
+        try:
+            self._loop.run_forever()
+        finally:
+            self._loop.run_until_complete(self._loop.shutdown_default_executor())
+            self._loop.close()
+
+    def _beat(self) -> None:
+        """The loop's pulse, read by the watch thread."""
+        self._pulse = clock.monotonic()
+        if not self._stopped.is_set():
+            self._loop.call_later(self._block_warning / 4, self._beat)
+
+    def _start(self, entry: _Entry) -> None:
+        name = f"{entry.payload.get('class')} jid={entry.payload.get('jid')}"
+        entry.task = self._loop.create_task(self._run(entry), name=name)
+
+    async def _run(self, entry: _Entry) -> None:
+        unit = entry.unit
+        try:
+            await self.executor.execute_async(unit, entry.payload, entry.spec)
+            await self._settle(unit)
+        except asyncio.CancelledError:
+            pass  # a hard stop requeued it: nothing to record
+        except Exception as exc:
+            await self._give_back(unit, exc)
+        finally:
+            self._entries.pop(id(unit), None)
+            self._slots.release()
+
+    async def _give_back(self, unit: UnitOfWork, error: Exception) -> None:
+        """Its outcome could not be recorded: requeue it (counted as a recovery) rather
+        than lose it. If that fails too, it stays in progress, and the heartbeat requeues
+        it as an orphan once the lane no longer holds it."""
+        log.error(
+            "could not record the outcome of an async job (%s queue=%s); requeueing it",
+            describe_job(unit.job),
+            unit.queue,
+            exc_info=error,
+        )
+        try:
+            await asyncio.to_thread(unit.give_back, f"{type(error).__name__}: {error}")
+        except Exception:
+            log.exception("requeue failed; the heartbeat will recover %s", describe_job(unit.job))
+
+    def _cancel_all(self) -> None:
+        for entry in list(self._entries.values()):
+            if entry.task is not None:
+                entry.task.cancel()
+
+    # -- the watch thread -----------------------------------------------------------
+
+    def _watch_loop(self) -> None:
+        warned_at = 0.0
+        while not self._stopped.wait(self._block_warning / 4):
+            pulse = self._pulse
+            late = clock.monotonic() - pulse
+            if late < self._block_warning or warned_at == pulse:
+                continue
+            warned_at = pulse  # once per stall
+            self._warn_blocked(late)
+
+    def _warn_blocked(self, late: float) -> None:
+        task = asyncio.current_task(self._loop)
+        frame = sys._current_frames().get(self._thread.ident or 0)
+        where = "".join(traceback.format_stack(frame, limit=-3)) if frame is not None else ""
+        log.warning(
+            "event loop blocked for %.1fs by %s: a sync call in an async job stalls every "
+            "job on the loop (move it to a thread: await asyncio.to_thread(...))\n%s",
+            late,
+            task.get_name() if task is not None else "no job (limitd's own code)",
+            where,
+        )
