@@ -16,8 +16,8 @@ outcome) but has no duration.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
+import contextvars
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -34,10 +34,17 @@ DURATION_BUCKETS = (
 )  # fmt: skip
 
 
+# (jid, seconds) of the job that last left this middleware in this context.
+_timed: contextvars.ContextVar[tuple[Any, float] | None] = contextvars.ContextVar(
+    "limitd_job_timed", default=None
+)
+
+
 class JobMetrics:
     """The server middleware that feeds a capsule process's job metrics (registered in
-    ``registry``). One instance serves every processor thread of the process: the start
-    time of the job a thread runs is kept per thread, from ``__call__`` to ``settled``."""
+    ``registry``). One instance serves every processor thread and the event loop of the
+    process: the time of the job running is kept in a context variable (each thread and
+    each async job has its own) from ``__call__`` or ``acall`` to ``settled``."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.duration = Histogram(
@@ -53,7 +60,6 @@ class JobMetrics:
             ("job_class", "queue", "outcome"),
             registry=registry,
         )
-        self._local = threading.local()
         # The labelled series, looked up once each: prometheus-client's labels() takes
         # a lock and validates the labels at every call (about 2 us of the 5 per job).
         self._counted: dict[tuple[str, str, str], Any] = {}
@@ -66,7 +72,20 @@ class JobMetrics:
         try:
             return call_next()
         finally:
-            self._local.timed = (payload.get("jid"), clock.monotonic() - started)
+            _timed.set((payload.get("jid"), clock.monotonic() - started))
+
+    async def acall(
+        self,
+        spec: JobSpec,
+        payload: Payload,
+        queue: str,
+        call_next: Callable[[], Awaitable[Any]],
+    ) -> Any:
+        started = clock.monotonic()
+        try:
+            return await call_next()
+        finally:
+            _timed.set((payload.get("jid"), clock.monotonic() - started))
 
     def settled(
         self,
@@ -83,8 +102,8 @@ class JobMetrics:
         if counted is None:
             counted = self._counted[job, queue, outcome] = self.jobs.labels(job, queue, outcome)
         counted.inc()
-        timed = getattr(self._local, "timed", None)
-        self._local.timed = None
+        timed = _timed.get()
+        _timed.set(None)
         if timed is not None and timed[0] == payload.get("jid"):
             series = self._timed.get((job, queue))
             if series is None:
