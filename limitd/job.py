@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from limitd import clock, options
+from limitd.aio.enqueue import AsyncEnqueuer
 from limitd.client import Client, default_client
 from limitd.payload import Payload
 from limitd.registry import registry
@@ -40,6 +41,7 @@ from limitd.spec import (
 )
 
 options.declare("queue", options.non_empty_str, owner="limitd.job")
+
 
 def define(
     name: str,
@@ -84,6 +86,12 @@ class Enqueuer:
         """A configured enqueuer: the options are checked like definition options."""
         merged = {**self._overrides, **options.validate(self._spec.name, job_options)}
         return Enqueuer(self._spec, merged, client or self._client)
+
+    @property
+    def aio(self) -> AsyncEnqueuer:
+        """The same enqueuer for async code: ``await send.aio.perform_async(1)`` (see
+        :mod:`limitd.aio`), with these options and this client's async twin."""
+        return AsyncEnqueuer(self._spec, self._overrides, self._client)
 
     def perform_async(self, *args: Any) -> str | None:
         """Enqueue now. Returns the jid, or None if a client middleware stopped the push."""
@@ -172,6 +180,13 @@ def job(
     return decorate(fn) if fn is not None else decorate
 
 
+class _ClassAio:
+    """``Job.aio``: the class's enqueue methods for async code (see :mod:`limitd.aio`)."""
+
+    def __get__(self, instance: Job | None, owner: type[Job]) -> AsyncEnqueuer:
+        return AsyncEnqueuer(owner.spec)
+
+
 class Job:
     """Base class for class-style jobs: options go in the class statement, ``perform``
     receives the arguments, and the optional ``retry_in`` / ``retries_exhausted``
@@ -203,6 +218,8 @@ class Job:
             limiter_backoff=_hook(cls, "limiter_backoff"),
             is_async=inspect.iscoroutinefunction(cls.perform),  # type: ignore[attr-defined]
         )
+
+    aio = _ClassAio()  # ``await HardJob.aio.perform_async(...)``
 
     @classmethod
     def set(cls, **job_options: Any) -> Enqueuer:

@@ -54,6 +54,7 @@ LAYERS: dict[str, tuple[int, str]] = {
     "limitd.metrics.jobs": (MIDDLEWARE, ""),
     "limitd.outbox.table": (MIDDLEWARE, ""),
     "limitd.outbox.held": (MIDDLEWARE, ""),
+    "limitd.aio.client_chain": (MIDDLEWARE, ""),  # the client middleware's acall helpers
     # configuration, and where Redis is
     "limitd.config": (CONFIG, ""),
     "limitd.fair_tenant.section": (CONFIG, ""),
@@ -65,6 +66,7 @@ LAYERS: dict[str, tuple[int, str]] = {
     "limitd.locate": (CONFIG, ""),
     # the client side and the server side, beside each other
     "limitd.client": (SIDES, "client"),
+    "limitd.aio": (SIDES, "client"),
     "limitd.job": (SIDES, "client"),
     "limitd.batch.api": (SIDES, "client"),
     "limitd.limiters.limiter": (SIDES, "client"),
@@ -121,6 +123,7 @@ DOCSTRING_ONLY = (
     "limitd.metrics",
     "limitd.transactions",
     "limitd.outbox",
+    "limitd.aio",
 )
 
 

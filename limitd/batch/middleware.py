@@ -10,13 +10,17 @@ chain.
 
 from __future__ import annotations
 
+import contextvars
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any
 
+from redis import asyncio as redis_asyncio
+
+from limitd import keys
+from limitd.aio.client_chain import AsyncPushNext, acall_next_or_undo
 from limitd.batch.building import building_bid
-from limitd.batch.store import add_jobs, job_settled_call, remove_jobs
+from limitd.batch.store import ADD, REMOVE, add_jobs, job_settled_call, remove_jobs
 from limitd.middleware.chain import call_next_or_undo
 from limitd.payload import Payload
 from limitd.redis import ScriptCall
@@ -30,24 +34,44 @@ RESULTS = {"done": "success", "retry": "failure", "dead": "death", "discarded": 
 
 
 class BatchMembership:
-    """Client middleware: jobs pushed inside ``Batch.jobs()`` join that batch."""
+    """Client middleware: jobs pushed inside ``Batch.jobs()`` join that batch. The sync
+    client calls it, the async client awaits ``acall`` (and the ``a`` bulk hooks): the
+    same decisions, with the Redis calls awaited."""
 
     def __init__(self) -> None:
-        self._registered = threading.local()  # jids of the bulk chunk registered already
+        # The jids of the bulk chunk registered already: a context variable, so threads
+        # and the tasks of one event loop each keep their own chunk's.
+        self._registered: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
+            f"limitd_batch_registered_{id(self)}", default=frozenset()
+        )
 
     def prepare_bulk(self, spec: JobSpec | None, payloads: list[Payload], redis: Any) -> None:
-        bid = building_bid()
-        jids = [payload["jid"] for payload in payloads] if bid else []
+        bid, jids = self._chunk(payloads)
         if bid and jids:
             add_jobs(redis, bid, jids)
-        self._registered.jids = set(jids)
+        self._registered.set(frozenset(jids))
+
+    async def aprepare_bulk(
+        self, spec: JobSpec | None, payloads: list[Payload], redis: redis_asyncio.Redis
+    ) -> None:
+        bid, jids = self._chunk(payloads)
+        if bid and jids:
+            await aadd_jobs(redis, bid, jids)
+        self._registered.set(frozenset(jids))
 
     def abandon_bulk(self, spec: JobSpec | None, payloads: list[Payload], redis: Any) -> None:
         """The chunk was not written: its jobs leave the batch (all of them were
         registered by ``prepare_bulk``; removing one already gone changes nothing)."""
-        bid = building_bid()
-        if bid is not None and payloads:
-            remove_jobs(redis, bid, [payload["jid"] for payload in payloads])
+        bid, jids = self._chunk(payloads)
+        if bid and jids:
+            remove_jobs(redis, bid, jids)
+
+    async def aabandon_bulk(
+        self, spec: JobSpec | None, payloads: list[Payload], redis: redis_asyncio.Redis
+    ) -> None:
+        bid, jids = self._chunk(payloads)
+        if bid and jids:
+            await aremove_jobs(redis, bid, jids)
 
     def __call__(
         self,
@@ -56,14 +80,52 @@ class BatchMembership:
         redis: Any,
         call_next: Callable[[Payload], Payload | None],
     ) -> Payload | None:
-        bid = building_bid()
+        bid = self._join(payload)
         if bid is None:
             return call_next(payload)
-        payload["bid"] = bid
         jid = payload["jid"]
-        if jid not in getattr(self._registered, "jids", ()):
+        if jid not in self._registered.get():
             add_jobs(redis, bid, [jid])
         return call_next_or_undo(call_next, payload, lambda: remove_jobs(redis, bid, [jid]))
+
+    async def acall(
+        self,
+        spec: JobSpec | None,
+        payload: Payload,
+        redis: redis_asyncio.Redis,
+        call_next: AsyncPushNext,
+    ) -> Payload | None:
+        bid = self._join(payload)
+        if bid is None:
+            return await call_next(payload)
+        jid = payload["jid"]
+        if jid not in self._registered.get():
+            await aadd_jobs(redis, bid, [jid])
+        return await acall_next_or_undo(call_next, payload, lambda: aremove_jobs(redis, bid, [jid]))
+
+    @staticmethod
+    def _chunk(payloads: list[Payload]) -> tuple[str | None, list[str]]:
+        """The batch being built, and the chunk's jids if there is one."""
+        bid = building_bid()
+        return bid, [payload["jid"] for payload in payloads] if bid else []
+
+    @staticmethod
+    def _join(payload: Payload) -> str | None:
+        """The batch being built, if any, named in the payload."""
+        bid = building_bid()
+        if bid is not None:
+            payload["bid"] = bid
+        return bid
+
+
+async def aadd_jobs(redis: redis_asyncio.Redis, bid: str, jids: list[str]) -> int:
+    """``limitd.batch.store.add_jobs`` on an asyncio client."""
+    return int(await ADD.acall(redis, keys.batch_keys(bid), jids))
+
+
+async def aremove_jobs(redis: redis_asyncio.Redis, bid: str, jids: list[str]) -> int:
+    """``limitd.batch.store.remove_jobs`` on an asyncio client."""
+    return int(await REMOVE.acall(redis, keys.batch_keys(bid), jids))
 
 
 class BatchProgress:

@@ -26,18 +26,21 @@ the queue their first run had: a throttled job retries in its throttled queue.
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import math
 import os
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
+from redis import asyncio as redis_asyncio
+
 from limitd import clock, keys, options
+from limitd.aio.client_chain import AsyncPushNext, arun, arun_all
 from limitd.payload import Payload
-from limitd.redis import LuaScript
+from limitd.redis import LuaScript, ScriptCall
 from limitd.spec import JobSpec
 
 FAIR_TENANT = LuaScript(__package__ or "limitd.fair_tenant", "fair_tenant.lua")
@@ -121,12 +124,18 @@ class FairTenantSettings:
 
 
 class FairTenant:
-    """The client middleware. Halts nothing; only chooses the queue."""
+    """The client middleware. Halts nothing; only chooses the queue. The sync client
+    calls it, the async client awaits ``acall`` (and ``aprepare_bulk``): the same
+    decisions, with the script calls awaited."""
 
     def __init__(self, settings: FairTenantSettings | None = None) -> None:
         self.settings = settings or FairTenantSettings.from_env()
         self.log = logging.getLogger(self.settings.logger)
-        self._local = threading.local()
+        # The queues decided for a bulk chunk, by jid: a context variable, so threads
+        # and the tasks of one event loop each keep their own chunk's.
+        self._routed: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
+            f"limitd_fair_tenant_routed_{id(self)}", default=None
+        )
 
     def __call__(
         self,
@@ -137,42 +146,93 @@ class FairTenant:
     ) -> Payload | None:
         if "fair_tenant_queues" not in payload:
             return call_next(payload)  # most jobs: nothing to count
-        routed = getattr(self._local, "routed", None)
-        if routed is not None and payload["jid"] in routed:
-            payload["queue"] = routed.pop(payload["jid"])  # decided for the whole bulk
-        else:
-            self.route(spec, [payload], redis)
+        call = self._pending(spec, payload)
+        if call is not None:
+            self._route_by(payload, call.run(redis))
         payload.pop("fair_tenant_queues", None)  # definition data: not needed downstream
         return call_next(payload)
+
+    async def acall(
+        self,
+        spec: JobSpec | None,
+        payload: Payload,
+        redis: redis_asyncio.Redis,
+        call_next: AsyncPushNext,
+    ) -> Payload | None:
+        if "fair_tenant_queues" not in payload:
+            return await call_next(payload)
+        call = self._pending(spec, payload)
+        if call is not None:
+            self._route_by(payload, await arun(call, redis))
+        payload.pop("fair_tenant_queues", None)
+        return await call_next(payload)
 
     def prepare_bulk(self, spec: JobSpec | None, payloads: Sequence[Payload], redis: Any) -> None:
         """Count and route a whole chunk in one round trip (one script call per tenant,
         pipelined); each job is still counted on its own, in order."""
-        decided: dict[str, str] = {}
-        groups: dict[str, list[Payload]] = {}
-        for payload in payloads:
-            tenant = self.tenant_of(spec, payload) if payload.get("fair_tenant_queues") else None
-            if tenant is not None:
-                groups.setdefault(tenant, []).append(payload)
+        groups = self._groups(spec, payloads)
         if not groups:
             return
         pipe = redis.pipeline(transaction=False)
-        for tenant, members in groups.items():
-            self._count(pipe, members[0], tenant, [p["jid"] for p in members])
-        for (_, members), choices in zip(groups.items(), pipe.execute(), strict=True):
-            for payload, choice in zip(members, choices, strict=True):
-                decided[payload["jid"]] = self._queue_for(payload, int(choice))
-        self._local.routed = decided
+        for call, _ in groups:
+            call.run(pipe)
+        self._decide(groups, pipe.execute())
+
+    async def aprepare_bulk(
+        self, spec: JobSpec | None, payloads: Sequence[Payload], redis: redis_asyncio.Redis
+    ) -> None:
+        groups = self._groups(spec, payloads)
+        if groups:
+            self._decide(groups, await arun_all(redis, [call for call, _ in groups]))
 
     def route(self, spec: JobSpec | None, payloads: Sequence[Payload], redis: Any) -> None:
         for payload in payloads:
             if not payload.get("fair_tenant_queues"):
                 continue
             tenant = self.tenant_of(spec, payload)
-            if tenant is None:
-                continue
-            [choice] = cast("list[int]", self._count(redis, payload, tenant, [payload["jid"]]))
-            payload["queue"] = self._queue_for(payload, int(choice))
+            if tenant is not None:
+                self._route_by(
+                    payload, self._count_call(payload, tenant, [payload["jid"]]).run(redis)
+                )
+
+    def _pending(self, spec: JobSpec | None, payload: Payload) -> ScriptCall | None:
+        """For a job with rules: its queue, if its bulk chunk decided it (applied now),
+        else the script call that counts it and decides (None: no tenant to count)."""
+        routed = self._routed.get()
+        if routed is not None and payload["jid"] in routed:
+            payload["queue"] = routed.pop(payload["jid"])  # decided for the whole bulk
+            return None
+        if not payload.get("fair_tenant_queues"):
+            return None
+        tenant = self.tenant_of(spec, payload)
+        return None if tenant is None else self._count_call(payload, tenant, [payload["jid"]])
+
+    def _route_by(self, payload: Payload, reply: Any) -> None:
+        [choice] = cast("list[int]", reply)
+        payload["queue"] = self._queue_for(payload, int(choice))
+
+    def _groups(
+        self, spec: JobSpec | None, payloads: Sequence[Payload]
+    ) -> list[tuple[ScriptCall, list[Payload]]]:
+        """A chunk's jobs with rules and a tenant, by tenant: one counting call each."""
+        by_tenant: dict[str, list[Payload]] = {}
+        for payload in payloads:
+            tenant = self.tenant_of(spec, payload) if payload.get("fair_tenant_queues") else None
+            if tenant is not None:
+                by_tenant.setdefault(tenant, []).append(payload)
+        return [
+            (self._count_call(members[0], tenant, [p["jid"] for p in members]), members)
+            for tenant, members in by_tenant.items()
+        ]
+
+    def _decide(
+        self, groups: list[tuple[ScriptCall, list[Payload]]], replies: Sequence[Any]
+    ) -> None:
+        decided: dict[str, str] = {}
+        for (_, members), choices in zip(groups, replies, strict=True):
+            for payload, choice in zip(members, choices, strict=True):
+                decided[payload["jid"]] = self._queue_for(payload, int(choice))
+        self._routed.set(decided)
 
     def tenant_of(self, spec: JobSpec | None, payload: Payload) -> str | None:
         tenant = payload.get("fair_tenant")
@@ -182,7 +242,8 @@ class FairTenant:
                 payload["fair_tenant"] = str(tenant)
         return None if tenant is None else str(tenant)
 
-    def _count(self, conn: Any, payload: Payload, tenant: str, jids: list[str]) -> Any:
+    def _count_call(self, payload: Payload, tenant: str, jids: list[str]) -> ScriptCall:
+        """The call that counts ``jids`` (one tenant's) and returns each one's rule."""
         rules = payload["fair_tenant_queues"]
         key = keys.fair_tenant_enqueues(
             self.settings.enqueues_key,
@@ -201,8 +262,7 @@ class FairTenant:
         ]
         for rule in rules:
             args += [rule["per"], rule["threshold"], rule["queue"]]
-        return FAIR_TENANT(
-            conn,
+        return FAIR_TENANT.later(
             [key, keys.FAIR_TENANT_TENANTS, keys.FAIR_TENANT_REROUTES, keys.FAIR_TENANT_RULES],
             [*args, *jids],
         )

@@ -33,7 +33,10 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from redis import asyncio as redis_asyncio
+
 from limitd import clock, keys, options
+from limitd.aio.client_chain import AsyncPushNext, acall_next_or_undo, arun
 from limitd.middleware.chain import call_next_or_undo
 from limitd.payload import Payload
 from limitd.redis import LuaScript, ScriptCall
@@ -82,6 +85,12 @@ def release(redis: Any, payload: Payload) -> bool:
     return bool(call.run(redis)) if call is not None else False
 
 
+async def arelease(redis: redis_asyncio.Redis, payload: Payload) -> bool:
+    """:func:`release` on an asyncio client."""
+    call = release_call(payload)
+    return bool(await arun(call, redis)) if call is not None else False
+
+
 def release_call(payload: Payload) -> ScriptCall | None:
     """The compare-and-delete of the lock ``payload`` holds, to make now or later."""
     key = payload.get(LOCK_FIELD)
@@ -89,7 +98,9 @@ def release_call(payload: Payload) -> ScriptCall | None:
 
 
 class UniqueJobs:
-    """Client middleware: take the lock before the push, or halt the duplicate."""
+    """Client middleware: take the lock before the push, or halt the duplicate. The
+    sync client calls it, the async client awaits ``acall``: the same decision, made
+    by :meth:`_lock_for` and :meth:`_locked`."""
 
     def __call__(
         self,
@@ -100,24 +111,58 @@ class UniqueJobs:
     ) -> Payload | None:
         if not payload.get("unique_for"):
             return call_next(payload)
-        key = lock_key(payload)
+        call = self._lock_for(payload)
+        if not self._locked(payload, call, call.run(redis)):
+            return None
+        # Halted later in the chain, or failed: the lock would guard nothing.
+        return call_next_or_undo(call_next, payload, lambda: release(redis, payload))
+
+    async def acall(
+        self,
+        spec: JobSpec | None,
+        payload: Payload,
+        redis: redis_asyncio.Redis,
+        call_next: AsyncPushNext,
+    ) -> Payload | None:
+        if not payload.get("unique_for"):
+            return await call_next(payload)
+        call = self._lock_for(payload)
+        if not self._locked(payload, call, await arun(call, redis)):
+            return None
+        return await acall_next_or_undo(call_next, payload, lambda: arelease(redis, payload))
+
+    @staticmethod
+    def _lock_for(payload: Payload) -> ScriptCall:
+        """The script call that takes ``payload``'s lock (or counts it as skipped)."""
         ttl = lock_milliseconds(payload, clock.now())
-        if not ACQUIRE(redis, [key, keys.UNIQUE_SKIPPED], [payload["jid"], ttl]):
+        return ACQUIRE.later([lock_key(payload), keys.UNIQUE_SKIPPED], [payload["jid"], ttl])
+
+    @staticmethod
+    def _locked(payload: Payload, call: ScriptCall, taken: Any) -> bool:
+        """Whether the push goes on, given the lock script's reply: with the lock, the
+        payload names it; without, the duplicate is logged."""
+        key = call.keys[0]
+        if not taken:
             log.debug(
                 "duplicate not pushed class=%s queue=%s lock=%s",
                 payload["class"],
                 payload["queue"],
                 key,
             )
-            return None
+            return False
         payload[LOCK_FIELD] = key
-        # Halted later in the chain, or failed: the lock would guard nothing.
-        return call_next_or_undo(call_next, payload, lambda: release(redis, payload))
+        return True
 
     def abandon_bulk(self, spec: JobSpec | None, payloads: list[Payload], redis: Any) -> None:
         """The chunk was not written: free the locks its jobs took."""
         for payload in payloads:
             release(redis, payload)
+
+    async def aabandon_bulk(
+        self, spec: JobSpec | None, payloads: list[Payload], redis: redis_asyncio.Redis
+    ) -> None:
+        for payload in payloads:
+            await arelease(redis, payload)
 
 
 class UniqueRelease:
