@@ -81,6 +81,9 @@ class AsyncLane:
         self._loop.set_default_executor(
             concurrent.futures.ThreadPoolExecutor(size + 4, f"limitd-{name}-async-worker")
         )
+        self._inbox: list[_Entry] = []
+        self._inbox_lock = threading.Lock()
+        self._woken = False
         self._pulse = clock.monotonic()
         self._thread = threading.Thread(
             target=self._run_loop, name=f"limitd-{name}-async", daemon=True
@@ -106,11 +109,22 @@ class AsyncLane:
             if self._abandoned.is_set():
                 self._slots.release()
                 return
-            self._loop.call_soon_threadsafe(self._start, entry)
+            self._post(entry)
             started = True
         finally:
             if not started:
                 self._entries.pop(id(unit), None)
+
+    def _post(self, entry: _Entry) -> None:
+        """Into the loop's inbox. Only the first entry of a batch wakes the loop: a wake-up
+        is a write to its self-pipe and a turn of the loop, and under load processors
+        post faster than the loop turns."""
+        with self._inbox_lock:
+            self._inbox.append(entry)
+            wake = not self._woken
+            self._woken = True
+        if wake:
+            self._loop.call_soon_threadsafe(self._take_inbox)
 
     def held(self) -> list[UnitOfWork]:
         """Every unit the lane holds in Redis (see the module docstring)."""
@@ -172,9 +186,13 @@ class AsyncLane:
         if not self._stopped.is_set():
             self._loop.call_later(self._block_warning / 4, self._beat)
 
-    def _start(self, entry: _Entry) -> None:
-        name = f"{entry.payload.get('class')} jid={entry.payload.get('jid')}"
-        entry.task = self._loop.create_task(self._run(entry), name=name)
+    def _take_inbox(self) -> None:
+        with self._inbox_lock:
+            entries, self._inbox = self._inbox, []
+            self._woken = False
+        for entry in entries:
+            name = f"{entry.payload.get('class')} jid={entry.payload.get('jid')}"
+            entry.task = self._loop.create_task(self._run(entry), name=name)
 
     async def _run(self, entry: _Entry) -> None:
         unit = entry.unit

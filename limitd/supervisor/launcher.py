@@ -69,6 +69,8 @@ class Launcher:
             self.capsule.quiet()
         elif signum == signal.SIGTTIN:
             log_thread_stacks()
+            if self.capsule.lane is not None:
+                self.capsule.lane.log_task_stacks()
         elif signum == signal.SIGHUP:
             reopen_log_files()
 
