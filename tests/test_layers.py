@@ -70,6 +70,8 @@ LAYERS: dict[str, tuple[int, str]] = {
     "limitd.job": (SIDES, "client"),
     "limitd.batch.api": (SIDES, "client"),
     "limitd.limiters.limiter": (SIDES, "client"),
+    "limitd.limiters.aio": (SIDES, "client"),
+    "limitd.limiters.tries": (SIDES, "client"),
     "limitd.capacity.job": (SIDES, "client"),
     "limitd.periodic.scheduler": (SIDES, "client"),
     "limitd.transactions.sqlalchemy": (SIDES, "client"),

@@ -17,6 +17,9 @@ draining one call, the oldest lock expiring) and the caller sleeps exactly that,
 by its deadline; a concurrent limiter's waiters also block on its wake list (BLPOP),
 to which every release pushes an entry, so they wake when a slot is given back.
 
+In ``async def`` code, ``async with limiter.aio.within_limit():`` does the same without
+blocking the event loop (see :mod:`limitd.limiters.aio`).
+
 Defining a limiter touches nothing in Redis: limiters are cheap to build per call, and
 their names may hold anything (``f"stripe-{account_id}"``). Each is on the default
 client's Redis (the capsule's, inside a job) unless given ``redis=``.
@@ -33,6 +36,7 @@ from typing import Any
 from limitd import clock
 from limitd.client import default_client
 from limitd.limiters import store
+from limitd.limiters.aio import AsyncLimiter
 from limitd.limiters.store import (
     DEFAULT_LOCK_TIMEOUT,
     DEFAULT_TTL,
@@ -40,6 +44,7 @@ from limitd.limiters.store import (
     Definition,
     OverLimit,
 )
+from limitd.limiters.tries import Tries
 
 MAX_BLOCK = 5.0  # one BLPOP at most this long: under the connection's socket timeout
 
@@ -153,11 +158,27 @@ class Limiter:
         d = self.definition
         return f"<Limiter {d.kind} {d.name!r} {d.limit} per {d.period:g}s>"
 
+    @property
+    def aio(self) -> AsyncLimiter:
+        """This limiter for ``async def`` code: ``async with limiter.aio.within_limit():``
+        waits with ``asyncio.sleep`` and the asyncio Redis client, never blocking the
+        event loop, and shares its slots and counts with the sync form."""
+        return AsyncLimiter(self)
+
+    def sync_redis(self) -> Any:
+        """The (sync) client this limiter's checks use: its own ``redis=``, else the
+        default client's, looked up at each check (a capsule sets it in its process)."""
+        return self._redis if self._redis is not None else default_client().redis
+
+    def tries(self, token: str) -> Tries:
+        """A new check's tries for room, held under ``token`` (both forms use this)."""
+        return Tries(self.definition, self.wait_timeout, token, MAX_BLOCK)
+
     @contextmanager
     def within_limit(self) -> Iterator[None]:
         """Run the block once there is room (waiting up to ``wait_timeout``), else raise
         :class:`OverLimit`. Also a decorator: ``@limiter.within_limit()``."""
-        redis = self._redis if self._redis is not None else default_client().redis
+        redis = self.sync_redis()
         token = uuid.uuid4().hex
         self._take(redis, token)
         if self.kind != "concurrent":
@@ -170,30 +191,20 @@ class Limiter:
             store.release(redis, self.definition, token, clock.monotonic() - started)
 
     def _take(self, redis: Any, token: str) -> None:
-        """Try until taken or the deadline passes; sleep only as long as the script says
-        room cannot appear (or until a concurrent slot is released)."""
-        started = clock.monotonic()
-        deadline = started + self.wait_timeout
-        attempt = 1
+        """Try until taken or the deadline passes, pausing as :class:`Tries` says."""
+        tries = self.tries(token)
         while True:
-            waited = clock.monotonic() - started
-            taken, wait = store.acquire(
-                redis, self.definition, clock.now(), token, attempt=attempt, waited=waited
-            )
-            if taken:
+            script, script_keys, args = tries.call()
+            outcome = tries.after(script(redis, script_keys, args))
+            if outcome is None:
                 return
-            remaining = deadline - clock.monotonic()
-            if remaining <= 0:
+            if isinstance(outcome, OverLimit):
                 store.record_over_limit(redis, self.definition)
-                raise OverLimit(self.name, self.kind, waited)
-            self._sleep(redis, min(wait, remaining))
-            attempt += 1
-
-    def _sleep(self, redis: Any, seconds: float) -> None:
-        if self.kind == "concurrent":
-            store.wait_for_release(redis, self.definition, min(seconds, MAX_BLOCK))
-        else:
-            time.sleep(seconds)
+                raise outcome
+            if outcome.wake_key is None:
+                time.sleep(outcome.seconds)
+            else:
+                redis.blpop([outcome.wake_key], timeout=outcome.seconds)
 
 
 __all__ = ["Limiter", "OverLimit"]

@@ -115,48 +115,63 @@ def state_key(definition: Definition, now: float) -> str:
     return keys.limiter(definition.kind, definition.name)
 
 
-def acquire(
-    redis: Any, definition: Definition, now: float, token: str, *, attempt: int, waited: float
-) -> tuple[bool, float]:
-    """One try: (taken, seconds until room may appear when not taken)."""
+Call = tuple[LuaScript, list[Any], list[Any]]  # a script, its keys and its arguments
+
+
+def acquire_call(
+    definition: Definition, now: float, token: str, *, attempt: int, waited: float
+) -> Call:
+    """One try's script call, built without doing it: the sync and the async
+    ``within_limit`` make the very same call, each on its own connection."""
     name = definition.name
     script_keys = [state_key(definition, now)]
     if definition.kind == "concurrent":
-        script_keys.append(keys.limiter("wake", name))
+        script_keys.append(wake_key(definition))
     script_keys += [keys.limiter("stats", name), keys.LIMITERS]
     finish = interval_bounds(now, definition.period)[1] if definition.kind == "bucket" else 0
     args = [repr(now), definition.limit, repr(definition.period), token, attempt]
     args += [round(waited * 1000), math.ceil(definition.ttl), name, definition.kind, repr(finish)]
-    allowed, wait_ms = ACQUIRE[definition.kind](redis, script_keys, args)
+    return ACQUIRE[definition.kind], script_keys, args
+
+
+def acquire_reply(reply: Any) -> tuple[bool, float]:
+    """What a try's script said: (taken, seconds until room may appear when not taken)."""
+    allowed, wait_ms = reply
     return bool(allowed), int(wait_ms) / 1000
+
+
+def release_call(definition: Definition, token: str, held: float) -> Call:
+    """The script call giving back a concurrent slot held ``held`` seconds."""
+    name = definition.name
+    script_keys = [keys.limiter("holders", name), wake_key(definition), keys.limiter("stats", name)]
+    lock_ms = math.ceil(definition.period * 1000)
+    return RELEASE, script_keys, [token, round(held * 1000), definition.limit, lock_ms]
 
 
 def release(redis: Any, definition: Definition, token: str, held: float) -> bool:
     """Give back a concurrent slot; False when its lock had expired meanwhile."""
-    name = definition.name
-    script_keys = [
-        keys.limiter("holders", name),
-        keys.limiter("wake", name),
-        keys.limiter("stats", name),
-    ]
-    lock_ms = math.ceil(definition.period * 1000)
-    args = [token, round(held * 1000), definition.limit, lock_ms]
-    return bool(RELEASE(redis, script_keys, args))
+    script, script_keys, args = release_call(definition, token, held)
+    return bool(script(redis, script_keys, args))
 
 
-def wait_for_release(redis: Any, definition: Definition, timeout: float) -> None:
-    """Block until a concurrent slot is released or ``timeout`` seconds pass (BLPOP on
-    the wake list: a release pushed while this caller was between its try and its
-    BLPOP is still there, so no release is missed)."""
-    redis.blpop([keys.limiter("wake", definition.name)], timeout=max(0.001, timeout))
+def wake_key(definition: Definition) -> str:
+    """A concurrent limiter's wake list: every release pushes to it, and waiters block on
+    it (BLPOP). A release pushed while a waiter was between its try and its BLPOP is
+    still there when it blocks, so no release is missed."""
+    return keys.limiter("wake", definition.name)
+
+
+def queue_over_limit(pipe: Any, definition: Definition) -> None:
+    """Count a check that gave up (its calls were counted by the scripts), on a sync or
+    an asyncio pipeline the caller then executes."""
+    stats = keys.limiter("stats", definition.name)
+    pipe.hincrby(stats, "over_limit", 1)
+    pipe.expire(stats, math.ceil(definition.ttl))
 
 
 def record_over_limit(redis: Any, definition: Definition) -> None:
-    """Count a check that gave up (its calls were counted by the scripts)."""
-    stats = keys.limiter("stats", definition.name)
     pipe = redis.pipeline(transaction=False)
-    pipe.hincrby(stats, "over_limit", 1)
-    pipe.expire(stats, math.ceil(definition.ttl))
+    queue_over_limit(pipe, definition)
     pipe.execute()
 
 
