@@ -41,14 +41,18 @@ import datetime as dt
 import functools
 import json
 import secrets
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
-from limitd import keys
+from redis import asyncio as redis_asyncio
+
+from limitd import clock, keys
 from limitd.batch.building import building_bid, building_inside
 from limitd.batch.store import (
+    CLOSE,
     EVENTS,
+    OPEN,
     BatchNotOpen,
     BatchStatus,
     NewBatch,
@@ -58,6 +62,7 @@ from limitd.batch.store import (
 )
 from limitd.client import Client, default_client, normalize
 from limitd.payload import Payload, check_args, dumps
+from limitd.redis import loop_twin
 from limitd.registry import registry
 from limitd.spec import JobSpec, current_payload
 from limitd.transactions import hold as transactions
@@ -126,12 +131,17 @@ class Batch:
         self._callbacks[event].append(self._template(callback, options or {}))
         return self
 
+    @property
+    def aio(self) -> AsyncBatchJobs:
+        """This batch's ``jobs()`` for async code: ``async with batch.aio.jobs():``."""
+        return AsyncBatchJobs(self)
+
     @contextmanager
     def jobs(self) -> Iterator[Batch]:
         """Add jobs: every job this thread pushes inside the block joins the batch. The
         batch cannot fire until the block ends, even if the block raises."""
         redis = _client(self._client).redis
-        new = None if self._created else self._new(building_bid())
+        new = self._opening()
         held = transactions.current()
         if held is None:
             open_batch(redis, self.bid, new)
@@ -146,6 +156,11 @@ class Batch:
                 close_batch(redis, self.bid)
             else:
                 held.add(functools.partial(close_batch, redis, self.bid), f"batch {self.bid}")
+
+    def _opening(self) -> NewBatch | None:
+        """What the next ``jobs()`` block writes: the batch itself the first time (the
+        child of the batch being built, if any), nothing after."""
+        return None if self._created else self._new(building_bid())
 
     def _new(self, parent: str | None) -> NewBatch:
         return NewBatch(
@@ -177,6 +192,69 @@ class Batch:
 
     def __repr__(self) -> str:
         return f"<limitd.Batch {self.bid} {self.description!r}>"
+
+
+class AsyncBatchJobs:
+    """``batch.aio``: the batch's ``jobs()`` block for async code."""
+
+    def __init__(self, batch: Batch) -> None:
+        self.batch = batch
+
+    @asynccontextmanager
+    async def jobs(self) -> AsyncIterator[Batch]:
+        """``Batch.jobs()`` for async code: the batch is opened and closed through the
+        event loop's asyncio Redis, and every job pushed inside the block (by this task,
+        awaited or not: ``job.aio.perform_async`` and ``job.perform_async`` alike) joins
+        it. In a database transaction nothing is sent now (the batch is opened, filled
+        and closed after the commit), so the sync block serves as it is."""
+        batch = self.batch
+        if transactions.current() is not None:
+            with batch.jobs():
+                yield batch
+            return
+        redis = loop_twin(_client(batch._client).redis)
+        await _aopen_batch(redis, batch.bid, batch._opening())
+        batch._created = True
+        try:
+            with building_inside(batch.bid):
+                yield batch
+        finally:
+            await _aclose_batch(redis, batch.bid)
+
+
+async def _aopen_batch(redis: redis_asyncio.Redis, bid: str, new: NewBatch | None) -> None:
+    """``limitd.batch.store.open_batch`` on an asyncio client. (Its arguments are
+    repeated here: the store, below the client, has no asyncio form; a test checks
+    the two write the same batch.)"""
+    parent_keys = keys.batch_keys(new.parent) if new and new.parent else []
+    args = [
+        bid,
+        repr(clock.now()),
+        "1" if new else "0",
+        new.description if new else "",
+        int(new.expires_in) if new else 0,
+        keys.BATCH_CHILD_PREFIX + bid,
+        (new.parent or "") if new else "",
+        json.dumps(parent_keys) if parent_keys else "",
+        *(_callbacks_json(new, event) for event in EVENTS),
+    ]
+    opened = await OPEN.acall(redis, [*keys.batch_keys(bid), keys.BATCHES, *parent_keys], args)
+    if opened == 0:
+        raise BatchNotOpen(f"batch {bid} has already completed: no jobs can be added to it")
+    if opened == -1:
+        raise BatchNotOpen(f"batch {bid} does not exist (never created, or expired)")
+
+
+def _callbacks_json(new: NewBatch | None, event: str) -> str:
+    entries = new.callbacks.get(event) if new else None
+    return json.dumps(entries) if entries else ""
+
+
+async def _aclose_batch(redis: redis_asyncio.Redis, bid: str) -> None:
+    """``limitd.batch.store.close_batch`` on an asyncio client."""
+    await CLOSE.acall(
+        redis, [*keys.batch_keys(bid), keys.QUEUES], [repr(clock.now()), keys.WAKE_CHANNEL]
+    )
 
 
 def _spec_of(callback: Any) -> JobSpec | None:
