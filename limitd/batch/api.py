@@ -205,7 +205,9 @@ class AsyncBatchJobs:
         """``Batch.jobs()`` for async code: the batch is opened and closed through the
         event loop's asyncio Redis, and every job pushed inside the block (by this task,
         awaited or not: ``job.aio.perform_async`` and ``job.perform_async`` alike) joins
-        it. In a database transaction nothing is sent now (the batch is opened, filled
+        it. The batch id is a context variable, so tasks started inside the block carry
+        it too: await them before the block ends, or their pushes join a batch that may
+        have fired. In a database transaction nothing is sent now (the batch is opened, filled
         and closed after the commit), so the sync block serves as it is."""
         batch = self.batch
         if transactions.current() is not None:
