@@ -19,7 +19,10 @@ waiting job go.
 
 Nothing is fetched ahead of need: a call asks for as many jobs as processors are
 waiting, so a job counted busy under a limit is one about to run, and other capsules are
-not starved of it. Finished jobs are settled by the next call.
+not starved of it. The exception is a capsule running async jobs: while its event loop
+has room, a call also asks for ``extra`` jobs (see ``limitd.supervisor.async_lane``),
+which wait in the ready list for a processor to pass them on. Finished jobs are settled
+by the next call.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import redis as redis_py
 
@@ -80,6 +83,10 @@ class Dispatcher:
         self._closed = False
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="limitd-dispatcher", daemon=True)
+        # Jobs to fetch per call beyond the waiting processors' (the capsule's event loop
+        # has room: processors hand it async jobs in microseconds, so fetching one per
+        # processor per call would make the call the cost of every async job).
+        self.extra: Callable[[], int] = _none
 
     @property
     def block_seconds(self) -> float:
@@ -144,7 +151,7 @@ class Dispatcher:
         with self._mutex:
             self._news = 0
             finished, self._finished = self._finished, []
-            want = 1 + len(self._idle) - len(self._ready)
+            want = 1 + len(self._idle) - len(self._ready) + self.extra()
         units: Sequence[UnitOfWork] = []
         crashed = True  # until the call returns or fails as Redis calls may
         try:
@@ -265,6 +272,8 @@ class Dispatcher:
                 finished, self._finished = self._finished, []
                 self._news = 0
                 want = 0 if closed else len(self._idle) - len(self._ready)
+                if want > 0:
+                    want += self.extra()
                 calling = self._calling = bool(finished) or want > 0
         if calling:
             try:
@@ -337,3 +346,8 @@ class Dispatcher:
             log.error(
                 "could not settle %d / requeue %d jobs at stop: %s", len(finished), len(ready), exc
             )
+
+
+def _none() -> int:
+    """No extra jobs per call: the default, for capsules without async jobs."""
+    return 0

@@ -40,10 +40,12 @@ log = logging.getLogger("limitd.async")
 
 DEFAULT_ASYNC_CONCURRENCY = 100
 DEFAULT_BLOCK_WARNING = 1.0
-SLOT_WAIT = 0.5  # a processor waiting for a slot looks up this often to see a stop
+SLOT_WAIT = 0.5
+FETCH_AHEAD = 50  # jobs a fetch call may take for the loop beyond the threads' own
+ACTIVE_SECONDS = 1.0  # a processor waiting for a slot looks up this often to see a stop
 
-# Hands a finished job over for acknowledgement (with its deferred calls made).
-Settle = Callable[[UnitOfWork], Awaitable[None]]
+# Hands a finished job over for acknowledgement; returns an awaitable when that is I/O.
+Settle = Callable[[UnitOfWork], "Awaitable[None] | None"]
 
 
 @dataclass(eq=False)
@@ -71,7 +73,14 @@ class AsyncLane:
         self.size = size
         self._settle = settle
         self._block_warning = block_warning
-        self._slots = threading.BoundedSemaphore(size)
+        # Free slots, and the jobs posted to the loop, under one lock: a processor takes
+        # a slot and posts in one step, the loop frees slots as jobs end.
+        self._room = threading.Condition(threading.Lock())
+        self._free = size
+        self._waiting = 0  # processors waiting for a slot: only then is a free one told
+        self._inbox: list[_Entry] = []
+        self._woken = False
+        self._last_post = 0.0
         self._entries: dict[int, _Entry] = {}  # id(unit) -> entry; written by both sides
         self._abandoned = threading.Event()  # hard stop: start nothing more
         self._stopped = threading.Event()
@@ -81,9 +90,6 @@ class AsyncLane:
         self._loop.set_default_executor(
             concurrent.futures.ThreadPoolExecutor(size + 4, f"limitd-{name}-async-worker")
         )
-        self._inbox: list[_Entry] = []
-        self._inbox_lock = threading.Lock()
-        self._woken = False
         self._pulse = clock.monotonic()
         self._thread = threading.Thread(
             target=self._run_loop, name=f"limitd-{name}-async", daemon=True
@@ -103,28 +109,33 @@ class AsyncLane:
         self._entries[id(unit)] = entry
         started = False
         try:
-            while not self._slots.acquire(timeout=SLOT_WAIT):
+            with self._room:
+                while not self._free and not self._abandoned.is_set():
+                    self._waiting += 1
+                    try:
+                        self._room.wait(SLOT_WAIT)
+                    finally:
+                        self._waiting -= 1
                 if self._abandoned.is_set():
                     return
-            if self._abandoned.is_set():
-                self._slots.release()
-                return
-            self._post(entry)
+                self._free -= 1
+                self._inbox.append(entry)
+                self._last_post = clock.monotonic()
+                wake, self._woken = not self._woken, True
             started = True
+            if wake:  # the first of a batch: later ones find the loop already woken
+                self._loop.call_soon_threadsafe(self._take_inbox)
         finally:
             if not started:
                 self._entries.pop(id(unit), None)
 
-    def _post(self, entry: _Entry) -> None:
-        """Into the loop's inbox. Only the first entry of a batch wakes the loop: a wake-up
-        is a write to its self-pipe and a turn of the loop, and under load processors
-        post faster than the loop turns."""
-        with self._inbox_lock:
-            self._inbox.append(entry)
-            wake = not self._woken
-            self._woken = True
-        if wake:
-            self._loop.call_soon_threadsafe(self._take_inbox)
+    def room_to_fetch(self) -> int:
+        """How many more jobs the fetch may take for the loop: its free slots, at most
+        ``FETCH_AHEAD``, and none unless it took an async job in the last second (a
+        capsule whose jobs are all sync now fetches only for its threads)."""
+        if clock.monotonic() - self._last_post > ACTIVE_SECONDS:
+            return 0
+        return max(0, min(self._free - len(self._inbox), FETCH_AHEAD))
 
     def held(self) -> list[UnitOfWork]:
         """Every unit the lane holds in Redis (see the module docstring)."""
@@ -141,6 +152,8 @@ class AsyncLane:
         """Hard stop, step one: start nothing more and return every held job, for the
         capsule to requeue before :meth:`cancel` ends the tasks."""
         self._abandoned.set()
+        with self._room:
+            self._room.notify_all()
         return self.held()
 
     def cancel(self) -> None:
@@ -187,7 +200,7 @@ class AsyncLane:
             self._loop.call_later(self._block_warning / 4, self._beat)
 
     def _take_inbox(self) -> None:
-        with self._inbox_lock:
+        with self._room:
             entries, self._inbox = self._inbox, []
             self._woken = False
         for entry in entries:
@@ -198,14 +211,19 @@ class AsyncLane:
         unit = entry.unit
         try:
             await self.executor.execute_async(unit, entry.payload, entry.spec)
-            await self._settle(unit)
+            settling = self._settle(unit)
+            if settling is not None:
+                await settling
         except asyncio.CancelledError:
             pass  # a hard stop requeued it: nothing to record
         except Exception as exc:
             await self._give_back(unit, exc)
         finally:
             self._entries.pop(id(unit), None)
-            self._slots.release()
+            with self._room:
+                self._free += 1
+                if self._waiting:
+                    self._room.notify()
 
     async def _give_back(self, unit: UnitOfWork, error: Exception) -> None:
         """Its outcome could not be recorded: requeue it (counted as a recovery) rather

@@ -24,7 +24,7 @@ import os
 import socket
 import threading
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import redis as redis_py
 
@@ -256,6 +256,8 @@ class Capsule:
             block_warning=self.config.async_block_warning,
         )
         self.executor.hand_off = lane.submit
+        if self.dispatcher is not None:
+            self.dispatcher.extra = lane.room_to_fetch
         bridged = self.executor.chain.without_acall()
         if bridged:
             log.warning(
@@ -265,13 +267,13 @@ class Capsule:
             )
         return lane
 
-    async def _settle_async(self, unit: UnitOfWork) -> None:
+    def _settle_async(self, unit: UnitOfWork) -> Awaitable[None] | None:
         """An async job finished: the limit fetch settles it with its next call; the
-        basic fetch has nothing to settle but deferred calls, made off the loop."""
+        basic fetch acknowledges at once, off the loop."""
         if self.dispatcher is not None:
             self.dispatcher.settle_later(unit)
-        else:
-            await asyncio.to_thread(unit.acknowledge)
+            return None
+        return asyncio.to_thread(unit.acknowledge)
 
     def _build_fetch(self) -> LimitFetch | BasicFetch:
         if self.config.fetch == "basic":
