@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from redis import asyncio as redis_asyncio
@@ -138,6 +138,15 @@ class BatchProgress:
         self, spec: JobSpec, payload: Payload, queue: str, call_next: Callable[[], Any]
     ) -> Any:
         return call_next()
+
+    async def acall(
+        self,
+        spec: JobSpec,
+        payload: Payload,
+        queue: str,
+        call_next: Callable[[], Awaitable[Any]],
+    ) -> Any:
+        return await call_next()  # its work is in ``settled``, sent with the ack
 
     def settled(
         self,

@@ -30,7 +30,7 @@ import hashlib
 import json
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from redis import asyncio as redis_asyncio
@@ -39,7 +39,7 @@ from limitd import clock, keys, options
 from limitd.aio.client_chain import AsyncPushNext, acall_next_or_undo, arun
 from limitd.middleware.chain import call_next_or_undo
 from limitd.payload import Payload
-from limitd.redis import LuaScript, ScriptCall
+from limitd.redis import LuaScript, ScriptCall, loop_twin
 from limitd.spec import JobSpec
 
 log = logging.getLogger("limitd.unique")
@@ -181,6 +181,18 @@ class UniqueRelease:
         if payload.get(LOCK_FIELD) and _policy(payload) == "executing":
             release(self.redis, payload)
         return call_next()
+
+    async def acall(
+        self,
+        spec: JobSpec,
+        payload: Payload,
+        queue: str,
+        call_next: Callable[[], Awaitable[Any]],
+    ) -> Any:
+        """The same for an async job, on the loop's twin of the capsule's Redis."""
+        if payload.get(LOCK_FIELD) and _policy(payload) == "executing":
+            await arelease(loop_twin(self.redis), payload)
+        return await call_next()
 
     def settled(
         self,
