@@ -13,7 +13,6 @@ import json
 import re
 import threading
 import time
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,16 +20,10 @@ import pytest
 import redis as redis_py
 from redis.asyncio import Redis as AsyncRedis
 from starlette.applications import Starlette
-from starlette.exceptions import StarletteDeprecationWarning
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
-
-with warnings.catch_warnings():
-    # Starlette 1.x warns, at import, that its test client wants httpx2 (not installed:
-    # the dev extra has httpx); the test client works the same with httpx.
-    warnings.simplefilter("ignore", StarletteDeprecationWarning)
-    from starlette.testclient import TestClient
+from starlette.testclient import TestClient
 
 import limitd
 from limitd import keys
