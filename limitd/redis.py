@@ -77,7 +77,10 @@ def async_twin(client: redis.Redis, max_connections: int | None = None) -> redis
     return redis.asyncio.Redis(connection_pool=async_pool)
 
 
-_twins: weakref.WeakKeyDictionary[Any, dict[int, redis.asyncio.Redis]] = (
+# loop -> id(sync client) -> (the client, weakly; its twin). The loop is held weakly: a
+# closed loop takes its twins with it. The client is checked on use, so a new client that
+# got a dropped one's id never finds the dropped one's twin.
+_twins: weakref.WeakKeyDictionary[Any, dict[int, tuple[weakref.ref[Any], redis.asyncio.Redis]]] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -86,11 +89,12 @@ def loop_twin(client: redis.Redis) -> redis.asyncio.Redis:
     """The running event loop's asyncio twin of ``client``, built on first use and kept
     as long as the loop lives: async job code and the async client share it, and a new
     loop (each ``asyncio.run``) gets its own."""
-    loop = asyncio.get_running_loop()
-    per_loop = _twins.setdefault(loop, {})
-    twin = per_loop.get(id(client))
-    if twin is None:
-        twin = per_loop[id(client)] = async_twin(client)
+    per_loop = _twins.setdefault(asyncio.get_running_loop(), {})
+    known = per_loop.get(id(client))
+    if known is not None and known[0]() is client:
+        return known[1]
+    twin = async_twin(client)
+    per_loop[id(client)] = (weakref.ref(client), twin)
     return twin
 
 
@@ -136,6 +140,15 @@ class ScriptCall:
 
     def run(self, conn: Any) -> Any:
         reply = self.script(conn, self.keys, self.all_args())
+        if self.shared is not None:
+            reply = reply[0]
+        if self.on_reply is not None:
+            self.on_reply(reply)
+        return reply
+
+    async def arun(self, conn: redis.asyncio.Redis) -> Any:
+        """:meth:`run` on an asyncio client."""
+        reply = await self.script.acall(conn, self.keys, self.all_args())
         if self.shared is not None:
             reply = reply[0]
         if self.on_reply is not None:

@@ -20,7 +20,7 @@ in the same order, each in one of two ways:
   This costs a thread hop per such middleware and push.
 
 This module sits in the middleware layer: the middleware import its helpers
-(:func:`acall_next_or_undo`, :func:`arun`, :func:`arun_all`) for their ``acall``.
+(:func:`acall_next_or_undo`, :func:`arun_all`) for their ``acall``.
 """
 
 from __future__ import annotations
@@ -151,16 +151,6 @@ async def acall_next_or_undo(
     if pushed is None:
         await undo()
     return pushed
-
-
-async def arun(call: ScriptCall, conn: redis.asyncio.Redis) -> Any:
-    """``ScriptCall.run`` on an asyncio client."""
-    reply = await call.script.acall(conn, call.keys, call.all_args())
-    if call.shared is not None:
-        reply = reply[0]
-    if call.on_reply is not None:
-        call.on_reply(reply)
-    return reply
 
 
 async def arun_all(conn: redis.asyncio.Redis, calls: Sequence[ScriptCall]) -> list[Any]:

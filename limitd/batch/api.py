@@ -45,19 +45,18 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
-from redis import asyncio as redis_asyncio
-
-from limitd import clock, keys
+from limitd import keys
 from limitd.batch.building import building_bid, building_inside
 from limitd.batch.store import (
-    CLOSE,
     EVENTS,
-    OPEN,
     BatchNotOpen,
     BatchStatus,
     NewBatch,
+    check_opened,
     close_batch,
+    close_call,
     open_batch,
+    open_call,
     read_status,
 )
 from limitd.client import Client, default_client, normalize
@@ -215,48 +214,13 @@ class AsyncBatchJobs:
                 yield batch
             return
         redis = loop_twin(_client(batch._client).redis)
-        await _aopen_batch(redis, batch.bid, batch._opening())
+        check_opened(batch.bid, await open_call(batch.bid, batch._opening()).arun(redis))
         batch._created = True
         try:
             with building_inside(batch.bid):
                 yield batch
         finally:
-            await _aclose_batch(redis, batch.bid)
-
-
-async def _aopen_batch(redis: redis_asyncio.Redis, bid: str, new: NewBatch | None) -> None:
-    """``limitd.batch.store.open_batch`` on an asyncio client. (Its arguments are
-    repeated here: the store, below the client, has no asyncio form; a test checks
-    the two write the same batch.)"""
-    parent_keys = keys.batch_keys(new.parent) if new and new.parent else []
-    args = [
-        bid,
-        repr(clock.now()),
-        "1" if new else "0",
-        new.description if new else "",
-        int(new.expires_in) if new else 0,
-        keys.BATCH_CHILD_PREFIX + bid,
-        (new.parent or "") if new else "",
-        json.dumps(parent_keys) if parent_keys else "",
-        *(_callbacks_json(new, event) for event in EVENTS),
-    ]
-    opened = await OPEN.acall(redis, [*keys.batch_keys(bid), keys.BATCHES, *parent_keys], args)
-    if opened == 0:
-        raise BatchNotOpen(f"batch {bid} has already completed: no jobs can be added to it")
-    if opened == -1:
-        raise BatchNotOpen(f"batch {bid} does not exist (never created, or expired)")
-
-
-def _callbacks_json(new: NewBatch | None, event: str) -> str:
-    entries = new.callbacks.get(event) if new else None
-    return json.dumps(entries) if entries else ""
-
-
-async def _aclose_batch(redis: redis_asyncio.Redis, bid: str) -> None:
-    """``limitd.batch.store.close_batch`` on an asyncio client."""
-    await CLOSE.acall(
-        redis, [*keys.batch_keys(bid), keys.QUEUES], [repr(clock.now()), keys.WAKE_CHANNEL]
-    )
+            await close_call(batch.bid).arun(redis)
 
 
 def _spec_of(callback: Any) -> JobSpec | None:

@@ -46,6 +46,12 @@ class NewBatch:
 
 def open_batch(redis: Any, bid: str, new: NewBatch | None = None) -> None:
     """Count one more open block; create the batch first when ``new`` describes it."""
+    check_opened(bid, open_call(bid, new).run(redis))
+
+
+def open_call(bid: str, new: NewBatch | None = None) -> ScriptCall:
+    """:func:`open_batch` as a call, for a sync or an asyncio client; its reply goes to
+    :func:`check_opened`."""
     parent_keys = keys.batch_keys(new.parent) if new and new.parent else []
     args = [
         bid,
@@ -58,7 +64,10 @@ def open_batch(redis: Any, bid: str, new: NewBatch | None = None) -> None:
         json.dumps(parent_keys) if parent_keys else "",
         *(_callbacks_json(new, event) for event in EVENTS),
     ]
-    opened = OPEN(redis, [*keys.batch_keys(bid), keys.BATCHES, *parent_keys], args)
+    return OPEN.later([*keys.batch_keys(bid), keys.BATCHES, *parent_keys], args)
+
+
+def check_opened(bid: str, opened: Any) -> None:
     if opened == 0:
         raise BatchNotOpen(f"batch {bid} has already completed: no jobs can be added to it")
     if opened == -1:
@@ -67,7 +76,11 @@ def open_batch(redis: Any, bid: str, new: NewBatch | None = None) -> None:
 
 def close_batch(redis: Any, bid: str) -> None:
     """End one open block; the last one lets the batch fire."""
-    CLOSE(redis, [*keys.batch_keys(bid), keys.QUEUES], [repr(clock.now()), keys.WAKE_CHANNEL])
+    close_call(bid).run(redis)
+
+
+def close_call(bid: str) -> ScriptCall:
+    return CLOSE.later([*keys.batch_keys(bid), keys.QUEUES], [repr(clock.now()), keys.WAKE_CHANNEL])
 
 
 def add_jobs(redis: Any, bid: str, jids: Sequence[str]) -> int:

@@ -38,7 +38,7 @@ from typing import Any, cast
 from redis import asyncio as redis_asyncio
 
 from limitd import clock, keys, options
-from limitd.aio.client_chain import AsyncPushNext, arun, arun_all
+from limitd.aio.client_chain import AsyncPushNext, arun_all
 from limitd.payload import Payload
 from limitd.redis import LuaScript, ScriptCall
 from limitd.spec import JobSpec
@@ -163,7 +163,7 @@ class FairTenant:
             return await call_next(payload)
         call = self._pending(spec, payload)
         if call is not None:
-            self._route_by(payload, await arun(call, redis))
+            self._route_by(payload, await call.arun(redis))
         payload.pop("fair_tenant_queues", None)
         return await call_next(payload)
 

@@ -36,7 +36,7 @@ from typing import Any
 from redis import asyncio as redis_asyncio
 
 from limitd import clock, keys, options
-from limitd.aio.client_chain import AsyncPushNext, acall_next_or_undo, arun
+from limitd.aio.client_chain import AsyncPushNext, acall_next_or_undo
 from limitd.middleware.chain import call_next_or_undo
 from limitd.payload import Payload
 from limitd.redis import LuaScript, ScriptCall, loop_twin
@@ -88,7 +88,7 @@ def release(redis: Any, payload: Payload) -> bool:
 async def arelease(redis: redis_asyncio.Redis, payload: Payload) -> bool:
     """:func:`release` on an asyncio client."""
     call = release_call(payload)
-    return bool(await arun(call, redis)) if call is not None else False
+    return bool(await call.arun(redis)) if call is not None else False
 
 
 def release_call(payload: Payload) -> ScriptCall | None:
@@ -127,7 +127,7 @@ class UniqueJobs:
         if not payload.get("unique_for"):
             return await call_next(payload)
         call = self._lock_for(payload)
-        if not self._locked(payload, call, await arun(call, redis)):
+        if not self._locked(payload, call, await call.arun(redis)):
             return None
         return await acall_next_or_undo(call_next, payload, lambda: arelease(redis, payload))
 
