@@ -217,6 +217,10 @@ class Capsule:
     def busy(self) -> int:
         return len(self.work())
 
+    def capacity(self) -> int:
+        """Jobs it can run at once: its threads, plus its event loop's slots."""
+        return self.config.concurrency + (self.lane.size if self.lane is not None else 0)
+
     def work(self) -> list[WorkItem]:
         with self._lock:
             processors = list(self._processors)

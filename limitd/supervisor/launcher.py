@@ -85,7 +85,7 @@ class Launcher:
             config.name,
             config.tag,
             self.capsule.busy(),
-            config.concurrency,
+            self.capsule.capacity(),
             self.capsule.order.names,
             quiet=self.capsule.record.quiet,
         )
