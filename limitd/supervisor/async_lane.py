@@ -135,7 +135,7 @@ class AsyncLane:
         capsule whose jobs are all sync now fetches only for its threads)."""
         if clock.monotonic() - self._last_post > ACTIVE_SECONDS:
             return 0
-        return max(0, min(self._free - len(self._inbox), FETCH_AHEAD))
+        return min(self._free, FETCH_AHEAD)  # slots of posted jobs are taken already
 
     def held(self) -> list[UnitOfWork]:
         """Every unit the lane holds in Redis (see the module docstring)."""
