@@ -60,21 +60,28 @@ _ASYNC_CONNECTIONS = {
 }
 
 
-def async_twin(client: redis.Redis, max_connections: int | None = None) -> redis.asyncio.Redis:
+def async_twin(client: redis.Redis, max_connections: int = 100) -> redis.asyncio.Redis:
     """An asyncio client for the server ``client`` talks to, with its settings (address,
     database, password, timeouts). Async code must not share a sync client's sockets, and
     building from the client rather than a URL keeps the two on the same server whatever
     located it. Asyncio clients belong to the event loop that first uses them: build one
-    per loop."""
+    per loop.
+
+    Its pool blocks: a thousand async jobs on one loop, each with a Redis call to make,
+    wait their turn for one of ``max_connections`` instead of failing (redis-py's plain
+    asyncio pool raises past its cap) or opening a thousand sockets."""
     pool = client.connection_pool
     kind = _ASYNC_CONNECTIONS.get(pool.connection_class)
     if kind is None:
         raise TypeError(f"no asyncio connection for {pool.connection_class.__name__}")
     settings = {k: v for k, v in pool.connection_kwargs.items() if k not in _SYNC_ONLY}
-    async_pool = redis.asyncio.ConnectionPool(
-        connection_class=kind, max_connections=max_connections, **settings
+    async_pool = redis.asyncio.BlockingConnectionPool(
+        connection_class=kind, max_connections=max_connections, timeout=TWIN_WAIT, **settings
     )
     return redis.asyncio.Redis(connection_pool=async_pool)
+
+
+TWIN_WAIT = 20.0  # seconds a call waits for a free connection of a twin's pool
 
 
 # loop -> id(sync client) -> (the client, weakly; its twin). The loop is held weakly: a

@@ -32,6 +32,7 @@ from limitd.aio.client import AsyncClient
 from limitd.batch.api import AsyncBatchJobs
 from limitd.embedded import RedisServer
 from limitd.middleware import ClientChain
+from limitd.redis import loop_twin
 from limitd.supervisor import Capsule, CapsuleConfig
 from limitd.transactions import hold
 from limitd.unique import middleware as unique
@@ -557,3 +558,16 @@ def test_a_starlette_endpoint_enqueues_with_await(redis: redis_py.Redis) -> None
         (first, 1),
         (second, 2),
     ]
+
+
+def test_a_thousand_tasks_share_the_loops_pool_without_failing(redis: redis_py.Redis) -> None:
+    """More tasks than connections wait for one: redis-py's plain asyncio pool would
+    raise MaxConnectionsError past its cap."""
+
+    async def many() -> list[str | None]:
+        jids = await asyncio.gather(*(send.aio.perform_async(i, "x") for i in range(1000)))
+        await loop_twin(redis).connection_pool.disconnect()
+        return list(jids)
+
+    jids = asyncio.run(many())
+    assert all(jids) and redis.llen("queue:webhooks") == 1000
