@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import io
 import logging
 import sys
 import threading
@@ -178,9 +177,8 @@ class AsyncLane:
             task = entry.task
             if task is None:
                 continue
-            stack = io.StringIO()
-            task.print_stack(file=stack)
-            log.warning("async task %s\n%s", task.get_name(), stack.getvalue())
+            stack = "".join(coroutine_stack(task.get_coro()).format())
+            log.warning("async task %s\n%s", task.get_name(), stack or "(not started)\n")
 
     # -- on the loop --------------------------------------------------------------
 
@@ -268,3 +266,16 @@ class AsyncLane:
             task.get_name() if task is not None else "no job (limitd's own code)",
             where,
         )
+
+
+def coroutine_stack(coro: object) -> traceback.StackSummary:
+    """Where a suspended coroutine waits, outermost first, down the chain of what each
+    awaits. (A task's own ``print_stack`` shows only the outermost coroutine, which here
+    is always the lane's wrapper, never the job's line.)"""
+    frames = []
+    while coro is not None:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is not None:
+            frames.append((frame, frame.f_lineno))
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    return traceback.StackSummary.extract(frames)

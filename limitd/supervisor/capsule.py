@@ -195,7 +195,7 @@ class Capsule:
             unit = self.fetch.try_retrieve(finished)  # also settles the finished one
             if unit is None:
                 break
-            outcomes[self.executor.execute(unit)] += 1
+            outcomes[self.executor.execute(unit, inline=True)] += 1
             finished = unit
         self.stats.flush(self.redis)
         return outcomes
@@ -215,7 +215,12 @@ class Capsule:
             return len(self._processors)
 
     def busy(self) -> int:
-        return len(self.work())
+        """Jobs running now, counted without listing them (the process title asks often,
+        and a busy loop holds a thousand)."""
+        with self._lock:
+            threads = sum(1 for p in self._processors if p.current is not None)
+        on_loop = self.lane.busy() if self.lane is not None else 0
+        return min(threads + on_loop, self.capacity())  # a thread waiting for a slot is both
 
     def capacity(self) -> int:
         """Jobs it can run at once: its threads, plus its event loop's slots."""

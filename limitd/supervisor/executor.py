@@ -74,15 +74,17 @@ class JobExecutor:
         self.jobs = jobs
         self.max_recoveries = max_recoveries
 
-    def execute(self, unit: UnitOfWork) -> str:
+    def execute(self, unit: UnitOfWork, *, inline: bool = False) -> str:
         """Run ``unit`` and return its outcome. A job that cannot be decoded, or that was
         given back ``max_recoveries`` times without completing, is buried, not run. An
         async job goes to ``hand_off`` (the capsule's event loop) when there is one, and
-        the outcome is ``HANDED_OFF``: the loop runs it and settles it."""
+        the outcome is ``HANDED_OFF``: the loop runs it and settles it. With ``inline``
+        (a drain, whose caller settles every unit itself) it runs here on a loop of its
+        own instead."""
         payload, outcome = self._admit(unit)
         if outcome is None:
             spec = self.jobs.resolve(payload["class"])
-            if spec is not None and spec.is_async and self.hand_off is not None:
+            if spec is not None and spec.is_async and self.hand_off is not None and not inline:
                 self.hand_off(unit, payload, spec)
                 return HANDED_OFF
             outcome = self._execute(unit, payload, spec)
