@@ -9,6 +9,7 @@ import os
 import time
 
 import redis.asyncio as aioredis
+import tally
 from bench_counter import COUNTER_KEY, incr
 
 import limitd
@@ -40,10 +41,16 @@ def _loop_client() -> aioredis.Redis:
 @limitd.job(name="bench.WaitIO", queue=QUEUE)
 async def wait_io(i: int) -> None:
     await asyncio.sleep(WAIT_SECONDS)
-    await _loop_client().incr(COUNTER_KEY)
+    if tally.incr_in_job():
+        await _loop_client().incr(COUNTER_KEY)
+    else:
+        tally.done()
 
 
 @limitd.job(name="bench.WaitIOSync", queue=QUEUE)
 def wait_io_sync(i: int) -> None:
     time.sleep(WAIT_SECONDS)
-    incr()
+    if tally.incr_in_job():
+        incr()
+    else:
+        tally.done()
