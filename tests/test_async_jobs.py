@@ -13,6 +13,7 @@ import json
 import logging
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -24,7 +25,6 @@ from limitd import keys
 from limitd.limiters.limiter import OverLimit
 from limitd.middleware import ServerChain
 from limitd.middleware.defaults import default_server_chain
-from limitd.registry import registry
 from limitd.supervisor import Capsule, CapsuleConfig
 from limitd.unique import middleware as unique
 from tests.helpers import wait_for
@@ -192,29 +192,6 @@ async def polite() -> None:
 @limitd.job(name="async_test.Stacked")
 async def stacked_job_body(n: int) -> None:
     await held(n)
-
-
-# A capsule builds an event loop whenever the registry holds an async job, and one that
-# is never started (the drain-only capsules of other test modules) never closes it: the
-# loop and its self-pipe sockets then leak, which ``filterwarnings = error`` turns into
-# errors in whichever test collects them (see the report of issue 19). So this module's
-# async jobs are in the registry only while its own tests run.
-ASYNC_SPECS = [
-    spec
-    for name in registry.names()
-    if name.startswith("async_test.") and (spec := registry.resolve(name)) and spec.is_async
-]
-for _spec in ASYNC_SPECS:
-    registry._jobs.pop(_spec.name)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _async_jobs_registered() -> Iterator[None]:
-    for spec in ASYNC_SPECS:
-        registry.register(spec)
-    yield
-    for spec in ASYNC_SPECS:
-        registry._jobs.pop(spec.name, None)
 
 
 @pytest.fixture(autouse=True)
@@ -499,13 +476,9 @@ def test_task_stacks_name_the_async_job_and_its_function(
 
 
 @pytest.fixture
-def unstarted(redis: redis_py.Redis) -> Iterator[Capsule]:
-    """A capsule only drained, never started: its lane's loop is closed here, as
-    nothing in limitd closes it (see ASYNC_SPECS)."""
-    capsule = Capsule(CapsuleConfig(), redis=redis)
-    yield capsule
-    if capsule.lane is not None:
-        capsule.lane._loop.close()
+def unstarted(redis: redis_py.Redis) -> Capsule:
+    """A capsule only drained, never started."""
+    return Capsule(CapsuleConfig(), redis=redis)
 
 
 def test_drain_runs_async_and_sync_jobs_in_the_calling_thread(unstarted: Capsule, redis) -> None:
@@ -576,12 +549,6 @@ def test_a_middleware_without_acall_wraps_async_jobs(
     assert meter.seen == [("async", 1)], "the stopped job did not run"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Capsule.work() lists a processor blocked in AsyncLane.submit (waiting for a "
-    "loop slot) as a running thread: with the loop full, busy() is async_concurrency + "
-    "concurrency (52), though only 50 jobs run",
-)
 def test_jobs_waiting_for_a_loop_slot_are_not_counted_as_running(capsules: Capsules, redis) -> None:
     capsule = capsules.start(concurrency=2, async_concurrency=50)
     gated.perform_bulk([[n] for n in range(60)])
@@ -594,18 +561,14 @@ def test_jobs_waiting_for_a_loop_slot_are_not_counted_as_running(capsules: Capsu
 # A capsule that is never started.
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="AsyncLane creates its event loop in __init__ and closes it only when its "
-    "thread ends: a capsule built and never started (one only drained) leaves the loop "
-    "and its self-pipe sockets open (a ResourceWarning when collected)",
-)
-def test_a_capsule_never_started_leaves_no_event_loop_open(redis) -> None:
+def test_a_capsule_never_started_opens_no_event_loop(redis) -> None:
+    """Drained capsules (tests, scripts) never start their lane: nothing may be left
+    open for the collector to warn about."""
     capsule = Capsule(CapsuleConfig(), redis=redis)
     assert capsule.lane is not None
-    loop = capsule.lane._loop
-    del capsule
-    gc.collect()
-    closed = loop.is_closed()
-    loop.close()  # so that the leak does not fail some later test
-    assert closed
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        capsule.drain()
+        del capsule
+        gc.collect()
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)]

@@ -83,12 +83,10 @@ class AsyncLane:
         self._entries: dict[int, _Entry] = {}  # id(unit) -> entry; written by both sides
         self._abandoned = threading.Event()  # hard stop: start nothing more
         self._stopped = threading.Event()
-        self._loop = asyncio.new_event_loop()
-        # Middleware without ``acall`` hold a worker thread per running job (see
-        # ``ServerChain.ainvoke``): the default pool of a few threads would cap the lane.
-        self._loop.set_default_executor(
-            concurrent.futures.ThreadPoolExecutor(size + 4, f"limitd-{name}-async-worker")
-        )
+        self._name = name
+        # Made by ``start``: a capsule that is only drained never opens a loop to close.
+        self._loop: asyncio.AbstractEventLoop
+        self._started = 0  # jobs running on the loop (not those waiting for a slot)
         self._pulse = clock.monotonic()
         self._thread = threading.Thread(
             target=self._run_loop, name=f"limitd-{name}-async", daemon=True
@@ -98,6 +96,14 @@ class AsyncLane:
         )
 
     def start(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        # Middleware without ``acall`` hold a worker thread per running job (see
+        # ``ServerChain.ainvoke``): the default pool of a few threads would cap the lane.
+        self._loop.set_default_executor(
+            concurrent.futures.ThreadPoolExecutor(
+                self.size + 4, f"limitd-{self._name}-async-worker"
+            )
+        )
         self._thread.start()
         self._watch.start()
 
@@ -145,7 +151,15 @@ class AsyncLane:
         return [(e.unit, e.since) for e in list(self._entries.values()) if e.task is not None]
 
     def busy(self) -> int:
+        """Jobs running on the loop."""
+        return self._started
+
+    def holding(self) -> int:
+        """Jobs the lane holds: running, or handed over and waiting for a slot."""
         return len(self._entries)
+
+    def holds(self, unit: UnitOfWork) -> bool:
+        return id(unit) in self._entries
 
     def abandon(self) -> list[UnitOfWork]:
         """Hard stop, step one: start nothing more and return every held job, for the
@@ -157,7 +171,7 @@ class AsyncLane:
 
     def cancel(self) -> None:
         """Hard stop, step two: cancel the running tasks (their jobs were requeued)."""
-        if self._loop.is_running():
+        if self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._cancel_all)
 
     def stop(self, timeout: float) -> None:
@@ -166,8 +180,9 @@ class AsyncLane:
         while self._entries and clock.monotonic() < deadline:
             self._stopped.wait(0.01)
         self._stopped.set()
-        if self._loop.is_running():
-            self._loop.call_soon_threadsafe(self._loop.stop)
+        if not self._thread.is_alive():
+            return  # never started: no loop was made
+        self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(max(0.0, deadline - clock.monotonic()) + 1.0)
         self._watch.join(1.0)
 
@@ -203,7 +218,9 @@ class AsyncLane:
             self._woken = False
         for entry in entries:
             name = f"{entry.payload.get('class')} jid={entry.payload.get('jid')}"
+            entry.since = clock.now()
             entry.task = self._loop.create_task(self._run(entry), name=name)
+        self._started += len(entries)  # only the loop's thread writes it
 
     async def _run(self, entry: _Entry) -> None:
         unit = entry.unit
@@ -217,6 +234,7 @@ class AsyncLane:
         except Exception as exc:
             await self._give_back(unit, exc)
         finally:
+            self._started -= 1
             self._entries.pop(id(unit), None)
             with self._room:
                 self._free += 1

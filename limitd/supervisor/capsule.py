@@ -218,9 +218,13 @@ class Capsule:
         """Jobs running now, counted without listing them (the process title asks often,
         and a busy loop holds a thousand)."""
         with self._lock:
-            threads = sum(1 for p in self._processors if p.current is not None)
-        on_loop = self.lane.busy() if self.lane is not None else 0
-        return min(threads + on_loop, self.capacity())  # a thread waiting for a slot is both
+            threads = sum(1 for p in self._processors if self._runs_here(p.current))
+        return threads + (self.lane.busy() if self.lane is not None else 0)
+
+    def _runs_here(self, unit: UnitOfWork | None) -> bool:
+        """A processor's unit is its running job, unless it handed it to the loop and
+        waits for a slot (not running anywhere yet)."""
+        return unit is not None and (self.lane is None or not self.lane.holds(unit))
 
     def capacity(self) -> int:
         """Jobs it can run at once: its threads, plus its event loop's slots."""
@@ -232,7 +236,7 @@ class Capsule:
         threads = [
             WorkItem(str(p.ident), unit.queue, unit.job, p.current_since)
             for p in processors
-            if (unit := p.current) is not None
+            if (unit := p.current) is not None and self._runs_here(unit)
         ]
         if self.lane is None:
             return threads
@@ -328,7 +332,7 @@ class Capsule:
         """Until every processor has left and the loop has no job (or the deadline)."""
         while clock.monotonic() < deadline:
             with self._lock:
-                if not self._processors and (self.lane is None or not self.lane.busy()):
+                if not self._processors and (self.lane is None or not self.lane.holding()):
                     return
             threading.Event().wait(JOIN_POLL_SECONDS)
 
