@@ -5,7 +5,7 @@ middleware halt the push, to take the job back out of the batch), then uniquenes
 (keyed on the queue asked for, before fairness may reroute it), then tenant fairness
 (a skipped duplicate is not counted against its tenant). Limiters have only a server
 middleware, innermost, so it sees ``OverLimit`` straight from the job. Limited-capacity
-jobs, periodic jobs, metrics and the outbox have no default middleware (the job
+jobs, periodic jobs, metrics, the outbox and the web dashboard have no default middleware (the job
 metrics middleware is added by its per-process service), so their place is free.
 
 Adding a feature: a folder with its modules and a ``plug`` module describing it as one
@@ -21,8 +21,9 @@ from limitd.metrics.plug import METRICS
 from limitd.outbox.plug import OUTBOX
 from limitd.periodic.plug import PERIODIC
 from limitd.unique.plug import UNIQUE
+from limitd.web.plug import WEB
 
-SHIPPED = (BATCH, UNIQUE, FAIR_TENANT, LIMITERS, CAPACITY, PERIODIC, METRICS, OUTBOX)
+SHIPPED = (BATCH, UNIQUE, FAIR_TENANT, LIMITERS, CAPACITY, PERIODIC, METRICS, OUTBOX, WEB)
 
 for _feature in SHIPPED:
     plugins.register(_feature)

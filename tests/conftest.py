@@ -16,7 +16,8 @@ import redis as redis_py
 import limitd
 from limitd.embedded import RedisServer
 
-pytest_plugins = ("tests.postgres",)  # the postgres_table fixture
+# The postgres_table fixture; the dashboard and browser fixtures (tests/web.py).
+pytest_plugins = ("tests.postgres", "tests.web")
 
 
 @pytest.fixture(scope="session")

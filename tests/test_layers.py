@@ -101,6 +101,7 @@ LAYERS: dict[str, tuple[int, str]] = {
     "limitd.fair_tenant.metrics": (TOP, ""),
     "limitd.metrics.exporter": (TOP, ""),
     "limitd.metrics.process": (TOP, ""),
+    "limitd.web": (TOP, ""),
     "limitd.batch.plug": (TOP, ""),
     "limitd.unique.plug": (TOP, ""),
     "limitd.fair_tenant.plug": (TOP, ""),

@@ -1,0 +1,116 @@
+"""The Queues pages in a real browser, their effect checked in Redis; and the guard
+(CSRF, auth) over plain HTTP."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx2 as httpx
+import redis as redis_py
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+
+import limitd
+import limitd.web.credentials
+import limitd.web.security
+from limitd import keys
+from limitd.api import Queue
+from tests.web import Dashboard, screenshot, wait_until
+
+
+@limitd.job(name="web_test.Echo", queue="echo")
+def echo(*args: object) -> None: ...
+
+
+def row(browser: WebDriver, queue: str) -> object:
+    return browser.find_element(By.CSS_SELECTOR, f'tr[data-queue="{queue}"]')
+
+
+def test_pause_and_resume_a_queue_by_clicking(
+    dashboard: Dashboard, browser: WebDriver, redis: redis_py.Redis, tmp_path: Path
+) -> None:
+    echo.perform_async(1)
+    browser.get(dashboard.url("/queues"))
+    row(browser, "echo").find_element(By.CSS_SELECTOR, "button.pause").click()
+    wait_until(browser, lambda b: "paused" in row(b, "echo").text)
+    assert Queue("echo", redis).paused
+    row(browser, "echo").find_element(By.CSS_SELECTOR, "button.resume").click()
+    wait_until(browser, lambda b: "running" in row(b, "echo").text)
+    assert not Queue("echo", redis).paused
+    screenshot(browser, "queues", tmp_path)
+
+
+def test_set_and_clear_limits_in_the_form(
+    dashboard: Dashboard, browser: WebDriver, redis: redis_py.Redis
+) -> None:
+    echo.perform_async(1)
+    browser.get(dashboard.url("/queues"))
+    form = row(browser, "echo").find_element(By.CSS_SELECTOR, "form.limits")
+    form.find_element(By.NAME, "limit").send_keys("3")
+    form.find_element(By.NAME, "process_limit").send_keys("1")
+    form.find_element(By.CSS_SELECTOR, "button.set-limits").click()
+    wait_until(browser, lambda b: Queue("echo", redis).limit == 3)
+    assert Queue("echo", redis).process_limit == 1
+    form = row(browser, "echo").find_element(By.CSS_SELECTOR, "form.limits")
+    form.find_element(By.NAME, "limit").clear()
+    form.find_element(By.CSS_SELECTOR, "button.set-limits").click()
+    wait_until(browser, lambda b: Queue("echo", redis).limit is None)
+    assert Queue("echo", redis).process_limit == 1
+
+
+def test_a_script_in_job_arguments_shows_as_text(
+    dashboard: Dashboard, browser: WebDriver, redis: redis_py.Redis
+) -> None:
+    echo.perform_async("<script>document.title='owned'</script>", "<b>bold</b>")
+    browser.get(dashboard.url("/queues/echo"))
+    cell = browser.find_element(By.CSS_SELECTOR, "#jobs td.args")
+    assert "<script>document.title='owned'</script>" in cell.text
+    assert browser.title != "owned"
+    assert not browser.find_elements(By.CSS_SELECTOR, "#jobs td.args b")
+
+
+def test_delete_a_queued_job(
+    dashboard: Dashboard, browser: WebDriver, redis: redis_py.Redis
+) -> None:
+    keep, gone = echo.perform_async("keep"), echo.perform_async("gone")
+    browser.get(dashboard.url("/queues/echo"))
+    browser.find_element(By.CSS_SELECTOR, f'tr[data-jid="{gone}"] button.delete').click()
+    browser.switch_to.alert.accept()
+    wait_until(browser, lambda b: not b.find_elements(By.CSS_SELECTOR, f'tr[data-jid="{gone}"]'))
+    left = [entry.jid for entry in Queue("echo", redis)]
+    assert left == [keep]
+
+
+def test_a_post_without_the_csrf_token_is_refused(
+    dashboard: Dashboard, redis: redis_py.Redis
+) -> None:
+    echo.perform_async(1)
+    with httpx.Client() as http:
+        refused = http.post(dashboard.url("/queues/echo/pause"))
+        assert refused.status_code == 403
+        page = http.get(dashboard.url("/queues"))
+        token = page.cookies[limitd.web.security.CSRF_COOKIE]
+        wrong = http.post(dashboard.url("/queues/echo/pause"), data={"csrf": "0" * 64})
+        assert wrong.status_code == 403
+        assert not Queue("echo", redis).paused
+        done = http.post(dashboard.url("/queues/echo/pause"), data={"csrf": token})
+        assert done.status_code == 303
+    assert Queue("echo", redis).paused
+
+
+def test_every_page_asks_for_the_password_when_one_is_set(redis: redis_py.Redis) -> None:
+    credentials = limitd.web.credentials.Credentials("ops", "s3cret")
+    with Dashboard(redis, credentials=credentials) as served, httpx.Client() as http:
+        assert http.get(served.url("/queues")).status_code == 401
+        assert http.get(served.url("/queues"), auth=("ops", "wrong")).status_code == 401
+        assert http.get(served.url("/queues"), auth=("ops", "s3cret")).status_code == 200
+
+
+def test_a_live_refresh_returns_only_the_live_part(
+    dashboard: Dashboard, redis: redis_py.Redis
+) -> None:
+    echo.perform_async(1)
+    with httpx.Client() as http:
+        part = http.get(dashboard.url("/queues"), headers={"X-Limitd-Live": "1"}).text
+    assert 'data-queue="echo"' in part and "<html" not in part
+    assert keys.queue("echo") == "queue:echo"
