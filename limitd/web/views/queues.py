@@ -15,6 +15,7 @@ from limitd.api import Queue, queue_overview
 from limitd.web.forms import optional_count, page_number, require
 from limitd.web.rendering import back, render
 
+ORDER = 20
 NAV = ("/queues", "Queues")
 JOBS_PER_PAGE = 25
 
@@ -70,7 +71,6 @@ async def delete_job(request: Request) -> Response:
 
 
 ROUTES = [
-    Route("/", index, name="home"),
     Route("/queues", index, name="queues"),
     Route("/queues/{name}", show, name="queue"),
     Route("/queues/{name}/pause", pause, methods=["POST"]),
