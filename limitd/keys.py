@@ -37,6 +37,15 @@ def daily_stat(stat_key: str, day: str) -> str:
     return f"{stat_key}:{day}"
 
 
+MINUTE_STAT_TTL = 7200  # seconds a per-minute counter is kept (the dashboard shows an hour)
+
+
+def minute_stat(stat_key: str, minute: int) -> str:
+    """Per-minute counter (``minute`` = epoch seconds // 60), e.g.
+    ``limitd:stat:processed:29405123``; Sidekiq has no such key, hence the prefix."""
+    return f"limitd:{stat_key}:{minute}"
+
+
 def process_work(identity: str) -> str:
     """Hash of what each processor thread of a process is running (Sidekiq 7's ``:work``)."""
     return f"{identity}:work"

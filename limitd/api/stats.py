@@ -9,11 +9,13 @@ are: a dashboard refreshing every second must not cost one round trip per queue.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import datetime as dt
+from collections.abc import Callable
+from typing import Any, cast
 
 import redis as redis_py
 
-from limitd import keys
+from limitd import clock, keys
 from limitd.api.records import JobRecord, _connection, _text
 from limitd.fetch import limits, rates
 
@@ -127,3 +129,42 @@ def _sizes_and_latencies(conn: redis_py.Redis, names: list[str]) -> dict[str, tu
     for name, size, oldest in zip(names, replies[0::2], replies[1::2], strict=True):
         result[name] = (int(size), 0.0 if oldest is None else JobRecord(oldest).latency())
     return result
+
+
+def minute_history(
+    redis: redis_py.Redis | None = None, minutes: int = 60
+) -> list[tuple[float, int, int]]:
+    """(minute start as epoch seconds, processed, failed) for each of the last
+    ``minutes`` minutes, oldest first, the current one last; quiet minutes are zeros.
+    Counts land in the minute their capsule flushed them (every heartbeat). One MGET."""
+    conn = _connection(redis)
+    now_minute = int(clock.now() // 60)
+    span = range(now_minute - minutes + 1, now_minute + 1)
+    return _history(conn, [(m * 60.0, m) for m in span], keys.minute_stat)
+
+
+def daily_history(
+    redis: redis_py.Redis | None = None, days: int = 30
+) -> list[tuple[str, int, int]]:
+    """(UTC day, processed, failed) for each of the last ``days`` days, oldest first,
+    today last, from Sidekiq's per-day keys. One MGET."""
+    conn = _connection(redis)
+    today = dt.datetime.fromtimestamp(clock.now(), dt.timezone.utc).date()
+    names = [(today - dt.timedelta(days=back)).isoformat() for back in range(days - 1, -1, -1)]
+    return _history(conn, [(name, name) for name in names], keys.daily_stat)
+
+
+def _history(
+    conn: redis_py.Redis,
+    points: list[tuple[Any, Any]],
+    key_of: Callable[[str, Any], str],
+) -> list[Any]:
+    stat_keys = [
+        key_of(stat, part) for stat in (keys.STAT_PROCESSED, keys.STAT_FAILED) for _, part in points
+    ]
+    values = cast("list[bytes | None]", conn.mget(stat_keys)) if points else []
+    processed, failed = values[: len(points)], values[len(points) :]
+    return [
+        (label, int(done or 0), int(bad or 0))
+        for (label, _), done, bad in zip(points, processed, failed, strict=True)
+    ]

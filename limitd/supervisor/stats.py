@@ -2,7 +2,8 @@
 
 Counting in Redis on every job would double the commands per job; instead the heartbeat
 flushes the totals every few seconds and the capsule flushes once more when it stops,
-into ``stat:processed`` / ``stat:failed`` and their per-day keys.
+into ``stat:processed`` / ``stat:failed``, their per-day keys, and per-minute keys kept
+for two hours (the dashboard's last hour).
 """
 
 from __future__ import annotations
@@ -35,13 +36,17 @@ class JobStats:
             self._processed = self._failed = 0
         if not processed:
             return
-        day = dt.datetime.fromtimestamp(clock.now(), dt.timezone.utc).strftime("%Y-%m-%d")
+        now = clock.now()
+        day = dt.datetime.fromtimestamp(now, dt.timezone.utc).strftime("%Y-%m-%d")
+        minute = int(now // 60)
         pipe = redis.pipeline(transaction=False)
-        pipe.incrby(keys.STAT_PROCESSED, processed)
-        pipe.incrby(keys.daily_stat(keys.STAT_PROCESSED, day), processed)
-        if failed:
-            pipe.incrby(keys.STAT_FAILED, failed)
-            pipe.incrby(keys.daily_stat(keys.STAT_FAILED, day), failed)
+        for key, count in ((keys.STAT_PROCESSED, processed), (keys.STAT_FAILED, failed)):
+            if not count:
+                continue
+            pipe.incrby(key, count)
+            pipe.incrby(keys.daily_stat(key, day), count)
+            pipe.incrby(keys.minute_stat(key, minute), count)
+            pipe.expire(keys.minute_stat(key, minute), keys.MINUTE_STAT_TTL)
         try:
             pipe.execute()
         except redis_py.RedisError:
