@@ -22,9 +22,12 @@ from limitd.api import (
     SortedEntry,
     Stats,
 )
+from limitd.api.stats import redis_info
+from limitd.api.work import running_jobs
 from limitd.job import JobFunction
 from limitd.payload import MalformedPayload, dumps
 from limitd.retry import DeadSetPolicy, RetryHandler
+from limitd.supervisor.heartbeat import ProcessRecord, WorkItem
 
 START = dt.datetime(2026, 3, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
 T0 = START.timestamp()
@@ -423,3 +426,41 @@ def test_record_of_raw_bytes() -> None:
     record = JobRecord(raw_payload("e" * 24, retry_count="x").encode())
     assert (record.jid, record.retry_count, record.get("missing", 7)) == ("e" * 24, None, 7)
     assert repr(record) == f"<JobRecord jid={'e' * 24} class=api_test.Echo>"
+
+
+def test_redis_info_reads_version_memory_and_clients(redis: redis_py.Redis) -> None:
+    info = redis_info(redis)
+    assert info.version == redis.info("server")["redis_version"]
+    assert info.used_memory_human and info.used_memory_human[-1] in "BKMG"
+    assert info.connected_clients is not None and info.connected_clients >= 1
+    assert set(info.as_dict()) == {
+        "version",
+        "used_memory_human",
+        "connected_clients",
+        "uptime_seconds",
+    }
+
+
+# Running jobs (the process records' work hashes)
+
+
+def test_running_jobs_of_live_processes_longest_running_first(redis: redis_py.Redis) -> None:
+    first = raw_payload("a" * 24, args=["<b>x</b>"], queue="mail").encode()
+    second = raw_payload("b" * 24, args=[2]).encode()
+    records = {
+        "host:1:aa": [WorkItem("11", "mail", first, T0 + 5)],
+        "host:2:bb": [WorkItem("21", "default", second, T0), WorkItem("22", "x", b"{no", T0 + 9)],
+    }
+    for identity, work in records.items():
+        ProcessRecord(identity, {"hostname": "host"}, lambda work=work: work).write(redis)
+    jobs = running_jobs(list(records), redis)
+    assert [(j.identity, j.thread, j.queue, j.run_at) for j in jobs] == [
+        ("host:2:bb", "21", "default", T0),
+        ("host:1:aa", "11", "mail", T0 + 5),
+        ("host:2:bb", "22", "x", T0 + 9),
+    ]
+    assert (jobs[0].jid, jobs[0].klass, jobs[0].args) == ("b" * 24, "api_test.Echo", [2])
+    assert jobs[1].as_dict()["args"] == ["<b>x</b>"]
+    assert jobs[2].job.payload is None and jobs[2].klass is None  # listed, not fatal
+    assert running_jobs([], redis) == []
+    assert running_jobs(["host:gone:cc"], redis) == []

@@ -168,3 +168,40 @@ def _history(
         (label, int(done or 0), int(bad or 0))
         for (label, _), done, bad in zip(points, processed, failed, strict=True)
     ]
+
+
+@dataclasses.dataclass(frozen=True)
+class RedisInfo:
+    """The Redis server at a glance, as Sidekiq's dashboard shows it: its version, the
+    memory it uses (``used_memory_human``, e.g. "1.21M") and its connected clients.
+    None when the server does not say (a proxy may hide INFO fields)."""
+
+    version: str | None
+    used_memory_human: str | None
+    connected_clients: int | None
+    uptime_seconds: int | None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The figures as plain data, for JSON output."""
+        return dataclasses.asdict(self)
+
+
+def redis_info(redis: redis_py.Redis | None = None) -> RedisInfo:
+    """The server's version, memory and clients from one INFO call (its default
+    sections, which are small; ``INFO everything`` would list every client's keyspace)."""
+    info = _connection(redis).info()
+
+    def field(name: str) -> str | None:
+        value = info.get(name)
+        return None if value is None else _text(value) if isinstance(value, bytes) else str(value)
+
+    def count(name: str) -> int | None:
+        value = field(name)
+        return int(value) if value is not None and value.isdigit() else None
+
+    return RedisInfo(
+        version=field("redis_version"),
+        used_memory_human=field("used_memory_human"),
+        connected_clients=count("connected_clients"),
+        uptime_seconds=count("uptime_in_seconds"),
+    )
