@@ -13,9 +13,10 @@ entry retried twice, or by two operators at once, is enqueued once::
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar, Generic, TypeVar
 
 import redis as redis_py
@@ -30,6 +31,43 @@ from limitd.retry.moves import bury_member, enqueue_member
 SET_PAGE = LuaScript("limitd.api", "set_page.lua")
 
 _GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")
+SCAN_COUNT = 1000  # members one ZSCAN call looks at (a hint to Redis)
+SCAN_LIMIT = 20_000  # members a filtered page looks at, at most (see filtered_page)
+
+
+def _glob(text: str) -> str:
+    """A ZSCAN MATCH pattern for members containing ``text``."""
+    return "*" + _GLOB_SPECIAL.sub(r"\\\1", text) + "*"
+
+
+@dataclasses.dataclass(frozen=True)
+class EntryFilter:
+    """Which entries a filtered read keeps: ``name`` is a substring of the job's class,
+    ``text`` a substring of the payload as stored (both case-sensitive; None or empty
+    keeps all). Malformed entries have no class: they never match a name."""
+
+    name: str | None = None
+    text: str | None = None
+
+    @property
+    def active(self) -> bool:
+        return bool(self.name or self.text)
+
+    def pattern(self) -> str:
+        """What Redis matches server-side, so only likely members cross the wire: the
+        text (a substring of the stored bytes by definition), else the name when JSON
+        writes it as is (printable ASCII without quote or backslash)."""
+        if self.text:
+            return _glob(self.text)
+        name = self.name or ""
+        if name.isascii() and name.isprintable() and not {'"', "\\"} & set(name):
+            return _glob(name)
+        return "*"
+
+    def keeps(self, raw: bytes, klass: str | None) -> bool:
+        if self.text and self.text.encode() not in raw:
+            return False
+        return not self.name or self.name in (klass or "")
 
 
 class SortedEntry(JobRecord):
@@ -87,6 +125,17 @@ class PendingEntry(SortedEntry):
 EntryT = TypeVar("EntryT", bound=SortedEntry)
 
 
+@dataclasses.dataclass(frozen=True)
+class FilteredPage(Generic[EntryT]):
+    """One page of the entries a filter keeps. ``matched`` counts the matches found;
+    ``complete`` is False when the scan stopped at its bound: more entries (and more
+    pages) may match than ``matched`` says."""
+
+    entries: list[EntryT]
+    matched: int
+    complete: bool
+
+
 class SortedSet(Generic[EntryT]):
     """A sorted set of payloads scored by epoch seconds. ``dead_policy`` bounds the dead
     set after a kill (default: the one the retry handler uses)."""
@@ -120,19 +169,99 @@ class SortedSet(Generic[EntryT]):
                 yield self._entry(member, float(score), seen)
                 last_score = score
 
-    def find_job(self, jid: str) -> EntryT | None:
-        """The entry with this jid, or None (a server-side ZSCAN match on the jid)."""
-        pattern = "*" + _GLOB_SPECIAL.sub(r"\\\1", jid) + "*"
-        for member, score in self.redis.zscan_iter(self.key, match=pattern, count=1000):
-            entry = self._entry(member, score)
+    def page(self, start: int, count: int, *, ascending: bool = False) -> list[EntryT]:
+        """``count`` entries from the ``start``-th, highest score first (``ascending``:
+        lowest first): one ZREVRANGE (ZRANGE) with scores, however large the set (a
+        dashboard's page ``n`` of the dead set)."""
+        if count <= 0:
+            return []
+        read = self.redis.zrange if ascending else self.redis.zrevrange
+        flat: list[tuple[bytes, float]] = read(  # type: ignore[assignment]
+            self.key, start, start + count - 1, withscores=True
+        )
+        return [self._entry(member, float(score)) for member, score in flat]
+
+    def filtered_page(
+        self,
+        where: EntryFilter,
+        start: int,
+        count: int,
+        *,
+        ascending: bool = False,
+        scan_limit: int = SCAN_LIMIT,
+    ) -> FilteredPage[EntryT]:
+        """``count`` of the entries ``where`` keeps, from the ``start``-th match, in the
+        set's order (highest score first, or lowest with ``ascending``).
+
+        ZSCAN walks the set in no order, with Redis matching ``where.pattern()`` so
+        only candidates are sent. It stops after about ``scan_limit`` members (a call
+        per ``SCAN_COUNT``): matches found so far are sorted and paged, and
+        ``complete`` is False, for "more may match". A set smaller than the bound (the
+        dead set keeps 10,000 at most) is filtered exactly."""
+        found, complete = self._scan(where.pattern(), max(1, -(-scan_limit // SCAN_COUNT)))
+        ordered = sorted(found.items(), key=lambda item: (item[1], item[0]), reverse=not ascending)
+        stop = start + max(0, count)
+        if not where.name:  # the stored bytes decide: parse only the page shown
+            kept = [(member, score) for member, score in ordered if where.keeps(member, None)]
+            page = [self._entry(member, score) for member, score in kept[start:stop]]
+            return FilteredPage(page, len(kept), complete)
+        entries = (self._entry(member, score) for member, score in ordered)
+        matches = [entry for entry in entries if where.keeps(entry.raw, entry.klass)]
+        return FilteredPage(matches[start:stop], len(matches), complete)
+
+    def matching(self, where: EntryFilter) -> Iterator[EntryT]:
+        """Every entry ``where`` keeps, in no order (a ZSCAN over the whole set): what
+        an action on "all matching" walks. Entries present throughout are yielded once,
+        whatever the caller removes meanwhile."""
+        seen: set[bytes] = set()
+        for member, score in self.redis.zscan_iter(
+            self.key, match=where.pattern(), count=SCAN_COUNT
+        ):
+            if member in seen:
+                continue
+            seen.add(member)
+            entry = self._entry(member, float(score))
+            if where.keeps(entry.raw, entry.klass):
+                yield entry
+
+    def find_job(self, jid: str, score: float | None = None) -> EntryT | None:
+        """The entry with this jid, or None: a server-side ZSCAN match on the jid. With
+        ``score``, only an entry with exactly that score (one ZRANGEBYSCORE): what a
+        page that listed the entry sends back, so a duplicate jid elsewhere in the set
+        or an entry that moved since (a retry due later) is not mistaken for it."""
+        if score is not None:
+            flat: list[tuple[bytes, float]] = self.redis.zrangebyscore(  # type: ignore[assignment]
+                self.key, score, score, withscores=True
+            )
+            candidates: Iterator[tuple[bytes, float]] = iter(flat)
+        else:
+            candidates = self.redis.zscan_iter(self.key, match=_glob(jid), count=SCAN_COUNT)
+        for member, member_score in candidates:
+            entry = self._entry(member, float(member_score))
             if entry.jid == jid:
                 return entry
         return None
 
-    def retry_all(self) -> int:
-        """Enqueue every runnable entry now; returns how many moved. Malformed entries
-        stay: delete or kill them."""
-        return sum(entry.retry() for entry in self if entry.payload is not None)
+    def retry_all(self, entries: Iterable[EntryT] | None = None) -> int:
+        """Enqueue every runnable entry now (or those of ``entries``, e.g.
+        ``matching(...)``); returns how many moved. Malformed entries stay: delete or
+        kill them."""
+        chosen = self if entries is None else entries
+        return sum(entry.retry() for entry in chosen if entry.payload is not None)
+
+    def _scan(self, pattern: str, calls: int) -> tuple[dict[bytes, float], bool]:
+        """Members matching ``pattern`` with their scores, from at most ``calls`` ZSCAN
+        calls; True when the scan went round the whole set."""
+        found: dict[bytes, float] = {}
+        cursor: int = 0
+        batch: list[tuple[bytes, float]]
+        for _ in range(calls):
+            reply = self.redis.zscan(self.key, cursor, match=pattern, count=SCAN_COUNT)
+            cursor, batch = reply  # type: ignore[assignment]
+            found.update(batch)
+            if cursor == 0:
+                return found, True
+        return found, False
 
     def clear(self) -> int:
         """Remove every entry; returns how many there were."""
@@ -150,11 +279,11 @@ class PendingSet(SortedSet[PendingEntry]):
 
     entry_class = PendingEntry
 
-    def kill_all(self) -> int:
-        """Move every entry to the dead set, trimming it once at the end; returns how
-        many moved."""
+    def kill_all(self, entries: Iterable[PendingEntry] | None = None) -> int:
+        """Move every entry (or those of ``entries``, e.g. ``matching(...)``) to the
+        dead set, trimming it once at the end; returns how many moved."""
         now = clock.now()
-        moved = sum(entry._bury(now) for entry in self)
+        moved = sum(entry._bury(now) for entry in (self if entries is None else entries))
         if moved:
             trim_dead(self.redis, now, self.dead_policy)
         return moved
