@@ -46,6 +46,12 @@ def minute_stat(stat_key: str, minute: int) -> str:
     return f"limitd:{stat_key}:{minute}"
 
 
+def process_signals(identity: str) -> str:
+    """List of signals sent to a process from afar (Sidekiq's ``<identity>-signals``):
+    ``TSTP`` (quiet) or ``TERM`` (stop), read by its record's next write."""
+    return f"{identity}-signals"
+
+
 def process_work(identity: str) -> str:
     """Hash of what each processor thread of a process is running (Sidekiq 7's ``:work``)."""
     return f"{identity}:work"

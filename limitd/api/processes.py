@@ -59,6 +59,9 @@ class ProcessStatus:
         return row
 
 
+SIGNAL_TTL = 60  # seconds a signal waits for its process (Sidekiq's too)
+
+
 class Processes:
     """A snapshot of every live process record, sorted by identity, read when built and
     on ``refresh()``: two round trips however many processes there are (the identities;
@@ -92,6 +95,26 @@ class Processes:
     def concurrency(self) -> int:
         """Threads in all processes together."""
         return sum(process.concurrency or 0 for process in self.processes)
+
+    def quiet(self, identity: str) -> bool:
+        """Ask one process to take no new jobs (TSTP, as Sidekiq Web's Quiet). It acts at
+        its record's next write, within 5 s. False if no live process has that identity."""
+        return self._signal(identity, "TSTP")
+
+    def stop(self, identity: str) -> bool:
+        """Ask one process to stop gracefully (TERM, as Sidekiq Web's Stop). A process
+        under ``limitd start`` passes it to its supervisor, which stops every process it
+        runs (one child alone would be restarted). False if no live process has it."""
+        return self._signal(identity, "TERM")
+
+    def _signal(self, identity: str, name: str) -> bool:
+        if not self.redis.exists(identity):
+            return False
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.lpush(keys.process_signals(identity), name)
+        pipe.expire(keys.process_signals(identity), SIGNAL_TTL)
+        pipe.execute()
+        return True
 
     def __iter__(self) -> Iterator[ProcessStatus]:
         return iter(self.processes)

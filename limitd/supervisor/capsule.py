@@ -100,7 +100,7 @@ class Capsule:
         self.heartbeat = Heartbeat(
             self.beat,
             self.config.heartbeat_period,
-            refresh=lambda: self.record.write(self.redis),
+            refresh=self._write_record,
             refresh_period=self.config.record_period,
         )
         # One subscription for the dispatcher's wake-ups and the poller's due times.
@@ -112,6 +112,7 @@ class Capsule:
         self._lock = threading.Lock()
         self._stopping = False
         self._busy_listeners: list[Callable[[], None]] = []
+        self.on_remote_stop: Callable[[], None] = self._stop_in_background
 
     @property
     def limited(self) -> bool:
@@ -141,13 +142,30 @@ class Capsule:
 
     def beat(self) -> None:
         """One heartbeat: see the module docstring."""
-        self.record.write(self.redis)
+        self._write_record()
         if isinstance(self.fetch, LimitFetch):
             liveness.vouch(self.redis, [self.id], self.config.heartbeat_period)
             self.config.limit_settings.apply_defaults(self.redis)
             liveness.reap_dead(self.redis)
             self.fetch.recover_orphans(self._held())
         self.stats.flush(self.redis)
+
+    def _write_record(self) -> None:
+        """The process record, and a signal an operator sent from afar: ``TSTP`` quiets
+        this capsule, ``TERM`` calls ``on_remote_stop`` (by default, a graceful stop of
+        this capsule; under a supervisor, the supervisor's TERM, as if sent by hand)."""
+        signal = self.record.write(self.redis)
+        if signal == "TSTP":
+            log.warning("quiet requested from afar (TSTP)")
+            self.quiet()
+        elif signal == "TERM":
+            log.warning("stop requested from afar (TERM)")
+            self.on_remote_stop()
+        elif signal is not None:
+            log.error("ignored an unknown signal sent from afar: %r", signal)
+
+    def _stop_in_background(self) -> None:
+        threading.Thread(target=self.stop, name="limitd-remote-stop", daemon=True).start()
 
     def quiet(self) -> None:
         """Finish what runs, start nothing new (TSTP)."""

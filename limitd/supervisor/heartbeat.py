@@ -64,8 +64,9 @@ class ProcessRecord:
         self.ttl = max(MIN_RECORD_TTL, int(ttl))
         self.quiet = False
 
-    def write(self, redis: redis_py.Redis) -> None:
-        """Refresh the record, in one round trip."""
+    def write(self, redis: redis_py.Redis) -> str | None:
+        """Refresh the record, in one round trip, and take the oldest signal sent to this
+        process from afar (``limitd.api.Processes.quiet`` / ``stop``), if any."""
         work = self.work()
         pipe = redis.pipeline(transaction=True)
         pipe.sadd(keys.PROCESSES, self.identity)
@@ -86,7 +87,9 @@ class ProcessRecord:
             for work_key in work_keys:
                 pipe.hset(work_key, mapping={thread: row for thread, row in rows})
                 pipe.expire(work_key, self.ttl)
-        pipe.execute()
+        pipe.rpop(keys.process_signals(self.identity))
+        signal = pipe.execute()[-1]
+        return signal.decode("utf-8", "replace") if signal else None
 
     def clear(self, redis: redis_py.Redis) -> None:
         """Remove the record: a stopped process is not a dead one."""

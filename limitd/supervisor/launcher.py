@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import signal
 import sys
 import threading
@@ -34,6 +35,9 @@ class Launcher:
         """With ``titles``, the process title follows the capsule's work (for a child
         process of the supervisor; tests running capsules in-process leave it alone)."""
         self.capsule = capsule
+        # A stop sent from afar (the dashboard) stops the supervisor, children and all,
+        # as TERM to it by hand would: this child alone would just be restarted.
+        capsule.on_remote_stop = lambda: os.kill(os.getppid(), signal.SIGTERM)
         self.title = CapsuleTitle(self._title) if titles else None
         self._signals = SignalQueue()
 
