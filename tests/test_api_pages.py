@@ -93,9 +93,11 @@ def test_find_job_with_a_score_tells_duplicate_jids_apart(redis: redis_py.Redis)
     jid = "d" * 24
     redis.zadd(
         keys.SCHEDULE,
-        {member(jid, args=[1]): T0 + 10, member(jid, args=[2]): T0 + 20},
+        {member(jid, args=[1]): T0 + 10, member(jid, args=[2]): T0 + 20, b"{bad": T0 + 10},
     )
     scheduled = ScheduledSet(redis)
+    assert "{bad" in [entry.text for entry in scheduled.entries_at(T0 + 10)]
+    assert len(scheduled.entries_at(T0 + 10)) == 2
     later = scheduled.find_job(jid, T0 + 20)
     assert later is not None and later.args == [2]
     assert scheduled.find_job(jid, T0 + 15) is None

@@ -226,21 +226,26 @@ class SortedSet(Generic[EntryT]):
 
     def find_job(self, jid: str, score: float | None = None) -> EntryT | None:
         """The entry with this jid, or None: a server-side ZSCAN match on the jid. With
-        ``score``, only an entry with exactly that score (one ZRANGEBYSCORE): what a
+        ``score``, only an entry with exactly that score (see ``entries_at``): what a
         page that listed the entry sends back, so a duplicate jid elsewhere in the set
         or an entry that moved since (a retry due later) is not mistaken for it."""
         if score is not None:
-            flat: list[tuple[bytes, float]] = self.redis.zrangebyscore(  # type: ignore[assignment]
-                self.key, score, score, withscores=True
-            )
-            candidates: Iterator[tuple[bytes, float]] = iter(flat)
-        else:
-            candidates = self.redis.zscan_iter(self.key, match=_glob(jid), count=SCAN_COUNT)
-        for member, member_score in candidates:
+            return next((entry for entry in self.entries_at(score) if entry.jid == jid), None)
+        for member, member_score in self.redis.zscan_iter(
+            self.key, match=_glob(jid), count=SCAN_COUNT
+        ):
             entry = self._entry(member, float(member_score))
             if entry.jid == jid:
                 return entry
         return None
+
+    def entries_at(self, score: float) -> list[EntryT]:
+        """The entries with exactly this score (one ZRANGEBYSCORE): how a page names an
+        entry it listed, malformed ones (no jid) included."""
+        flat: list[tuple[bytes, float]] = self.redis.zrangebyscore(  # type: ignore[assignment]
+            self.key, score, score, withscores=True
+        )
+        return [self._entry(member, float(member_score)) for member, member_score in flat]
 
     def retry_all(self, entries: Iterable[EntryT] | None = None) -> int:
         """Enqueue every runnable entry now (or those of ``entries``, e.g.
