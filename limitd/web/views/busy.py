@@ -1,0 +1,56 @@
+"""Busy: the live worker processes (host, pid, tag, capsule, busy threads, last beat,
+quiet flag) and the jobs they run now, as Sidekiq's Busy page shows them; per process,
+Quiet (take no new jobs) and Stop (stop gracefully).
+
+The actions do not reach the process directly: ``Processes.quiet`` / ``.stop`` leave a
+signal in Redis that the process picks up at its next record write (within 5 s), so the
+page works from any host that reaches Redis, as the CLI does.
+"""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from limitd.api import Processes
+from limitd.api.work import running_jobs
+from limitd.web.forms import require
+from limitd.web.rendering import back, render
+
+ORDER = 30
+NAV = ("/busy", "Busy")
+
+
+async def index(request: Request) -> Response:
+    redis = request.app.state.redis
+    processes = Processes(redis)
+    hosts = {process.identity: process for process in processes}
+    return render(
+        request,
+        "busy.html",
+        {
+            "processes": processes,
+            "jobs": running_jobs(list(hosts), redis),
+            "hosts": hosts,
+        },
+    )
+
+
+async def quiet(request: Request) -> Response:
+    form = await request.form()
+    Processes(request.app.state.redis).quiet(require(form, "identity"))
+    return back(request, "/busy")
+
+
+async def stop(request: Request) -> Response:
+    form = await request.form()
+    Processes(request.app.state.redis).stop(require(form, "identity"))
+    return back(request, "/busy")
+
+
+ROUTES = [
+    Route("/busy", index, name="busy"),
+    Route("/busy/quiet", quiet, methods=["POST"]),
+    Route("/busy/stop", stop, methods=["POST"]),
+]
