@@ -17,7 +17,8 @@ running job's path::
 
 One module per part: ``records`` (the job record shared by all), ``queues``,
 ``sorted_sets``, ``capsules``, ``stats``, ``tenants`` and ``batches``; limiters are
-listed by ``limiters()`` (from ``limitd.limiters.admin``), limited-capacity jobs by
+listed by ``limiters()`` and how full they are now by ``limiter_usage()`` (from
+``limitd.limiters.admin``), limited-capacity jobs by
 ``capacity()`` (from ``limitd.capacity.admin``), periodic entries by
 ``periodic_status()`` (from ``limitd.periodic.admin``).
 """
@@ -35,15 +36,33 @@ from limitd.api.sorted_sets import (
     SortedEntry,
     SortedSet,
 )
-from limitd.api.stats import QueueStatus, Stats, queue_overview
-from limitd.batch.admin import BatchStatus, batch_status, list_batches
+from limitd.api.stats import (
+    QueueStatus,
+    RedisInfo,
+    Stats,
+    daily_history,
+    minute_history,
+    queue_overview,
+    redis_info,
+)
+from limitd.api.work import RunningJob, running_jobs
+from limitd.batch.admin import (
+    BatchCallback,
+    BatchDetail,
+    BatchStatus,
+    batch_detail,
+    batch_status,
+    list_batches,
+)
 from limitd.capacity.admin import CapacityStatus, capacity
 from limitd.fair_tenant.admin import RuleWindow, TenantStatus, reroutes, top_tenants
-from limitd.limiters.admin import LimiterStatus, limiters
+from limitd.limiters.admin import LimiterStatus, limiter_usage, limiters
 from limitd.periodic.admin import PeriodicStatus, periodic_status
 
 __all__ = [
     "PAGE_SIZE",
+    "BatchCallback",
+    "BatchDetail",
     "BatchStatus",
     "CapacityStatus",
     "Capsule",
@@ -59,19 +78,27 @@ __all__ = [
     "Queue",
     "QueueEntry",
     "QueueStatus",
+    "RedisInfo",
     "RetrySet",
     "RuleWindow",
+    "RunningJob",
     "ScheduledSet",
     "SortedEntry",
     "SortedSet",
     "Stats",
     "TenantStatus",
+    "batch_detail",
     "batch_status",
     "capacity",
+    "daily_history",
+    "limiter_usage",
     "limiters",
     "list_batches",
+    "minute_history",
     "periodic_status",
     "queue_overview",
+    "redis_info",
     "reroutes",
+    "running_jobs",
     "top_tenants",
 ]
