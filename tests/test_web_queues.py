@@ -11,6 +11,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
 import limitd
+import limitd.web
 import limitd.web.credentials
 import limitd.web.security
 from limitd import keys
@@ -114,3 +115,24 @@ def test_a_live_refresh_returns_only_the_live_part(
         part = http.get(dashboard.url("/queues"), headers={"X-Limitd-Live": "1"}).text
     assert 'data-queue="echo"' in part and "<html" not in part
     assert keys.queue("echo") == "queue:echo"
+
+
+def test_the_dashboard_mounts_in_a_wsgi_server(redis: redis_py.Redis) -> None:
+    """The WSGI form, served by the standard library's WSGI server."""
+    import threading
+    from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, *args: object) -> None:
+            """No access log in the test output."""
+
+    echo.perform_async(1)
+    server = make_server("127.0.0.1", 0, limitd.web.wsgi_app(redis), handler_class=Quiet)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        page = httpx.get(f"http://127.0.0.1:{server.server_port}/queues")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert page.status_code == 200 and 'data-queue="echo"' in page.text
