@@ -9,10 +9,10 @@ from freezegun import freeze_time
 
 import limitd
 from limitd import keys
-from limitd.api import batch_status, list_batches
+from limitd.api import batch_detail, batch_status, list_batches
 from limitd.batch import store
 from limitd.supervisor import Capsule, CapsuleConfig
-from tests.test_batch import doomed, work
+from tests.test_batch import callback, doomed, work
 from tests.test_cli_admin import Cli, columns, make_cli
 
 
@@ -105,3 +105,28 @@ def test_cli_with_no_batches(cli: Cli) -> None:
     assert cli("batches").out.strip() == "no batches"
     assert cli("batches", "--json").json() == []
     assert cli("batches", "--limit", "0").code == 64
+
+
+def test_batch_detail_reads_a_bounded_page_of_failures_and_the_callbacks(redis) -> None:
+    batch = limitd.Batch("three doomed")
+    batch.on("complete", callback, {"to": "finance"})
+    batch.on("success", callback)
+    batch.on("death", callback)
+    with batch.jobs():
+        doomed.perform_bulk([[1], [2], [3]])
+        work.perform_async(4)
+    Capsule(CapsuleConfig(queues=["default"]), redis=redis).drain()
+    detail = batch_detail(redis, batch.bid, failures_shown=2)
+    status = batch_status(redis, batch.bid)
+    assert detail is not None and status is not None
+    assert (detail.failure_count, len(detail.status.failures)) == (3, 2)
+    assert detail.status.failures.items() <= status.failures.items()
+    assert {**detail.status.as_dict(), "failures": {}} == {**status.as_dict(), "failures": {}}
+    shown = [(c.event, c.job, c.queue, c.options, c.fired) for c in detail.callbacks]
+    assert shown == [
+        ("success", "batch_test.Callback", "callbacks", {}, False),
+        ("complete", "batch_test.Callback", "callbacks", {"to": "finance"}, True),
+        ("death", "batch_test.Callback", "callbacks", {}, True),
+    ]
+    assert detail.callbacks[1].fired_at == status.complete_at
+    assert batch_detail(redis, "0123456789abcdef01234567") is None

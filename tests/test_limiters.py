@@ -19,7 +19,7 @@ import limitd
 from limitd import keys
 from limitd.limiters import limiter as limiter_module
 from limitd.limiters import middleware as limiter_middleware
-from limitd.limiters.admin import limiters
+from limitd.limiters.admin import limiter_usage, limiters
 from limitd.limiters.commands import add_limiters_command
 from limitd.payload import Payload
 from limitd.supervisor import Capsule, CapsuleConfig
@@ -332,3 +332,30 @@ def test_a_rescheduled_job_keeps_its_unique_lock_and_its_batch(
     status = limitd.Batch.status(batch.bid)
     assert (status.pending, status.failures, status.complete) == (1, {}, False)
     assert redis.get(keys.STAT_FAILED) in (None, b"0")
+
+
+def test_usage_says_how_full_each_kind_is_now(redis: redis_py.Redis) -> None:
+    window = limitd.Limiter.window("usage-window", 3, "minute", wait_timeout=0)
+    bucket = limitd.Limiter.bucket("usage-bucket", 100, "day", wait_timeout=0)
+    leaky = limitd.Limiter.leaky("usage-leaky", 10, "day", wait_timeout=0)
+    concurrent = limitd.Limiter.concurrent("usage-concurrent", 5)
+    with freeze_time(T0) as frozen:
+        for limiter, calls in ((window, 5), (bucket, 7), (leaky, 4), (concurrent, 2)):
+            for _ in range(calls):
+                with contextlib.suppress(limitd.OverLimit), limiter.within_limit():
+                    pass
+        with concurrent.within_limit():
+            statuses = limiters(redis)
+            used = limiter_usage(redis, statuses)
+        assert used == {
+            "usage-window": 3,  # 5 calls, 2 over the limit
+            "usage-bucket": 7,
+            "usage-leaky": 4,
+            "usage-concurrent": 1,  # held while it was read
+        }
+        frozen.tick(60)
+        later = limiter_usage(redis, limiters(redis))
+    assert later["usage-window"] == 0  # a rolling minute later
+    assert later["usage-bucket"] == 7  # the same UTC day
+    assert later["usage-leaky"] == pytest.approx(4 - 10 / 1440)
+    assert later["usage-concurrent"] == 0

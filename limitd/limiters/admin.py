@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from limitd import clock, keys
-from limitd.limiters.store import held_now
+from limitd.limiters.store import held_now, interval_bounds
 
 
 @dataclass(frozen=True)
@@ -80,4 +80,42 @@ def _status(redis: Any, name: str, stats: dict[str, str], last_used: float) -> L
     )
 
 
-__all__ = ["LimiterStatus", "limiters"]
+def limiter_usage(
+    redis: Any, statuses: list[LimiterStatus], now: float | None = None
+) -> dict[str, float]:
+    """How full each limiter is now, by name, in one round trip however many: a
+    concurrent limiter's live holders (its ``held``), a bucket's calls in the current
+    calendar interval, a window's calls in the last interval, a leaky bucket's level
+    drained to now. What the dashboard shows next to each limit."""
+    at = clock.now() if now is None else now
+    pipe = redis.pipeline(transaction=False)
+    for status in statuses:
+        _queue_usage(pipe, status, at)
+    replies = iter(pipe.execute())
+    return {status.name: _usage(status, replies, at) for status in statuses}
+
+
+def _queue_usage(pipe: Any, status: LimiterStatus, now: float) -> None:
+    if status.kind == "bucket" and status.period > 0:
+        pipe.get(keys.limiter_bucket(status.name, interval_bounds(now, status.period)[0]))
+    elif status.kind == "window":
+        pipe.zcount(keys.limiter("window", status.name), f"({now - status.period!r}", "+inf")
+    elif status.kind == "leaky":
+        pipe.hmget(keys.limiter("leaky", status.name), "level", "at")
+
+
+def _usage(status: LimiterStatus, replies: Any, now: float) -> float:
+    if status.kind == "bucket" and status.period > 0:
+        return float(next(replies) or 0)
+    if status.kind == "window":
+        return float(next(replies))
+    if status.kind == "leaky":
+        level, at = next(replies)
+        if level is None or status.period <= 0:
+            return 0.0
+        drained = max(0.0, now - float(at or now)) * status.limit / status.period
+        return max(0.0, float(level) - drained)
+    return float(status.held or 0)
+
+
+__all__ = ["LimiterStatus", "limiter_usage", "limiters"]
