@@ -16,15 +16,14 @@ import limitd.web.credentials
 import limitd.web.security
 from limitd import keys
 from limitd.api import Queue
-from tests.web import Dashboard, screenshot, wait_until
+from tests.web import Dashboard, click, screenshot, text_of, wait_until
 
 
 @limitd.job(name="web_test.Echo", queue="echo")
 def echo(*args: object) -> None: ...
 
 
-def row(browser: WebDriver, queue: str) -> object:
-    return browser.find_element(By.CSS_SELECTOR, f'tr[data-queue="{queue}"]')
+ECHO_ROW = 'tr[data-queue="echo"]'
 
 
 def test_pause_and_resume_a_queue_by_clicking(
@@ -32,11 +31,11 @@ def test_pause_and_resume_a_queue_by_clicking(
 ) -> None:
     echo.perform_async(1)
     browser.get(dashboard.url("/queues"))
-    row(browser, "echo").find_element(By.CSS_SELECTOR, "button.pause").click()
-    wait_until(browser, lambda b: "paused" in row(b, "echo").text)
+    click(browser, f"{ECHO_ROW} button.pause")
+    wait_until(browser, lambda b: "paused" in text_of(b, ECHO_ROW))
     assert Queue("echo", redis).paused
-    row(browser, "echo").find_element(By.CSS_SELECTOR, "button.resume").click()
-    wait_until(browser, lambda b: "running" in row(b, "echo").text)
+    click(browser, f"{ECHO_ROW} button.resume")
+    wait_until(browser, lambda b: "running" in text_of(b, ECHO_ROW))
     assert not Queue("echo", redis).paused
     screenshot(browser, "queues", tmp_path)
 
@@ -44,17 +43,22 @@ def test_pause_and_resume_a_queue_by_clicking(
 def test_set_and_clear_limits_in_the_form(
     dashboard: Dashboard, browser: WebDriver, redis: redis_py.Redis
 ) -> None:
+    """Typing holds the live refresh (limitd.js), so the form stays put while filled."""
     echo.perform_async(1)
     browser.get(dashboard.url("/queues"))
-    form = row(browser, "echo").find_element(By.CSS_SELECTOR, "form.limits")
-    form.find_element(By.NAME, "limit").send_keys("3")
-    form.find_element(By.NAME, "process_limit").send_keys("1")
-    form.find_element(By.CSS_SELECTOR, "button.set-limits").click()
+    limit = browser.find_element(By.CSS_SELECTOR, f"{ECHO_ROW} input[name=limit]")
+    limit.click()
+    limit.send_keys("3")
+    per_process = browser.find_element(By.CSS_SELECTOR, f"{ECHO_ROW} input[name=process_limit]")
+    per_process.click()
+    per_process.send_keys("1\n")
     wait_until(browser, lambda b: Queue("echo", redis).limit == 3)
     assert Queue("echo", redis).process_limit == 1
-    form = row(browser, "echo").find_element(By.CSS_SELECTOR, "form.limits")
-    form.find_element(By.NAME, "limit").clear()
-    form.find_element(By.CSS_SELECTOR, "button.set-limits").click()
+    wait_until(browser, lambda b: "3" in text_of(b, f"{ECHO_ROW} td:nth-child(5)"))
+    limit = browser.find_element(By.CSS_SELECTOR, f"{ECHO_ROW} input[name=limit]")
+    limit.click()
+    limit.clear()
+    limit.send_keys("\n")
     wait_until(browser, lambda b: Queue("echo", redis).limit is None)
     assert Queue("echo", redis).process_limit == 1
 

@@ -91,6 +91,20 @@ def wait_until(browser: WebDriver, condition: object, timeout: float = 10.0) -> 
     return WebDriverWait(browser, timeout, poll_frequency=0.05).until(condition)  # type: ignore[arg-type]
 
 
+def text_of(browser: WebDriver, css: str) -> str:
+    """The text of the first element matching ``css``, read in one script call: a live
+    refresh may replace the element between a lookup and a read."""
+    found = browser.execute_script(
+        "const e = document.querySelector(arguments[0]); return e ? e.innerText : '';", css
+    )
+    return str(found)
+
+
+def click(browser: WebDriver, css: str) -> None:
+    """Click the first element matching ``css`` in one script call (see ``text_of``)."""
+    browser.execute_script("document.querySelector(arguments[0]).click();", css)
+
+
 def screenshot(browser: WebDriver, name: str, tmp_path: Path) -> Path:
     shot = tmp_path / f"{name}.png"
     browser.save_screenshot(str(shot))
