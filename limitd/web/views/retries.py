@@ -1,0 +1,11 @@
+"""Retries: the retry set a page at a time, filtered by job name or payload text, one
+entry in full, and the actions on one, several or all of them (see
+``limitd.web.sorted_set_pages``, shared with the other set pages)."""
+
+from __future__ import annotations
+
+from limitd.web.sorted_set_pages import RETRIES, routes
+
+ORDER = 40
+NAV = (RETRIES.path, RETRIES.title)
+ROUTES = routes(RETRIES)
