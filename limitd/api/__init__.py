@@ -29,6 +29,8 @@ from limitd.api.queues import Queue, QueueEntry
 from limitd.api.records import PAGE_SIZE, JobRecord
 from limitd.api.sorted_sets import (
     DeadSet,
+    EntryFilter,
+    FilteredPage,
     PendingEntry,
     PendingSet,
     RetrySet,
@@ -68,6 +70,8 @@ __all__ = [
     "Capsule",
     "Capsules",
     "DeadSet",
+    "EntryFilter",
+    "FilteredPage",
     "JobRecord",
     "LimiterStatus",
     "PendingEntry",

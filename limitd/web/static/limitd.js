@@ -19,7 +19,9 @@
     try {
       const response = await fetch(window.location.href, { headers: { "X-Limitd-Live": "1" }, credentials: "same-origin" });
       if (!response.ok) throw new Error(response.status);
-      live.innerHTML = await response.text();
+      const html = await response.text();
+      if (busy()) return;  // the user started typing or ticked a box meanwhile
+      live.innerHTML = html;
       if (dot) { dot.classList.remove("off"); dot.classList.add("on"); setTimeout(() => dot.classList.remove("on"), 300); }
       document.dispatchEvent(new CustomEvent("limitd:refreshed"));
     } catch (error) {
