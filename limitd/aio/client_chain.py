@@ -36,7 +36,7 @@ import redis as redis_py
 import redis.asyncio
 from redis.exceptions import NoScriptError
 
-from limitd.middleware.chain import ClientChain
+from limitd.middleware.chain import ClientChain, log_abandon_failure
 from limitd.payload import Payload
 from limitd.redis import LuaScript, ScriptCall
 from limitd.spec import JobSpec
@@ -130,12 +130,7 @@ async def aabandon_bulk(
             elif sync_hook is not None:
                 await asyncio.to_thread(sync_hook, spec, payloads, sync_redis())
         except Exception:
-            log.exception(
-                "%s could not undo its reservations for %d jobs of class=%s",
-                type(middleware).__name__,
-                len(payloads),
-                payloads[0].get("class") if payloads else None,
-            )
+            log_abandon_failure(middleware, payloads)
 
 
 async def acall_next_or_undo(

@@ -85,6 +85,18 @@ def call_next_or_undo(
     return pushed
 
 
+def log_abandon_failure(middleware: Any, payloads: list[Payload]) -> None:
+    """An ``abandon_bulk`` that raised: logged with the middleware and the jobs' class,
+    and not raised, so the others still give back theirs and the push's own error goes
+    on. Call from an ``except`` block (the traceback is logged)."""
+    log.exception(
+        "%s could not undo its reservations for %d jobs of class=%s",
+        type(middleware).__name__,
+        len(payloads),
+        payloads[0].get("class") if payloads else None,
+    )
+
+
 class Chain:
     """An ordered list of middleware instances, with Sidekiq's ordering verbs."""
 
@@ -156,12 +168,7 @@ class ClientChain(Chain):
             try:
                 abandon(spec, payloads, redis)
             except Exception:
-                log.exception(
-                    "%s could not undo its reservations for %d jobs of class=%s",
-                    type(middleware).__name__,
-                    len(payloads),
-                    payloads[0].get("class") if payloads else None,
-                )
+                log_abandon_failure(middleware, payloads)
 
     def invoke(
         self, spec: JobSpec | None, payload: Payload, redis: Any, push: PushNext
