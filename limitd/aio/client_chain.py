@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
-import logging
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
@@ -40,8 +39,6 @@ from limitd.middleware.chain import ClientChain, log_abandon_failure
 from limitd.payload import Payload
 from limitd.redis import LuaScript, ScriptCall
 from limitd.spec import JobSpec
-
-log = logging.getLogger("limitd.client")
 
 AsyncPushNext = Callable[[Payload], Coroutine[Any, Any, "Payload | None"]]
 SyncRedis = Callable[[], redis_py.Redis]  # built only when a bridged middleware needs one
