@@ -73,7 +73,10 @@ def dashboard(redis: redis_py.Redis) -> Iterator[Dashboard]:
 def browser() -> Iterator[WebDriver]:
     """One headless Chromium for the session (starting one takes a second)."""
     if not Path(CHROMIUM).exists() or not Path(CHROMEDRIVER).exists():
-        pytest.fail(f"browser tests need Debian's chromium and chromium-driver ({CHROMIUM})")
+        reason = "browser tests need chromium and chromium-driver (apt-get install them)"
+        if os.environ.get("LIMITD_REQUIRE_BROWSER") == "1":  # CI: never skip silently
+            pytest.fail(reason)
+        pytest.skip(reason)
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage"):
