@@ -257,6 +257,18 @@ def test_async_and_sync_jobs_run_in_one_capsule(capsules: Capsules, redis) -> No
     wait_for(settled(redis), message="every job acknowledged")
 
 
+def test_the_basic_fetch_runs_async_jobs_too(capsules: Capsules, redis) -> None:
+    capsules.start(fetch="basic")
+    for n in range(5):
+        quick.perform_async(n)
+        sync_job.perform_async(n)
+    wait_for(lambda: len(meter.seen) == 10, message="five async and five sync jobs")
+    assert sorted(meter.seen) == sorted(
+        [("async", n) for n in range(5)] + [("sync", n) for n in range(5)]
+    )
+    assert redis.llen(keys.queue("default")) == 0
+
+
 def test_fifty_async_jobs_in_flight_on_two_threads_and_never_more(
     capsules: Capsules, redis
 ) -> None:

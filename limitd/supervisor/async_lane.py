@@ -26,8 +26,8 @@ import logging
 import sys
 import threading
 import traceback
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from limitd import clock
 from limitd.fetch.basic import UnitOfWork
@@ -43,8 +43,8 @@ SLOT_WAIT = 0.5
 FETCH_AHEAD = 50  # jobs a fetch call may take for the loop beyond the threads' own
 ACTIVE_SECONDS = 1.0  # a processor waiting for a slot looks up this often to see a stop
 
-# Hands a finished job over for acknowledgement; returns an awaitable when that is I/O.
-Settle = Callable[[UnitOfWork], "Awaitable[None] | None"]
+# Hands a finished job over for acknowledgement, without blocking the loop.
+Settle = Callable[[UnitOfWork], None]
 
 
 @dataclass(eq=False)
@@ -54,7 +54,7 @@ class _Entry:
     unit: UnitOfWork
     payload: Payload
     spec: JobSpec
-    since: float = field(default_factory=clock.now)
+    since: float = 0.0  # when its task started
     task: asyncio.Task[None] | None = None
 
 
@@ -226,9 +226,7 @@ class AsyncLane:
         unit = entry.unit
         try:
             await self.executor.execute_async(unit, entry.payload, entry.spec)
-            settling = self._settle(unit)
-            if settling is not None:
-                await settling
+            self._settle(unit)
         except asyncio.CancelledError:
             pass  # a hard stop requeued it: nothing to record
         except Exception as exc:

@@ -17,14 +17,13 @@ counters.
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import logging
 import os
 import socket
 import threading
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import redis as redis_py
 
@@ -298,13 +297,14 @@ class Capsule:
             )
         return lane
 
-    def _settle_async(self, unit: UnitOfWork) -> Awaitable[None] | None:
+    def _settle_async(self, unit: UnitOfWork) -> None:
         """An async job finished: the limit fetch settles it with its next call; the
-        basic fetch acknowledges at once, off the loop."""
+        basic fetch has nothing to settle (BRPOP took the job; its deferred calls were
+        made by ``execute_async``)."""
         if self.dispatcher is not None:
             self.dispatcher.settle_later(unit)
-            return None
-        return asyncio.to_thread(unit.acknowledge)
+        else:
+            unit.acknowledge()
 
     def _build_fetch(self) -> LimitFetch | BasicFetch:
         if self.config.fetch == "basic":
