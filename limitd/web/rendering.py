@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
+from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
@@ -63,9 +64,12 @@ def render(
     return HTMLResponse(page.render(values), status)
 
 
-def back(request: Request, fallback: str) -> Response:
-    """After a change: to the page it came from (POST, then redirect, then GET)."""
-    target = request.query_params.get("next") or fallback
+def back(request: Request, fallback: str, form: FormData | None = None) -> Response:
+    """After a change: to the page it came from (POST, then redirect, then GET), named
+    by the form's ``next`` field (or a ``next`` query parameter), else ``fallback``."""
+    given = form.get("next") if form is not None else None
+    target = (given if isinstance(given, str) else None) or request.query_params.get("next")
+    target = target or fallback
     if not target.startswith("/"):  # only paths of this site
         target = fallback
     return RedirectResponse(request.scope.get("root_path", "") + target, status_code=303)

@@ -228,7 +228,7 @@ async def act(request: Request, kind: SetPage, verb: str) -> Response:
             entry = resolve(zset, token)
             if entry is not None:
                 _act_on(entry, verb)
-    return back(request, kind.path)
+    return back(request, kind.path, form)
 
 
 def routes(kind: SetPage) -> list[Route]:
