@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx2 as httpx
+import pytest
 import redis as redis_py
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -140,3 +141,25 @@ def test_the_dashboard_mounts_in_a_wsgi_server(redis: redis_py.Redis) -> None:
         server.shutdown()
         server.server_close()
     assert page.status_code == 200 and 'data-queue="echo"' in page.text
+
+
+def test_an_action_returns_to_the_page_its_form_names(dashboard: Dashboard) -> None:
+    """The sets' forms post ``next`` (the page with its filter): the redirect keeps it."""
+    with httpx.Client() as http:
+        token = http.get(dashboard.url("/queues")).cookies[limitd.web.security.CSRF_COOKIE]
+        answer = http.post(
+            dashboard.url("/dead/delete"),
+            data={"csrf": token, "scope": "all", "next": "/dead?name=Mail&page=2"},
+        )
+    assert answer.status_code == 303
+    assert answer.headers["location"].endswith("/dead?name=Mail&page=2")
+
+
+@pytest.mark.parametrize("target", ["https://evil.example/", "//evil.example/", "/\\evil"])
+def test_an_action_never_redirects_off_site(dashboard: Dashboard, target: str) -> None:
+    with httpx.Client() as http:
+        token = http.get(dashboard.url("/queues")).cookies[limitd.web.security.CSRF_COOKIE]
+        answer = http.post(
+            dashboard.url("/dead/delete"), data={"csrf": token, "scope": "all", "next": target}
+        )
+    assert answer.headers["location"] == "/dead"

@@ -70,8 +70,8 @@ def back(request: Request, fallback: str, form: FormData | None = None) -> Respo
     given = form.get("next") if form is not None else None
     target = (given if isinstance(given, str) else None) or request.query_params.get("next")
     target = target or fallback
-    if not target.startswith("/"):  # only paths of this site
-        target = fallback
+    if not target.startswith("/") or target.startswith("//") or "\\" in target:
+        target = fallback  # only paths of this site: "//host" would leave it
     return RedirectResponse(request.scope.get("root_path", "") + target, status_code=303)
 
 
