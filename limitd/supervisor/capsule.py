@@ -291,8 +291,7 @@ class Capsule:
         bridged = self.executor.chain.without_acall()
         if bridged:
             log.warning(
-                "server middleware without acall() run async jobs on a worker thread "
-                "each: %s",
+                "server middleware without acall() run async jobs on a worker thread each: %s",
                 ", ".join(bridged),
             )
         return lane
