@@ -160,7 +160,7 @@ def backtrace_of(entry: SortedEntry) -> list[str] | None:
 # Views
 
 
-async def list_view(request: Request, kind: SetPage) -> Response:
+def list_view(request: Request, kind: SetPage) -> Response:
     zset = kind.open(request)
     where = filter_of(request.query_params)
     number = page_number(request)
@@ -195,7 +195,7 @@ async def list_view(request: Request, kind: SetPage) -> Response:
     )
 
 
-async def detail_view(request: Request, kind: SetPage) -> Response:
+def detail_view(request: Request, kind: SetPage) -> Response:
     zset = kind.open(request)
     jid = request.path_params["jid"]
     score = _score_param(request)
@@ -235,11 +235,11 @@ def routes(kind: SetPage) -> list[Route]:
     """The page's routes: the actions first, so ``/dead/retry`` is never read as a
     jid."""
 
-    async def listing(request: Request) -> Response:
-        return await list_view(request, kind)
+    def listing(request: Request) -> Response:
+        return list_view(request, kind)
 
-    async def detail(request: Request) -> Response:
-        return await detail_view(request, kind)
+    def detail(request: Request) -> Response:
+        return detail_view(request, kind)
 
     verbs = ["retry", "delete", "kill"] if kind.can_kill else ["retry", "delete"]
     actions = [

@@ -1,10 +1,12 @@
 """The dashboard's pages, one module each, found here by name.
 
-A page module defines ``ORDER`` (its place in the navigation bar, and the order routes are
-tried), ``NAV`` (its entry in the bar: ``(path, title)``, or None for a page reached only
-by links) and ``ROUTES`` (its Starlette routes: a GET that renders through
+A page module defines ``ORDER`` (its place in the navigation bar, and the order routes
+are tried), ``NAV`` (its entry in the bar: ``(path, title)``, or None for a page reached
+only by links) and ``ROUTES`` (its Starlette routes: a GET that renders through
 ``limitd.web.rendering.render``, and a POST per change, each answering with a redirect
-back). Adding a page is adding a module: nothing else lists them.
+back). GET views are plain functions: Starlette runs them in its thread pool, so their
+blocking Redis calls never hold up the server's event loop. Adding a page is adding a
+module: nothing else lists them.
 """
 
 from __future__ import annotations

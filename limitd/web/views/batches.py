@@ -32,13 +32,13 @@ def state_tag(status: BatchStatus) -> tuple[str, str]:
     return word, ""
 
 
-async def index(request: Request) -> Response:
+def index(request: Request) -> Response:
     statuses = list_batches(request.app.state.redis, LISTED)
     rows = [(status, *state_tag(status)) for status in statuses]
     return render(request, "batches.html", {"rows": rows, "listed": LISTED})
 
 
-async def show(request: Request) -> Response:
+def show(request: Request) -> Response:
     bid = request.path_params["bid"]
     detail = batch_detail(request.app.state.redis, bid, FAILURES_SHOWN)
     context = {"bid": bid, "detail": detail}

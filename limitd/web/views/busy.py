@@ -22,7 +22,7 @@ ORDER = 30
 NAV = ("/busy", "Busy")
 
 
-async def index(request: Request) -> Response:
+def index(request: Request) -> Response:
     redis = request.app.state.redis
     processes = Processes(redis)
     hosts = {process.identity: process for process in processes}

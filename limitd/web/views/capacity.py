@@ -18,7 +18,7 @@ ORDER = 110
 NAV = ("/capacity", "Capacity")
 
 
-async def index(request: Request) -> Response:
+def index(request: Request) -> Response:
     return render(request, "capacity.html", {"rows": capacity(request.app.state.redis)})
 
 

@@ -26,7 +26,7 @@ HOUR_MINUTES = 60
 MONTH_DAYS = 30
 
 
-async def index(request: Request) -> Response:
+def index(request: Request) -> Response:
     redis = request.app.state.redis
     processes = Processes(redis)
     return render(

@@ -31,7 +31,7 @@ def usage_text(value: float) -> str:
     return f"{value:,.0f}" if value == int(value) else f"{value:,.1f}"
 
 
-async def index(request: Request) -> Response:
+def index(request: Request) -> Response:
     redis = request.app.state.redis
     statuses = limiters(redis)
     used = limiter_usage(redis, statuses)

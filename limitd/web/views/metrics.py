@@ -19,7 +19,7 @@ ORDER = 900
 NAV = None
 
 
-async def metrics(request: Request) -> Response:
+def metrics(request: Request) -> Response:
     page = generate_latest(registry_for(request.app.state.redis))
     return Response(page, media_type=CONTENT_TYPE_LATEST)
 

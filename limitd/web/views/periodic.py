@@ -21,7 +21,7 @@ ORDER = 100
 NAV = ("/periodic", "Periodic")
 
 
-async def index(request: Request) -> Response:
+def index(request: Request) -> Response:
     now = clock.now()
     statuses = periodic_status(request.app.state.redis, now=now)
     return render(

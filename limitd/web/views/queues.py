@@ -20,12 +20,12 @@ NAV = ("/queues", "Queues")
 JOBS_PER_PAGE = 25
 
 
-async def index(request: Request) -> Response:
+def index(request: Request) -> Response:
     rows = queue_overview(request.app.state.redis)
     return render(request, "queues.html", {"queues": rows})
 
 
-async def show(request: Request) -> Response:
+def show(request: Request) -> Response:
     queue = Queue(request.path_params["name"], request.app.state.redis)
     number = page_number(request)
     jobs = queue.page((number - 1) * JOBS_PER_PAGE, JOBS_PER_PAGE)
@@ -42,12 +42,12 @@ async def show(request: Request) -> Response:
     )
 
 
-async def pause(request: Request) -> Response:
+def pause(request: Request) -> Response:
     Queue(request.path_params["name"], request.app.state.redis).pause()
     return back(request, "/queues")
 
 
-async def resume(request: Request) -> Response:
+def resume(request: Request) -> Response:
     Queue(request.path_params["name"], request.app.state.redis).resume()
     return back(request, "/queues")
 

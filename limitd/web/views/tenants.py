@@ -23,7 +23,7 @@ LISTED = 50  # tenants shown, busiest first
 REROUTES_LISTED = 50  # reroute counters shown, largest first
 
 
-async def index(request: Request) -> Response:
+def index(request: Request) -> Response:
     redis = request.app.state.redis
     tenants = top_tenants(redis, LISTED)
     counters = sorted(reroutes(redis).items(), key=lambda item: (-item[1], item[0]))
