@@ -405,3 +405,22 @@ def test_the_feature_pages_are_read_only_and_live(
             assert "<form" not in page.text, path
             part = http.get(dashboard.url(path), headers={"X-Limitd-Live": "1"}).text
             assert "<html" not in part and "<table" in part, path
+
+
+def test_the_periodic_page_lists_the_configs_entries(
+    redis: redis_py.Redis, tmp_path: Path
+) -> None:
+    """Given the app's config (``limitd web conf/app.yml``), Periodic lists its entries
+    as ``limitd periodic -C`` does, before any scheduler has run."""
+    from starlette.testclient import TestClient
+
+    from limitd.config import load_config
+    from limitd.web import app
+
+    conf = tmp_path / "app.yml"
+    conf.write_text(
+        "periodic:\n  - {name: nightly-report, cron: '0 3 * * *', job: web_features.Notify}\n"
+    )
+    with TestClient(app(redis, config=load_config([str(conf)]))) as client:
+        page = client.get("/periodic").text
+    assert "nightly-report" in page and "0 3 * * *" in page

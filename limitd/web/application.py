@@ -9,6 +9,7 @@ from starlette.middleware import Middleware
 from starlette.routing import BaseRoute, Mount
 from starlette.staticfiles import StaticFiles
 
+from limitd.config import Config
 from limitd.web import views
 from limitd.web.rendering import environment
 from limitd.web.security import Credentials, Guard
@@ -21,15 +22,19 @@ def build(
     *,
     credentials: Credentials | None = None,
     refresh_seconds: float = DEFAULT_REFRESH,
+    config: Config | None = None,
 ) -> Starlette:
     """The dashboard on ``redis``. ``credentials``: ask for this user and password (HTTP
-    Basic); ``refresh_seconds``: how often an open page updates itself."""
+    Basic); ``refresh_seconds``: how often an open page updates itself; ``config``: the
+    app's config, for the pages that read it as their command does with ``-C`` (the
+    periodic entries, the tenant fairness settings)."""
     routes: list[BaseRoute] = [
         *views.routes(),
         Mount("/static", StaticFiles(packages=[("limitd.web", "static")]), name="static"),
     ]
     app = Starlette(routes=routes, middleware=[Middleware(Guard, credentials=credentials)])
     app.state.redis = redis
+    app.state.config = config
     app.state.templates = environment()
     app.state.refresh_seconds = refresh_seconds
     app.state.navigation = views.navigation()

@@ -26,6 +26,7 @@ from limitd.commands.common import (
     fail,
     parse_count,
 )
+from limitd.locate import named_config
 from limitd.web.credentials import Credentials
 
 DEFAULT_BIND = "127.0.0.1"
@@ -79,18 +80,16 @@ def run_web(args: argparse.Namespace, connect: Connect) -> int:
 
         from limitd.web.application import build
     except ImportError as exc:
-        return fail(
-            "limitd web", f"the web extra is missing ({exc}): pip install 'limitd[web]'", 69
-        )
+        missing = f"the web extra is missing ({exc}): pip install 'limitd[web]'"
+        return fail("limitd web", missing, EX_UNAVAILABLE)
     args.config = [*args.config, *args.files]  # where resolve_redis looks for files
     redis = connect()
     redis.ping()
+    dashboard = build(redis, credentials=credentials, config=named_config(args.config))
     guarded = "asks for a user and password" if credentials else "no password (loopback only)"
     print(f"limitd web on http://{args.bind}:{port}/ ({guarded})", file=sys.stderr, flush=True)
     try:
-        uvicorn.run(
-            build(redis, credentials=credentials), host=args.bind, port=port, log_level="warning"
-        )
+        uvicorn.run(dashboard, host=args.bind, port=port, log_level="warning")
     except OSError as exc:
         return fail("limitd web", f"cannot listen on {args.bind}:{port}: {exc}", EX_UNAVAILABLE)
     return EX_OK

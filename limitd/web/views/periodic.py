@@ -1,9 +1,9 @@
 """Periodic: each cron entry with its zone and job, its last run (jid, time) and its
 next run, in the entry's time zone.
 
-Read-only, as ``limitd periodic`` is. The dashboard is given no config, so the entries
-are those the running schedulers recorded in Redis when they started: what ``limitd
-periodic --json`` prints without ``-C`` (``periodic_status``).
+Read-only, as ``limitd periodic`` is, and with the same entries: the config's, when the
+dashboard was given one (``limitd web conf/app.yml``), else those the running schedulers
+recorded in Redis when they started (``periodic_status``).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from starlette.routing import Route
 from limitd import clock
 from limitd.api import periodic_status
 from limitd.periodic.commands import local_time
+from limitd.periodic.section import KEY
 from limitd.web.rendering import render
 
 ORDER = 100
@@ -23,7 +24,10 @@ NAV = ("/periodic", "Periodic")
 
 def index(request: Request) -> Response:
     now = clock.now()
-    statuses = periodic_status(request.app.state.redis, now=now)
+    config = request.app.state.config
+    settings = config.section(KEY) if config is not None else None
+    entries = list(settings.entries) if settings is not None else None
+    statuses = periodic_status(request.app.state.redis, entries, now=now)
     return render(
         request, "periodic.html", {"entries": statuses, "now": now, "local_time": local_time}
     )
