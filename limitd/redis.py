@@ -28,6 +28,8 @@ from redis.exceptions import (
     TimeoutError,
 )
 
+from limitd import sentinel
+
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 URL_ENV_VARS = ("LIMITD_REDIS_URL", "REDIS_URL")
 
@@ -43,7 +45,16 @@ def connect(
 ) -> redis.Redis:
     """A client on a fresh pool. Responses stay bytes: payloads are decoded by limitd,
     so one malformed (non UTF-8) job cannot break a fetch and get lost on the way.
-    (Which URL to use is decided above this layer: see ``limitd.locate``.)"""
+    (Which URL to use is decided above this layer: see ``limitd.locate``.) A
+    ``redis+sentinel://`` URL gives a client on the primary Sentinel names (see
+    ``limitd.sentinel``)."""
+    if url.startswith(sentinel.SCHEME):
+        return sentinel.connect(
+            url,
+            max_connections=max_connections,
+            socket_timeout=socket_timeout,
+            connect_timeout=connect_timeout,
+        )
     return redis.Redis.from_url(
         url,
         max_connections=max_connections,
@@ -70,6 +81,8 @@ def async_twin(client: redis.Redis, max_connections: int = 100) -> redis.asyncio
     Its pool blocks: a thousand async jobs on one loop, each with a Redis call to make,
     wait their turn for one of ``max_connections`` instead of failing (redis-py's plain
     asyncio pool raises past its cap) or opening a thousand sockets."""
+    if sentinel.is_sentinel_client(client):
+        return cast(redis.asyncio.Redis, sentinel.async_twin(client, max_connections, _SYNC_ONLY))
     pool = client.connection_pool
     kind = _ASYNC_CONNECTIONS.get(pool.connection_class)
     if kind is None:
@@ -285,6 +298,15 @@ class OwnConnection:
         self.client = client
         pool = client.connection_pool
         self.connection = pool.connection_class(**pool.connection_kwargs)
+        # A Sentinel-managed connection learns the primary's address only in connect():
+        # redis-py's implicit connect on send skips that and dials localhost:6379.
+        self.sentinel = sentinel.is_sentinel_client(client)
+
+    def ready(self) -> Any:
+        """The connection, connected to the right server (see ``sentinel``)."""
+        if self.sentinel:
+            self.connection.connect()  # returns at once when already connected
+        return self.connection
 
     def close(self) -> None:
         self.connection.disconnect()
@@ -298,7 +320,7 @@ def _connection(conn: Conn) -> Iterator[Any]:
     """The connection to send on: ``conn``'s own, or one borrowed from its pool. A
     connection that failed is dropped (it reconnects on next use)."""
     if isinstance(conn, OwnConnection):
-        yield from _using(conn.connection)
+        yield from _using(conn.ready())
         return
     pool = conn.connection_pool
     connection = pool.get_connection()
@@ -324,7 +346,7 @@ def send_packed(conn: Conn, command: bytes) -> Any:
     """Send a packed command and read the reply. Not retried on a connection error: the
     caller decides, since a script may have run regardless."""
     if isinstance(conn, OwnConnection):  # the hot path: no pool, no context manager
-        return _exchange(conn.connection, command)
+        return _exchange(conn.ready(), command)
     with _connection(conn) as connection:
         connection.send_packed_command([command], check_health=False)
         return connection.read_response()

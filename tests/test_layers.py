@@ -26,6 +26,7 @@ LAYERS: dict[str, tuple[int, str]] = {
     "limitd.keys": (BOTTOM, ""),
     "limitd.payload": (BOTTOM, ""),
     "limitd.redis": (BOTTOM, ""),
+    "limitd.sentinel": (BOTTOM, ""),
     "limitd.embedded": (BOTTOM, ""),
     "limitd.options": (BOTTOM, ""),
     "limitd.version": (BOTTOM, ""),

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from limitd import sentinel
 from limitd.config.files import KeyPath, interpolate, merge_files
 from limitd.config.settings import (
     FETCHES,
@@ -82,12 +83,15 @@ SHARED_KEYS = (
 )
 CAPSULE_KEYS = frozenset(OWN_KEYS + SHARED_KEYS)
 BUILT_IN_TOP_KEYS = CAPSULE_KEYS | {"redis", "logging", "capsules"}
-REDIS_KEYS = frozenset({"url", "pool_size", "socket_timeout", "connect_timeout"})
+REDIS_KEYS = frozenset(
+    {"url", "sentinels", "service", "db", "pool_size", "socket_timeout", "connect_timeout"}
+)
 LOGGING_KEYS = frozenset({"level", "levels", "format", "file"})
 LOG_FORMATS = ("text", "json")
 DEAD_KEYS = frozenset({"max_jobs", "timeout_days"})
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://", sentinel.SCHEME)
+_HOST_PORT = re.compile(r"[^\s:,/]+:\d+")
 
 _MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 _CAPSULE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
@@ -152,6 +156,23 @@ def read_shared(section: Section, base: Shared) -> Shared:
     )
 
 
+def _sentinel_url(section: Section) -> str | None:
+    """``sentinels: [host:port, ...]`` with ``service`` (and ``db``) as a
+    ``redis+sentinel://`` URL; None when no sentinels are named."""
+    sentinels = section.names("sentinels", "sentinel address (host:port)", _HOST_PORT)
+    service = section.optional_string("service")
+    if not sentinels:
+        for key in ("service", "db"):
+            if section.data.get(key) is not None:
+                raise section.error("sentinels", f"{key} is set: name the sentinels (host:port)")
+        return None
+    if section.optional_string("url") is not None:
+        raise section.error("sentinels", "give url or sentinels, not both")
+    if service is None:
+        raise section.error("service", "expected the name Sentinel monitors the primary as")
+    return sentinel.url_of(sentinels, service, section.integer("db", 0, 0))
+
+
 def read_dead(section: Section, base: DeadSetPolicy) -> DeadSetPolicy:
     section.check_keys(DEAD_KEYS)
     days = section.number("timeout_days", base.timeout_seconds / DAY, 0, above=True, unit="days")
@@ -166,6 +187,12 @@ def read_redis(section: Section, env: Mapping[str, str]) -> RedisSettings:
         raise section.error(
             "url", f"expected a URL starting with {' or '.join(REDIS_SCHEMES)}, got {url!r}"
         )
+    if url is not None and url.startswith(sentinel.SCHEME):
+        try:
+            sentinel.parse(url)
+        except ValueError as exc:
+            raise section.error("url", str(exc)) from None
+    url = _sentinel_url(section) or url
     defaults = RedisSettings()
     return RedisSettings(
         url=env.get(REDIS_URL_ENV) or url,

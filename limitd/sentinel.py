@@ -1,0 +1,112 @@
+"""Redis behind Sentinel: ``redis+sentinel://`` addresses, and clients that ask the
+sentinels where the primary is.
+
+A URL names the sentinels, the service (Sentinel's "master name") and the database::
+
+    redis+sentinel://[:password@]host:port[,host:port...]/service[/db]
+
+The password, if any, is the primary's (sentinels are asked without one). Clients are
+redis-py's Sentinel clients: each new connection asks the sentinels for the primary's
+address, so after a failover the pool's connections reconnect to the new primary (a
+command that hit the old one fails with READONLY or a connection error first; see
+``limitd.redis.retry_on_failover``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import redis
+import redis.asyncio
+import redis.asyncio.sentinel
+import redis.sentinel
+
+SCHEME = "redis+sentinel://"
+
+
+@dataclass(frozen=True)
+class SentinelAddress:
+    sentinels: tuple[tuple[str, int], ...]
+    service: str
+    db: int = 0
+    password: str | None = None
+
+
+def parse(url: str) -> SentinelAddress:
+    """The parts of a ``redis+sentinel://`` URL; ValueError naming what is wrong."""
+    if not url.startswith(SCHEME):
+        raise ValueError(f"a Sentinel URL starts with {SCHEME}, got {url!r}")
+    parts = urlsplit("http://" + url[len(SCHEME) :])
+    password = unquote(parts.password) if parts.password else None
+    hosts = parts.netloc.rpartition("@")[2]
+    sentinels = tuple(_address(item, url) for item in hosts.split(",") if item)
+    if not sentinels:
+        raise ValueError(f"{url!r}: name at least one sentinel as host:port")
+    path = [piece for piece in parts.path.split("/") if piece]
+    if not path or len(path) > 2:
+        raise ValueError(f"{url!r}: expected /service or /service/db after the sentinels")
+    db = path[1] if len(path) == 2 else "0"
+    if not db.isdigit():
+        raise ValueError(f"{url!r}: the database must be a number, got {db!r}")
+    return SentinelAddress(sentinels, unquote(path[0]), int(db), password)
+
+
+def _address(item: str, url: str) -> tuple[str, int]:
+    host, colon, port = item.rpartition(":")
+    if not colon or not host or not port.isdigit():
+        raise ValueError(f"{url!r}: expected host:port for each sentinel, got {item!r}")
+    return host, int(port)
+
+
+def url_of(sentinels: list[str], service: str, db: int = 0) -> str:
+    """The URL for a config's ``redis: {sentinels: [host:port, ...], service: name}``."""
+    return f"{SCHEME}{','.join(sentinels)}/{service}/{db}"
+
+
+def connect(
+    url: str,
+    *,
+    max_connections: int | None,
+    socket_timeout: float,
+    connect_timeout: float,
+) -> redis.Redis:
+    """A client on the primary of the service ``url`` names."""
+    where = parse(url)
+    timeouts = {"socket_timeout": socket_timeout, "socket_connect_timeout": connect_timeout}
+    sentinel = redis.sentinel.Sentinel(list(where.sentinels), sentinel_kwargs=timeouts)
+    return sentinel.master_for(
+        where.service,
+        db=where.db,
+        password=where.password,
+        max_connections=max_connections,
+        health_check_interval=30,
+        **timeouts,
+    )
+
+
+def is_sentinel_client(client: redis.Redis) -> bool:
+    return isinstance(client.connection_pool, redis.sentinel.SentinelConnectionPool)
+
+
+def async_twin(client: redis.Redis, max_connections: int, skip: frozenset[str]) -> Any:
+    """An asyncio client on the same service, asking the same sentinels (see
+    ``limitd.redis.async_twin``); ``skip`` names connection settings asyncio lacks."""
+    pool = client.connection_pool
+    assert isinstance(pool, redis.sentinel.SentinelConnectionPool)
+    manager = pool.sentinel_manager
+    sentinels = [
+        (s.connection_pool.connection_kwargs["host"], s.connection_pool.connection_kwargs["port"])
+        for s in manager.sentinels
+    ]
+    settings = {
+        k: v for k, v in pool.connection_kwargs.items() if k not in skip and k != "connection_pool"
+    }
+    twin = redis.asyncio.sentinel.Sentinel(sentinels, sentinel_kwargs=manager.sentinel_kwargs)
+    return twin.master_for(
+        pool.service_name,
+        connection_pool_class=redis.asyncio.sentinel.SentinelConnectionPool,
+        max_connections=max_connections,
+        **settings,
+    )
