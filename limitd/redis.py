@@ -235,7 +235,8 @@ class LuaScript:
         self.source = b"\n".join(parts)
         self.name = filename
         self._script = Script(None, self.source)  # type: ignore[arg-type]
-        self._sha = self._script.sha.encode()
+        self.sha: str = self._script.sha  # what EVALSHA names it by
+        self._sha = self.sha.encode()
 
     def __call__(self, conn: Any, keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> Any:
         """Run on ``conn`` (a client, a pipeline or an own connection)."""
@@ -255,10 +256,10 @@ class LuaScript:
     ) -> Any:
         """The same call on an asyncio client (see :func:`async_twin`)."""
         try:
-            return await conn.evalsha(self._script.sha, len(keys), *keys, *args)
+            return await conn.evalsha(self.sha, len(keys), *keys, *args)
         except NoScriptError:
             await conn.script_load(self.source)
-            return await conn.evalsha(self._script.sha, len(keys), *keys, *args)
+            return await conn.evalsha(self.sha, len(keys), *keys, *args)
 
     def packed(self, keys: Sequence[Any], args: Sequence[Any]) -> bytes:
         return pack_command(b"EVALSHA", self._sha, len(keys), *keys, *args)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
@@ -37,7 +36,7 @@ from redis.exceptions import NoScriptError
 
 from limitd.middleware.chain import ClientChain, log_abandon_failure
 from limitd.payload import Payload
-from limitd.redis import LuaScript, ScriptCall
+from limitd.redis import ScriptCall
 from limitd.spec import JobSpec
 
 AsyncPushNext = Callable[[Payload], Coroutine[Any, Any, "Payload | None"]]
@@ -151,7 +150,7 @@ async def arun_all(conn: redis.asyncio.Redis, calls: Sequence[ScriptCall]) -> li
     made again on its own once the script is loaded; another error is raised."""
     pipe = conn.pipeline(transaction=False)
     for call in calls:
-        pipe.evalsha(_sha(call.script), len(call.keys), *call.keys, *call.all_args())
+        pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.all_args())
     replies: list[Any] = await pipe.execute(raise_on_error=False)
     for index, (call, reply) in enumerate(zip(calls, replies, strict=True)):
         if isinstance(reply, NoScriptError):
@@ -159,8 +158,3 @@ async def arun_all(conn: redis.asyncio.Redis, calls: Sequence[ScriptCall]) -> li
         elif isinstance(reply, Exception):
             raise reply
     return replies
-
-
-@functools.cache
-def _sha(script: LuaScript) -> str:
-    return hashlib.sha1(script.source).hexdigest()
