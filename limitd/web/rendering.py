@@ -54,7 +54,7 @@ def render(
     values = {
         "request": request,
         "csrf": csrf_token(request),
-        "root": request.scope.get("root_path", ""),
+        "root": root_of(request),
         "refresh": request.app.state.refresh_seconds,
         **context,
     }
@@ -72,7 +72,13 @@ def back(request: Request, fallback: str, form: FormData | None = None) -> Respo
     target = target or fallback
     if not target.startswith("/") or target.startswith("//") or "\\" in target:
         target = fallback  # only paths of this site: "//host" would leave it
-    return RedirectResponse(request.scope.get("root_path", "") + target, status_code=303)
+    return RedirectResponse(root_of(request) + target, status_code=303)
+
+
+def root_of(request: Request) -> str:
+    """Where the dashboard is mounted ("" at the root of its own server): every link and
+    redirect starts with it."""
+    return str(request.scope.get("root_path", ""))
 
 
 def ago(epoch: float | None) -> str:

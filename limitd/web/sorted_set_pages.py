@@ -30,7 +30,7 @@ from limitd import clock
 from limitd.api import DeadSet, PendingEntry, PendingSet, RetrySet, ScheduledSet, SortedEntry
 from limitd.api.sorted_sets import EntryFilter, SortedSet
 from limitd.web.forms import page_number
-from limitd.web.rendering import back, render, seconds
+from limitd.web.rendering import back, render, root_of, seconds
 
 PER_PAGE = 25
 MESSAGE_SHOWN = 160  # characters of an error message in lists
@@ -172,7 +172,7 @@ def list_view(request: Request, kind: SetPage) -> Response:
     else:
         entries = zset.page(start, PER_PAGE, ascending=kind.ascending)
         total = zset.size()
-    root = request.scope.get("root_path", "")
+    root = root_of(request)
     pages = max(1, -(-total // PER_PAGE))
     query = {key: value for key, value in (("name", where.name), ("text", where.text)) if value}
     return render(
@@ -203,7 +203,7 @@ def detail_view(request: Request, kind: SetPage) -> Response:
     context: dict[str, Any] = {"kind": kind, "jid": jid, "entry": None}
     if entry is None:
         return render(request, "set_entry.html", context, status=404)
-    root = request.scope.get("root_path", "")
+    root = root_of(request)
     context.update(
         entry=entry,
         row=row_of(kind, entry, root),
@@ -305,7 +305,7 @@ def _page_link(root: str, kind: SetPage, query: dict[str, str], number: int) -> 
 
 def _here(request: Request) -> str:
     """This page's path and query without the mount point: where an action returns."""
-    root = request.scope.get("root_path", "")
+    root = root_of(request)
     path = request.url.path
     if root and path.startswith(root):
         path = path[len(root) :]
