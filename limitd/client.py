@@ -20,7 +20,7 @@ from typing import Any
 
 import redis as redis_py
 
-from limitd import clock, keys
+from limitd import clock, keys, replication
 from limitd.locate import Location, app_location, connect_to
 from limitd.middleware.chain import ClientChain
 from limitd.middleware.defaults import default_client_chain
@@ -97,11 +97,15 @@ class Client:
         raises, the chunk counts as not written: middleware give back what they reserved
         for it (unique locks, places in a batch) before the error goes on. (A write that
         failed part-way, on one of several queues, may have pushed some jobs; those run
-        outside the batch and without a lock, as after a single push that raised.)"""
+        outside the batch and without a lock, as after a single push that raised.) A push that
+        replicas did not confirm in time (``NotReplicated``) was written: nothing is given
+        back."""
         try:
             self.middleware.prepare_bulk(spec, chunk, self.redis)
             kept = [self.middleware.invoke(spec, payload, self.redis, _keep) for payload in chunk]
             self.raw_push(payload for payload in kept if payload)
+        except replication.NotReplicated:
+            raise  # pushed: the reservations stand
         except BaseException:
             self.middleware.abandon_bulk(spec, chunk, self.redis)
             raise
@@ -121,7 +125,22 @@ class Client:
     def _write(self, payloads: list[Payload]) -> None:
         pipe = self.redis.pipeline(transaction=False)
         queue_write(pipe, payloads)
-        pipe.execute()
+        wait = replication.of(self.redis)
+        if wait is not None:
+            pipe.wait(wait.replicas, wait.timeout_ms)
+        replies = pipe.execute()
+        if wait is not None:
+            check_replicated(replies, wait, payloads)
+
+
+def check_replicated(
+    replies: list[Any], wait: replication.ReplicaWait, pushed: list[Payload]
+) -> None:
+    """After a write whose pipeline ended with ``WAIT``: raise ``NotReplicated``, naming
+    the jobs, when too few replicas confirmed it."""
+    if not replication.confirmed(replies, wait):
+        message = replication.shortfall(wait, int(replies[-1]), _what(*pushed))
+        raise replication.NotReplicated(message)
 
 
 def queue_write(pipe: Any, payloads: list[Payload]) -> None:

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import redis as redis_py
@@ -62,12 +63,14 @@ class RedisServer:
         data_dir: str | None = None,
         appendonly: bool = False,
         log_file: str | None = None,
+        extra_args: Sequence[str] = (),
     ) -> None:
         self.unix_socket = unix_socket
         self.port = 0 if unix_socket else (port or free_port())
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="limitd-redis-")
         self.appendonly = appendonly
         self.log_file = log_file or os.path.join(self.data_dir, "redis.log")
+        self.extra_args = list(extra_args)  # e.g. --replicaof, --cluster-enabled (tests)
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -96,7 +99,7 @@ class RedisServer:
         ]
         if self.unix_socket:
             args += ["--unixsocket", self.unix_socket, "--unixsocketperm", "700"]
-        return args
+        return args + self.extra_args
 
     def start(self) -> None:
         # Its own session: a Ctrl-C meant for limitd must not kill Redis before limitd
@@ -120,6 +123,13 @@ class RedisServer:
             self.process.kill()
             self.process.wait()
         self.process = None
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, with nothing flushed or handed over."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
 
     def restart(self) -> None:
         self.stop()

@@ -151,4 +151,5 @@ def connect_to(where: Location, max_connections: int | None = None) -> redis_py.
         max_connections=max_connections,
         socket_timeout=settings.socket_timeout,
         connect_timeout=settings.connect_timeout,
+        wait=settings.replica_wait,
     )

@@ -18,6 +18,7 @@ from typing import Any, TypeVar, cast
 import hiredis
 import redis
 import redis.asyncio
+from redis.backoff import NoBackoff
 from redis.client import Pipeline
 from redis.commands.core import Script
 from redis.exceptions import (
@@ -27,8 +28,9 @@ from redis.exceptions import (
     ResponseError,
     TimeoutError,
 )
+from redis.retry import Retry
 
-from limitd import sentinel
+from limitd import replication, sentinel
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 URL_ENV_VARS = ("LIMITD_REDIS_URL", "REDIS_URL")
@@ -42,26 +44,62 @@ def connect(
     max_connections: int | None = None,
     socket_timeout: float = 10.0,
     connect_timeout: float = 5.0,
+    wait: replication.ReplicaWait | None = None,
 ) -> redis.Redis:
     """A client on a fresh pool. Responses stay bytes: payloads are decoded by limitd,
     so one malformed (non UTF-8) job cannot break a fetch and get lost on the way.
     (Which URL to use is decided above this layer: see ``limitd.locate``.) A
     ``redis+sentinel://`` URL gives a client on the primary Sentinel names (see
-    ``limitd.sentinel``)."""
+    ``limitd.sentinel``). ``wait`` (or the URL's ``wait_replicas`` / ``wait_timeout``,
+    which win) makes the client's pushes and fetches wait for replicas (see
+    ``limitd.replication``)."""
+    url, from_url = replication.split_url(url)
     if url.startswith(sentinel.SCHEME):
-        return sentinel.connect(
+        client = sentinel.connect(
             url,
             max_connections=max_connections,
             socket_timeout=socket_timeout,
             connect_timeout=connect_timeout,
         )
-    return redis.Redis.from_url(
-        url,
-        max_connections=max_connections,
-        socket_timeout=socket_timeout,
-        socket_connect_timeout=connect_timeout,
-        health_check_interval=30,
+    else:
+        client = redis.Redis.from_url(
+            url,
+            max_connections=max_connections,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=connect_timeout,
+            health_check_interval=30,
+        )
+    replication.attach(client, from_url or wait)
+    return client
+
+
+def unreachable(url: str, timeout: float = 5.0) -> str | None:
+    """None when the Redis ``url`` names answers a PING, else why not, in words that
+    name what was tried (the URL without its password; through Sentinel, each
+    sentinel). Tried once, without redis-py's retries: a check at start."""
+    bare = replication.split_url(url)[0]
+    if bare.startswith(sentinel.SCHEME):
+        return sentinel.unreachable(bare, timeout)
+    probe = redis.Redis.from_url(
+        bare, socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0)
     )
+    try:
+        probe.ping()
+    except redis.RedisError as exc:
+        return f"{masked(bare)} does not answer: {exc}"
+    finally:
+        probe.close()
+    return None
+
+
+def masked(url: str) -> str:
+    """``url`` with its password, if any, replaced by ``***``: for logs and messages."""
+    scheme, sep, rest = url.partition("://")
+    credentials, at, host = rest.rpartition("@")
+    if not sep or not at or ":" not in credentials:
+        return url
+    user = credentials.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}"
 
 
 _ASYNC_CONNECTIONS = {
@@ -81,6 +119,12 @@ def async_twin(client: redis.Redis, max_connections: int = 100) -> redis.asyncio
     Its pool blocks: a thousand async jobs on one loop, each with a Redis call to make,
     wait their turn for one of ``max_connections`` instead of failing (redis-py's plain
     asyncio pool raises past its cap) or opening a thousand sockets."""
+    twin = _bare_async_twin(client, max_connections)
+    replication.attach(twin, replication.of(client))
+    return twin
+
+
+def _bare_async_twin(client: redis.Redis, max_connections: int) -> redis.asyncio.Redis:
     if sentinel.is_sentinel_client(client):
         return cast(redis.asyncio.Redis, sentinel.async_twin(client, max_connections, _SYNC_ONLY))
     pool = client.connection_pool
@@ -362,28 +406,30 @@ def _exchange(connection: Any, command: bytes) -> Any:
         raise
 
 
-def send_calls_then(conn: Conn, calls: Sequence[ScriptCall], command: bytes) -> Any:
-    """Send ``calls`` (merged where they can be) and then ``command`` in one write, read
-    every reply, and return the last one. A call whose script the server lost (NOSCRIPT,
-    after a restart) is loaded and made again; another call's error is re-raised once
-    every reply was read, so the connection stays in step."""
+def send_calls_then(conn: Conn, calls: Sequence[ScriptCall], *commands: bytes) -> list[Any]:
+    """Send ``calls`` (merged where they can be) and then ``commands`` in one write, read
+    every reply, and return the replies to ``commands``. A call whose script the server
+    lost (NOSCRIPT, after a restart) is loaded and made again; another call's error is
+    re-raised once every reply was read, so the connection stays in step."""
     merged = merge_calls(calls)
     replies: list[Any] = []
     with _connection(conn) as connection:
         # One buffer, so one write: redis-py sends each list item with its own sendall,
         # and Redis could read, run and answer the first before the second arrived.
-        packed = b"".join([*(group.call.packed() for group in merged), command])
+        packed = b"".join([*(group.call.packed() for group in merged), *commands])
         connection.send_packed_command([packed], check_health=False)
-        for _ in range(len(merged) + 1):
+        for _ in range(len(merged) + len(commands)):
             try:
                 replies.append(connection.read_response())
             except ResponseError as exc:
                 replies.append(exc)
     for group, reply in zip(merged, replies, strict=False):
         group.deliver(conn, reply)
-    if isinstance(replies[-1], Exception):
-        raise replies[-1]
-    return replies[-1]
+    tail = replies[len(merged) :]
+    for reply in tail:
+        if isinstance(reply, Exception):
+            raise reply
+    return tail
 
 
 def set_members(conn: redis.Redis, key: str) -> list[str]:

@@ -15,13 +15,15 @@ command that hit the old one fails with READONLY or a connection error first; se
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 from urllib.parse import unquote, urlsplit
 
 import redis
 import redis.asyncio
 import redis.asyncio.sentinel
 import redis.sentinel
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 SCHEME = "redis+sentinel://"
 
@@ -83,6 +85,60 @@ def connect(
         max_connections=max_connections,
         health_check_interval=30,
         **timeouts,
+    )
+
+
+def unreachable(url: str, timeout: float) -> str | None:
+    """None when the sentinels ``url`` names know its service and its primary answers;
+    else why not, for the one line ``limitd start`` exits with: which sentinels did not
+    answer and why, which services those that did know, or the primary they name that
+    does not answer. One try each, no retries: this runs before anything starts."""
+    where = parse(url)
+    silent: list[str] = []
+    known: dict[str, list[str]] = {}
+    for host, port in where.sentinels:
+        probe = one_try_client(host=host, port=port, timeout=timeout)
+        try:
+            masters = cast("dict[str, dict[str, Any]]", probe.sentinel_masters())
+        except redis.RedisError as exc:
+            silent.append(f"{host}:{port} ({exc})")
+            continue
+        finally:
+            probe.close()
+        if where.service in masters:
+            state = masters[where.service]
+            primary = one_try_client(
+                host=state["ip"], port=int(state["port"]), timeout=timeout, password=where.password
+            )
+            try:
+                primary.ping()
+                return None
+            except redis.RedisError as exc:
+                return (
+                    f"sentinel {host}:{port} names {state['ip']}:{state['port']} as the primary "
+                    f"of {where.service!r}, and it does not answer: {exc}"
+                )
+            finally:
+                primary.close()
+        known[f"{host}:{port}"] = sorted(masters)
+    if not known:
+        return "none of the sentinels answered: " + ", ".join(silent)
+    services = sorted({name for names in known.values() for name in names})
+    return (
+        f"the sentinels {', '.join(known)} monitor no service {where.service!r} "
+        f"(they monitor {', '.join(map(repr, services)) or 'nothing'})"
+        + (f"; no answer from {', '.join(silent)}" if silent else "")
+    )
+
+
+def one_try_client(timeout: float, **address: Any) -> redis.Redis:
+    """A client that tries once (redis-py retries connection errors ten times by
+    default, with backoff: a check at start must answer in seconds)."""
+    return redis.Redis(
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        retry=Retry(NoBackoff(), 0),
+        **address,
     )
 
 

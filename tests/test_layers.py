@@ -27,6 +27,8 @@ LAYERS: dict[str, tuple[int, str]] = {
     "limitd.payload": (BOTTOM, ""),
     "limitd.redis": (BOTTOM, ""),
     "limitd.sentinel": (BOTTOM, ""),
+    "limitd.replication": (BOTTOM, ""),
+    "limitd.backoff": (BOTTOM, ""),
     "limitd.embedded": (BOTTOM, ""),
     "limitd.options": (BOTTOM, ""),
     "limitd.version": (BOTTOM, ""),

@@ -2,7 +2,8 @@
 --sentinel`` watching it, both on free ports. limitd connects through the sentinel by
 URL or by the config's ``sentinels`` / ``service``, and everything that talks to Redis
 (the client, a capsule, the async client, ``limitd start``) works through it.
-(Failover itself, with its guarantees, is not covered here yet.)"""
+A Redis that cannot be reached at start is named in the one line `limitd start` exits
+with (status 69). Failover under load: ``test_sentinel_failover``."""
 
 from __future__ import annotations
 
@@ -144,3 +145,35 @@ def test_limitd_start_drains_through_the_sentinel(sentinel_url: str, tmp_path: P
     finally:
         processes.kill_all()
     assert supervisor.returncode is not None
+
+
+def _start_fails(url: str, tmp_path: Path) -> str:
+    """``limitd start`` against ``url``: it must exit 69 at once; returns its last line."""
+    processes = LimitdProcesses(tmp_path, url)
+    proc = processes.start("-r", "json")
+    try:
+        assert proc.wait(30) == 69
+    finally:
+        processes.kill_all()
+    return (tmp_path / "limitd.log").read_text().strip().splitlines()[-1]
+
+
+def test_start_names_the_service_the_sentinels_do_not_know(
+    sentinel_url: str, tmp_path: Path
+) -> None:
+    line = _start_fails(sentinel_url.replace(f"/{SERVICE}/", "/nosuch/"), tmp_path)
+    assert "monitor no service 'nosuch' (they monitor 'mymaster')" in line
+
+
+def test_start_names_each_silent_sentinel(tmp_path: Path) -> None:
+    ports = [free_port(), free_port()]
+    url = f"{sentinel.SCHEME}127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}/{SERVICE}"
+    line = _start_fails(url, tmp_path)
+    assert "none of the sentinels answered" in line
+    assert all(f"127.0.0.1:{port} (" in line for port in ports)
+
+
+def test_start_names_a_plain_redis_that_does_not_answer(tmp_path: Path) -> None:
+    port = free_port()
+    line = _start_fails(f"redis://:secret@127.0.0.1:{port}/0", tmp_path)
+    assert f"cannot reach Redis: redis://:***@127.0.0.1:{port}/0 does not answer" in line

@@ -21,8 +21,17 @@ import redis as redis_py
 import redis.asyncio
 from redis.exceptions import ResponseError
 
+from limitd import replication
 from limitd.aio.client_chain import aabandon_bulk, ainvoke, aprepare_bulk
-from limitd.client import Client, bulk_chunks, check_all, default_client, normalize, queue_write
+from limitd.client import (
+    Client,
+    bulk_chunks,
+    check_all,
+    check_replicated,
+    default_client,
+    normalize,
+    queue_write,
+)
 from limitd.middleware.chain import ClientChain
 from limitd.middleware.defaults import default_client_chain
 from limitd.payload import STRICT_ARGS_MODES, Payload
@@ -133,6 +142,8 @@ class AsyncClient:
                 for payload in chunk
             ]
             await self.raw_push(payload for payload in kept if payload)
+        except replication.NotReplicated:
+            raise  # pushed: the reservations stand
         except BaseException:
             await aabandon_bulk(self.middleware, spec, chunk, redis, self._sync_redis)
             raise
@@ -157,7 +168,12 @@ class AsyncClient:
 async def _write(redis: redis.asyncio.Redis, payloads: list[Payload]) -> None:
     pipe = redis.pipeline(transaction=False)
     queue_write(pipe, payloads)
-    await pipe.execute()
+    wait = replication.of(redis)
+    if wait is not None:
+        pipe.wait(wait.replicas, wait.timeout_ms)
+    replies = await pipe.execute()
+    if wait is not None:
+        check_replicated(replies, wait, payloads)
 
 
 async def _keep(payload: Payload) -> Payload:

@@ -37,6 +37,7 @@ from redis.exceptions import NoScriptError
 from limitd.middleware.chain import ClientChain, log_abandon_failure
 from limitd.payload import Payload
 from limitd.redis import ScriptCall
+from limitd.replication import NotReplicated
 from limitd.spec import JobSpec
 
 AsyncPushNext = Callable[[Payload], Coroutine[Any, Any, "Payload | None"]]
@@ -136,6 +137,8 @@ async def acall_next_or_undo(
     chain, and await ``undo`` if it halts the push or raises."""
     try:
         pushed = await call_next(payload)
+    except NotReplicated:
+        raise
     except BaseException:
         await undo()
         raise

@@ -26,7 +26,7 @@ import yaml
 
 from limitd import logs
 from limitd.client import Client, set_default_client
-from limitd.commands.common import EX_USAGE, Subparsers
+from limitd.commands.common import EX_UNAVAILABLE, EX_USAGE, Subparsers
 from limitd.config import (
     CapsuleConfig,
     CapsuleSpec,
@@ -50,7 +50,7 @@ from limitd.locate import (
 )
 from limitd.middleware.defaults import default_client_chain, default_server_chain
 from limitd.plugins import ProcessContext, start_process_services, stop_process_services
-from limitd.redis import URL_ENV_VARS, connect
+from limitd.redis import URL_ENV_VARS, connect, masked, unreachable
 from limitd.supervisor.capsule import Capsule, import_app
 from limitd.supervisor.launcher import Launcher
 from limitd.supervisor.supervisor import Supervisor
@@ -186,7 +186,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         return EX_CONFIG
     effective = config_as_dict(config)
     if effective.get("redis", {}).get("url"):
-        effective["redis"]["url"] = _mask_password(effective["redis"]["url"])
+        effective["redis"]["url"] = masked(effective["redis"]["url"])
     print(yaml.safe_dump(effective, sort_keys=False), end="")
     return 0
 
@@ -205,6 +205,10 @@ def cmd_start(args: argparse.Namespace) -> int:
     url = str(where.url)
     share_location(where, config.files)
     try:
+        problem = unreachable(url, config.redis.connect_timeout)
+        if problem is not None:
+            print(f"limitd start: cannot reach Redis: {problem}", file=sys.stderr)
+            return EX_UNAVAILABLE
         redis = connect_for(config.redis, url)
         set_default_client(Client(redis, middleware=default_client_chain(config.sections)))
         supervisor = Supervisor(
@@ -240,9 +244,9 @@ def share_location(where: Location, files: list[str]) -> None:
     if files and where.step in (CONFIGURED, EMBEDDED):
         var, value = CONFIG_ENV, os.environ[CONFIG_ENV]
     elif where.step == ENVIRONMENT:
-        var, value = where.source, _mask_password(str(where.url))
+        var, value = where.source, masked(str(where.url))
     else:
-        var, value = URL_ENV_VARS[0], _mask_password(str(where.url))
+        var, value = URL_ENV_VARS[0], masked(str(where.url))
         os.environ[var] = str(where.url)
     log.info("app code finds this Redis with: export %s=%s", var, shlex.quote(value))
 
@@ -290,6 +294,7 @@ def connect_for(
         max_connections=size,
         socket_timeout=settings.socket_timeout,
         connect_timeout=settings.connect_timeout,
+        wait=settings.replica_wait,
     )
 
 
@@ -385,12 +390,3 @@ def configure_logging(config: Config, *, verbose: bool = False) -> None:
     if verbose:
         settings = dataclasses.replace(settings, level="DEBUG")
     logs.configure(settings)
-
-
-def _mask_password(url: str) -> str:
-    scheme, sep, rest = url.partition("://")
-    credentials, at, host = rest.rpartition("@")
-    if not sep or not at or ":" not in credentials:
-        return url
-    user = credentials.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{host}"

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from limitd import sentinel
+from limitd import replication, sentinel
 from limitd.config.files import KeyPath, interpolate, merge_files
 from limitd.config.settings import (
     FETCHES,
@@ -84,7 +84,17 @@ SHARED_KEYS = (
 CAPSULE_KEYS = frozenset(OWN_KEYS + SHARED_KEYS)
 BUILT_IN_TOP_KEYS = CAPSULE_KEYS | {"redis", "logging", "capsules"}
 REDIS_KEYS = frozenset(
-    {"url", "sentinels", "service", "db", "pool_size", "socket_timeout", "connect_timeout"}
+    {
+        "url",
+        "sentinels",
+        "service",
+        "db",
+        "pool_size",
+        "socket_timeout",
+        "connect_timeout",
+        "wait_replicas",
+        "wait_timeout",
+    }
 )
 LOGGING_KEYS = frozenset({"level", "levels", "format", "file"})
 LOG_FORMATS = ("text", "json")
@@ -187,18 +197,24 @@ def read_redis(section: Section, env: Mapping[str, str]) -> RedisSettings:
         raise section.error(
             "url", f"expected a URL starting with {' or '.join(REDIS_SCHEMES)}, got {url!r}"
         )
-    if url is not None and url.startswith(sentinel.SCHEME):
+    if url is not None:
         try:
-            sentinel.parse(url)
+            bare = replication.split_url(url)[0]
+            if bare.startswith(sentinel.SCHEME):
+                sentinel.parse(bare)
         except ValueError as exc:
             raise section.error("url", str(exc)) from None
     url = _sentinel_url(section) or url
+    if section.given("wait_timeout") and not section.given("wait_replicas"):
+        raise section.error("wait_timeout", "is set: set wait_replicas too (at least 1)")
     defaults = RedisSettings()
     return RedisSettings(
         url=env.get(REDIS_URL_ENV) or url,
         pool_size=section.optional_integer("pool_size", 1),
         socket_timeout=section.number("socket_timeout", defaults.socket_timeout, 0, above=True),
         connect_timeout=section.number("connect_timeout", defaults.connect_timeout, 0, above=True),
+        wait_replicas=section.optional_integer("wait_replicas", 1),
+        wait_timeout=section.number("wait_timeout", defaults.wait_timeout, 0, above=True),
     )
 
 
@@ -365,6 +381,12 @@ def _translated(section: Section) -> Iterator[None]:
         raise section.error((), str(exc)) from None
 
 
+def _replica_wait_as_dict(settings: RedisSettings) -> dict[str, Any]:
+    if settings.wait_replicas is None:
+        return {}
+    return {"wait_replicas": settings.wait_replicas, "wait_timeout": settings.wait_timeout}
+
+
 def config_as_dict(config: Config) -> dict[str, Any]:
     """The effective configuration as plain data in the files' own schema (every capsule
     spelt out under ``capsules``), for ``limitd check``: loading it back gives the same."""
@@ -374,6 +396,7 @@ def config_as_dict(config: Config) -> dict[str, Any]:
             "pool_size": config.redis.pool_size,
             "socket_timeout": config.redis.socket_timeout,
             "connect_timeout": config.redis.connect_timeout,
+            **_replica_wait_as_dict(config.redis),
         },
         "logging": {
             "level": config.logging.level,

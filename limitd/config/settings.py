@@ -12,6 +12,8 @@ from typing import Any
 from limitd.fetch.limits import LimitSettings, check_limit
 from limitd.fetch.order import QueueOrder, QueueSpec
 from limitd.fetch.rates import Rate, parse_rate
+from limitd.replication import DEFAULT_TIMEOUT as DEFAULT_WAIT_TIMEOUT
+from limitd.replication import ReplicaWait
 from limitd.retry import DeadSetPolicy, DeathHandler
 
 FETCHES = ("limit", "basic")
@@ -137,6 +139,14 @@ class RedisSettings:
     pool_size: int | None = None
     socket_timeout: float = 10.0
     connect_timeout: float = 5.0
+    wait_replicas: int | None = None  # see limitd.replication
+    wait_timeout: float = DEFAULT_WAIT_TIMEOUT
+
+    @property
+    def replica_wait(self) -> ReplicaWait | None:
+        if self.wait_replicas is None:
+            return None
+        return ReplicaWait(self.wait_replicas, self.wait_timeout)
 
 
 @dataclass(frozen=True)

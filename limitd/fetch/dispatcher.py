@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import redis as redis_py
 
+from limitd.backoff import Backoff
 from limitd.fetch.basic import UnitOfWork
 from limitd.fetch.limit import LimitFetch
 from limitd.fetch.wakeup import IdleGate
@@ -87,6 +88,7 @@ class Dispatcher:
         # has room: processors hand it async jobs in microseconds, so fetching one per
         # processor per call would make the call the cost of every async job).
         self.extra: Callable[[], int] = _none
+        self._backoff = Backoff(log, "fetch")
 
     @property
     def block_seconds(self) -> float:
@@ -159,7 +161,7 @@ class Dispatcher:
             finished, crashed = [], False
         except redis_py.RedisError as exc:
             crashed = False
-            log.warning("fetch failed, the dispatcher retries in %.0fs: %s", ERROR_PAUSE, exc)
+            log.warning("fetch failed, the dispatcher retries: %s", exc)
         finally:
             with self._mutex:
                 mine, unwanted, handed = self._after_call(finished, units, want)
@@ -279,10 +281,11 @@ class Dispatcher:
             try:
                 units = self.fetch.settle_and_take(finished, want, self._conn)
             except redis_py.RedisError as exc:
+                # What was finished is settled by the next call; nothing held is lost.
                 self._hand_out([], unsettled=finished)
-                log.warning("fetch failed, retrying in %.0fs: %s", ERROR_PAUSE, exc)
-                self._stopped.wait(ERROR_PAUSE)
+                self._stopped.wait(self._backoff.failed(exc))
                 return
+            self._backoff.succeeded()
             self._hand_out(units)
             if want > 0 and len(units) == want:
                 return  # there may be more: ask again at once

@@ -28,18 +28,27 @@ from typing import Any, ClassVar, cast
 import redis as redis_py
 from redis.exceptions import NoScriptError
 
-from limitd import clock, keys
+from limitd import clock, keys, replication
 from limitd.fetch import recoveries
 from limitd.fetch.basic import UnitOfWork
 from limitd.fetch.order import QueueOrder
 from limitd.fetch.wakeup import IdleGate
 from limitd.payload import Payload
-from limitd.redis import Conn, LuaScript, ScriptCall, send_calls_then, set_members
+from limitd.redis import (
+    Conn,
+    LuaScript,
+    ScriptCall,
+    pack_command,
+    send_calls_then,
+    send_packed,
+    set_members,
+)
 
 log = logging.getLogger("limitd.fetch")
 
 LIMIT_FETCH = LuaScript(__package__ or "limitd.fetch", "limit_fetch.lua")
 DYNAMIC_REFRESH_SECONDS = 5.0
+SHORTFALL_LOG_EVERY = 60.0  # seconds between warnings of fetches replicas did not confirm
 ACK, REQUEUE = b"ack", b"requeue"
 
 
@@ -120,6 +129,14 @@ class LimitFetch:
         self._extra_refreshed = float("-inf")
         self._lock = threading.Lock()
         self._suspects: Counter[tuple[str, bytes]] = Counter()
+        # WAIT after every call that takes or settles jobs (see limitd.replication).
+        self._wait = replication.of(redis)
+        self._wait_command: tuple[bytes, ...] = ()
+        if self._wait is not None:
+            self._wait_command = (
+                pack_command(b"WAIT", self._wait.replicas, self._wait.timeout_ms),
+            )
+        self._last_shortfall_log = float("-inf")
 
     @property
     def block_seconds(self) -> float:
@@ -240,16 +257,39 @@ class LimitFetch:
             number = {name: str(index) for index, name in enumerate(names, 1)}
             args += [",".join(number[name] for name in order) for order in orders]
         calls = _calls_before_ack(settle) if mode == ACK else []
-        if not calls:
+        if not calls and self._wait is None:
             return cast("list[Any]", LIMIT_FETCH(conn, script_keys, args))
         try:
-            reply = send_calls_then(conn, calls, LIMIT_FETCH.packed(script_keys, args))
+            replies = send_calls_then(
+                conn, calls, LIMIT_FETCH.packed(script_keys, args), *self._wait_command
+            )
         except NoScriptError:  # the calls were made; only the fetch script was missing
-            reply = LIMIT_FETCH(conn, script_keys, args)
+            replies = [LIMIT_FETCH(conn, script_keys, args)]
+            if self._wait_command:
+                replies.append(send_packed(conn, self._wait_command[0]))
         for unit in settle:
             if isinstance(unit, LimitUnitOfWork):
                 unit.after_run = []
-        return cast("list[Any]", reply)
+        if self._wait is not None:
+            self._check_replicated(replies)
+        return cast("list[Any]", replies[0])
+
+    def _check_replicated(self, replies: list[Any]) -> None:
+        """Log, at most once a minute, fetches replicas did not confirm in time: their
+        jobs run (a replica down must not stop the work), but a failover now could let
+        another capsule take their slots."""
+        assert self._wait is not None
+        if replication.confirmed(replies, self._wait):
+            return
+        now = clock.monotonic()
+        if now - self._last_shortfall_log >= SHORTFALL_LOG_EVERY:
+            self._last_shortfall_log = now
+            log.warning(
+                "%s (logged once a minute)",
+                replication.shortfall(
+                    self._wait, int(replies[-1]), f"capsule {self.capsule_id}'s fetch"
+                ),
+            )
 
     def _queue(self, name: str) -> tuple[bytes, bytes, bytes, bytes, bytes]:
         """Encoded once: keys and arguments are rebuilt for every fetch."""

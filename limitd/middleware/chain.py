@@ -53,6 +53,7 @@ from typing import Any
 
 from limitd.payload import Payload
 from limitd.redis import ScriptCall
+from limitd.replication import NotReplicated
 from limitd.spec import JobSpec
 
 log = logging.getLogger("limitd.client")
@@ -74,9 +75,12 @@ def call_next_or_undo(
 ) -> Payload | None:
     """For client middleware that reserve something before the push (a unique lock, a
     place in a batch): run the rest of the chain, and ``undo`` the reservation if it
-    halts the push or raises."""
+    halts the push or raises (except :class:`~limitd.replication.NotReplicated`: the job
+    was pushed)."""
     try:
         pushed = call_next(payload)
+    except NotReplicated:
+        raise
     except BaseException:
         undo()
         raise

@@ -35,6 +35,7 @@ from typing import TypeVar, cast
 import redis as redis_py
 
 from limitd import clock, keys
+from limitd.backoff import Backoff
 from limitd.batch.store import prune_index
 from limitd.payload import MalformedPayload, dead_entry_for_malformed, parse
 from limitd.retry import DeadSetPolicy, trim_dead
@@ -71,6 +72,7 @@ class ScheduledPoller:
         self.rng = rng or random.Random()
         self._done = threading.Event()
         self._cond = threading.Condition()
+        self._backoff = Backoff(log, "poller", first=1.0, cap=ERROR_PAUSE)
         self._announced: float | None = None  # earliest due time heard since the last look
         self._cleaned = False
         self._thread = threading.Thread(target=self._run, name="limitd-poller", daemon=True)
@@ -237,11 +239,12 @@ class ScheduledPoller:
 
     def _safely(self, action: Callable[[], T]) -> T | None:
         try:
-            return action()
+            found = action()
         except redis_py.RedisError as exc:
-            log.warning("poller: %s", exc)
-            self._wait(ERROR_PAUSE)
+            self._wait(self._backoff.failed(exc))
             return None
+        self._backoff.succeeded()
+        return found
 
 
 def due_time(message: str) -> float:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import redis as redis_py
 
 from limitd import clock
+from limitd.backoff import Backoff
 from limitd.fetch import Fetch, UnitOfWork
 from limitd.payload import describe_job
 from limitd.supervisor.executor import HANDED_OFF, JobExecutor, Shutdown
@@ -44,6 +45,7 @@ class Processor:
         self._finished: UnitOfWork | None = None  # executed, settled by the next fetch
         self.current_since = 0.0
         self._done = threading.Event()
+        self._backoff = Backoff(log, f"processor {index}'s fetch")
         self._thread = threading.Thread(
             target=self._run, name=f"limitd-{capsule}-processor-{index}", daemon=True
         )
@@ -91,9 +93,9 @@ class Processor:
         try:
             unit = self.fetch.retrieve_work(self._finished)
         except redis_py.RedisError as exc:
-            log.warning("fetch failed, retrying in %.0fs: %s", FETCH_ERROR_PAUSE, exc)
-            self._done.wait(FETCH_ERROR_PAUSE)
+            self._done.wait(self._backoff.failed(exc))
             return
+        self._backoff.succeeded()
         self._finished = None
         if unit is None:
             return

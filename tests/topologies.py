@@ -1,0 +1,118 @@
+"""Redis set-ups beyond one server, started as real processes on free ports: a primary
+with replicas watched by sentinels. Tests kill and restart their members to cause what
+production sees (a crashed primary, a failover)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import redis as redis_py
+
+from limitd import sentinel
+from limitd.embedded import RedisServer, find_redis_server, free_port
+from tests.helpers import wait_for
+
+SERVICE = "mymaster"
+
+
+class SentinelGroup:
+    """A primary, ``replicas`` replicas and ``sentinels`` sentinels (quorum: a
+    majority) that declare the primary down after ``down_after_ms`` of silence."""
+
+    def __init__(
+        self, base: Path, *, replicas: int = 2, sentinels: int = 3, down_after_ms: int = 1000
+    ) -> None:
+        self.base = base
+        self.down_after_ms = down_after_ms
+        self.primary = self._server("primary")
+        self.replicas = [
+            self._server(f"replica{n}", "--replicaof", "127.0.0.1", str(self.primary.port))
+            for n in range(replicas)
+        ]
+        self.sentinel_ports = [free_port() for _ in range(sentinels)]
+        self._sentinels: list[subprocess.Popen[bytes]] = []
+
+    def _server(self, name: str, *args: str) -> RedisServer:
+        data = self.base / name
+        data.mkdir(parents=True, exist_ok=True)
+        return RedisServer(data_dir=str(data), extra_args=args)
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{port}" for port in self.sentinel_ports)
+        return f"{sentinel.SCHEME}{hosts}/{SERVICE}/0"
+
+    def start(self) -> None:
+        self.primary.start()
+        for replica in self.replicas:
+            replica.start()
+        wait_for(
+            lambda: self._linked_replicas(self.primary.client()) == len(self.replicas),
+            timeout=15,
+            message="replicas linked to the primary",
+        )
+        quorum = len(self.sentinel_ports) // 2 + 1
+        for port in self.sentinel_ports:
+            conf = self.base / f"sentinel-{port}.conf"
+            conf.write_text(
+                f"port {port}\nbind 127.0.0.1\ndir {self.base}\n"
+                f"sentinel monitor {SERVICE} 127.0.0.1 {self.primary.port} {quorum}\n"
+                f"sentinel down-after-milliseconds {SERVICE} {self.down_after_ms}\n"
+                f"sentinel failover-timeout {SERVICE} 10000\n"
+                f"sentinel parallel-syncs {SERVICE} {len(self.replicas)}\n"
+            )
+            self._sentinels.append(
+                subprocess.Popen(
+                    [find_redis_server(), str(conf), "--sentinel"],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            )
+        for port in self.sentinel_ports:
+            wait_for(
+                lambda port=port: self._sees_all(port),
+                timeout=15,
+                message=f"sentinel {port} sees the primary, its replicas and the other sentinels",
+            )
+
+    def primary_port(self) -> int:
+        """The primary's port as the sentinels now say."""
+        probe = redis_py.Redis(port=self.sentinel_ports[0], socket_timeout=2)
+        try:
+            address = probe.sentinel_get_master_addr_by_name(SERVICE)
+        finally:
+            probe.close()
+        return int(address[1])
+
+    def stop(self) -> None:
+        for proc in self._sentinels:
+            proc.terminate()
+        for proc in self._sentinels:
+            proc.wait(10)
+        for server in [self.primary, *self.replicas]:
+            server.stop()
+
+    @staticmethod
+    def _linked_replicas(client: redis_py.Redis) -> int:
+        info = client.info("replication")
+        return sum(
+            1
+            for key, value in info.items()
+            if key.startswith("slave") and value["state"] == "online"
+        )
+
+    def _sees_all(self, port: int) -> bool:
+        probe = redis_py.Redis(port=port, socket_timeout=1)
+        try:
+            state = probe.sentinel_master(SERVICE)
+        except (redis_py.ConnectionError, redis_py.ResponseError):
+            return False
+        finally:
+            probe.close()
+        others = len(self.sentinel_ports) - 1
+        return bool(
+            int(state["num-slaves"]) == len(self.replicas)
+            and int(state["num-other-sentinels"]) == others
+        )
