@@ -126,7 +126,9 @@ def async_twin(client: redis.Redis, max_connections: int = 100) -> redis.asyncio
 
 def _bare_async_twin(client: redis.Redis, max_connections: int) -> redis.asyncio.Redis:
     if sentinel.is_sentinel_client(client):
-        return cast(redis.asyncio.Redis, sentinel.async_twin(client, max_connections, _SYNC_ONLY))
+        return cast(
+            redis.asyncio.Redis, sentinel.async_twin(client, max_connections, _SYNC_ONLY, TWIN_WAIT)
+        )
     pool = client.connection_pool
     kind = _ASYNC_CONNECTIONS.get(pool.connection_class)
     if kind is None:

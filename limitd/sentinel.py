@@ -146,9 +146,10 @@ def is_sentinel_client(client: redis.Redis) -> bool:
     return isinstance(client.connection_pool, redis.sentinel.SentinelConnectionPool)
 
 
-def async_twin(client: redis.Redis, max_connections: int, skip: frozenset[str]) -> Any:
+def async_twin(client: redis.Redis, max_connections: int, skip: frozenset[str], wait: float) -> Any:
     """An asyncio client on the same service, asking the same sentinels (see
-    ``limitd.redis.async_twin``); ``skip`` names connection settings asyncio lacks."""
+    ``limitd.redis.async_twin``); ``skip`` names connection settings asyncio lacks,
+    ``wait`` is how long a call waits for one of ``max_connections``."""
     pool = client.connection_pool
     assert isinstance(pool, redis.sentinel.SentinelConnectionPool)
     manager = pool.sentinel_manager
@@ -162,7 +163,16 @@ def async_twin(client: redis.Redis, max_connections: int, skip: frozenset[str]) 
     twin = redis.asyncio.sentinel.Sentinel(sentinels, sentinel_kwargs=manager.sentinel_kwargs)
     return twin.master_for(
         pool.service_name,
-        connection_pool_class=redis.asyncio.sentinel.SentinelConnectionPool,
+        connection_pool_class=BlockingSentinelPool,
         max_connections=max_connections,
+        timeout=wait,
         **settings,
     )
+
+
+class BlockingSentinelPool(
+    redis.asyncio.sentinel.SentinelConnectionPool, redis.asyncio.BlockingConnectionPool
+):
+    """redis-py's asyncio Sentinel pool raises once ``max_connections`` are out; this
+    one waits for a free connection, as the plain asyncio twin does (a thousand async
+    jobs share a hundred connections)."""

@@ -177,3 +177,17 @@ def test_start_names_a_plain_redis_that_does_not_answer(tmp_path: Path) -> None:
     port = free_port()
     line = _start_fails(f"redis://:secret@127.0.0.1:{port}/0", tmp_path)
     assert f"cannot reach Redis: redis://:***@127.0.0.1:{port}/0 does not answer" in line
+
+
+def test_the_async_twin_waits_for_a_connection_past_its_cap(sentinel_url: str) -> None:
+    """150 calls at once on a twin of 100 connections: all answered, none refused."""
+    conn = connect(sentinel_url)
+
+    async def many() -> list[object]:
+        twin = loop_twin(conn)
+        try:
+            return await asyncio.gather(*(twin.blpop(["nothing"], 0.2) for _ in range(150)))
+        finally:
+            await twin.aclose()
+
+    assert asyncio.run(many()) == [None] * 150
