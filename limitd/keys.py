@@ -3,6 +3,20 @@
 Core keys match Sidekiq's data model, so Ruby Sidekiq clients and tools can share the
 same Redis; everything limitd adds lives under the ``limitd:`` prefix. Lua scripts never
 build key names: callers pass the names built here through ``KEYS[]``.
+
+Two layouts. The standalone one above, and the cluster layout (``use_cluster_layout``,
+set by ``limitd.redis.connect`` for a Redis Cluster), in which every key an atomic
+operation touches shares one hash slot:
+
+- everything about one queue carries the queue's hash tag: ``queue:{mail}``, and per
+  queue what are shared hashes and sets standalone (``limitd:{mail}:limits`` holds the
+  one field ``mail``), so the limit fetch is one Lua call per queue, on that queue's
+  shard, with the script unchanged;
+- everything else (schedule, retry, dead, stats, process records, batches, unique
+  locks, limiters...) carries the tag ``{limitd}``: one slot, one shard.
+
+Sidekiq's key names cannot carry tags: in cluster mode Ruby Sidekiq cannot share the
+data, and ``limitd.cluster`` refuses a Redis that holds the standalone layout.
 """
 
 from __future__ import annotations
@@ -21,15 +35,21 @@ STAT_FAILED = "stat:failed"
 QUEUE_PREFIX = "queue:"
 LIMITD_PREFIX = "limitd:"
 
+CLUSTER_TAG = "{limitd}"  # the slot of every key not about one queue, in cluster mode
+_cluster = False
+
 
 def queue(name: str) -> str:
     """The list holding a queue's jobs: producers LPUSH, fetchers take from the right."""
-    return QUEUE_PREFIX + name
+    return f"{QUEUE_PREFIX}{{{name}}}" if _cluster else QUEUE_PREFIX + name
 
 
 def queue_name(key: str) -> str:
     """Inverse of :func:`queue`."""
-    return key[len(QUEUE_PREFIX) :] if key.startswith(QUEUE_PREFIX) else key
+    name = key[len(QUEUE_PREFIX) :] if key.startswith(QUEUE_PREFIX) else key
+    if _cluster and name.startswith("{") and name.endswith("}"):
+        return name[1:-1]
+    return name
 
 
 def daily_stat(stat_key: str, day: str) -> str:
@@ -84,20 +104,90 @@ def capsule_heartbeat(capsule_id: str) -> str:
     return f"{LIMITD_PREFIX}capsule:{capsule_id}:heartbeat"
 
 
-def capsule_queues(capsule_id: str) -> str:
-    """Set of queues a capsule has taken jobs from: where its in-progress lists are."""
+def capsule_queues(capsule_id: str, queue_name: str = "") -> str:
+    """Set of queues a capsule has taken jobs from: where its in-progress lists are. In
+    cluster mode one per queue (holding at most that queue), in the queue's slot."""
+    if _cluster:
+        return f"limitd:{{{queue_name}}}:capsule:{capsule_id}:queues"
     return f"{LIMITD_PREFIX}capsule:{capsule_id}:queues"
 
 
 def in_progress(capsule_id: str, queue_name: str) -> str:
     """List of jobs of one queue that one capsule is running (newest at the left)."""
+    if _cluster:
+        return f"limitd:{{{queue_name}}}:capsule:{capsule_id}:inprogress"
     return f"{LIMITD_PREFIX}capsule:{capsule_id}:inprogress:{queue_name}"
 
 
 def rate_state(queue_name: str) -> str:
     """A rate-limited queue's schedule: the earliest time (Redis clock, microseconds) its
     next job may be fetched. Expires once that time has passed."""
+    if _cluster:
+        return f"limitd:{{{queue_name}}}:rate"
     return f"{LIMITD_PREFIX}rate:{queue_name}"
+
+
+# The per-queue state the limit fetch reads and writes. Standalone, one hash or set for
+# all queues (the constants above); in cluster mode, one per queue in the queue's slot.
+def limits_of(queue_name: str) -> str:
+    return _per_queue(LIMITS, "limits", queue_name)
+
+
+def process_limits_of(queue_name: str) -> str:
+    return _per_queue(PROCESS_LIMITS, "process_limits", queue_name)
+
+
+def paused_of(queue_name: str) -> str:
+    return _per_queue(PAUSED, "paused", queue_name)
+
+
+def busy_of(queue_name: str) -> str:
+    return _per_queue(BUSY, "busy", queue_name)
+
+
+def capsules_of(queue_name: str) -> str:
+    return _per_queue(CAPSULES, "capsules", queue_name)
+
+
+def rate_limits_of(queue_name: str) -> str:
+    return _per_queue(RATE_LIMITS, "rate_limits", queue_name)
+
+
+def recoveries_of(queue_name: str) -> str:
+    return _per_queue(RECOVERIES, "recoveries", queue_name)
+
+
+def _per_queue(shared: str, part: str, queue_name: str) -> str:
+    return f"limitd:{{{queue_name}}}:{part}" if _cluster else shared
+
+
+def is_cluster_layout() -> bool:
+    return _cluster
+
+
+# Names rebound by use_cluster_layout: the standalone value of each, kept here.
+_GLOBAL_NAMES = (
+    "QUEUES", "SCHEDULE", "RETRY", "DEAD", "PROCESSES", "PROCESS_CLEANUP_LOCK",
+    "STAT_PROCESSED", "STAT_FAILED", "LIMITD_PREFIX", "LIMITS", "PROCESS_LIMITS", "PAUSED",
+    "BUSY", "CAPSULES", "WAKE_CHANNEL", "DUE_CHANNEL", "RECOVERIES", "RATE_LIMITS",
+    "FAIR_TENANT_TENANTS", "FAIR_TENANT_REROUTES",
+    "FAIR_TENANT_RULES", "UNIQUE_SKIPPED", "BATCHES", "BATCH_INDEX_PRUNE_LOCK", "LIMITERS",
+)  # fmt: skip
+
+
+def use_cluster_layout(on: bool) -> None:
+    """Switch every name to the cluster layout (or back). A process talks to one Redis:
+    ``limitd.redis.connect`` calls this for the kind it connects to, before anything
+    builds a key. The per-queue hashes (``LIMITS``...) are not used in cluster mode:
+    their ``*_of(queue)`` functions name each queue's own."""
+    global _cluster
+    if on == _cluster:
+        return
+    _cluster = on
+    names = globals()
+    for name in _GLOBAL_NAMES:
+        standalone = _STANDALONE[name]
+        names[name] = CLUSTER_TAG + standalone if on else standalone
 
 
 # Tenant fairness.
@@ -111,8 +201,11 @@ FAIR_TENANT_PLACEHOLDERS = ("queue", "job_class", "fair_tenant")
 
 def fair_tenant_enqueues(template: str, *, queue: str, job_class: str, tenant: str) -> str:
     """Sorted set of one tenant's recent enqueues of one job (member jid, score time).
-    The template is configurable; its placeholders are queue, job_class, fair_tenant."""
-    return template.format(queue=queue, job_class=job_class, fair_tenant=tenant)
+    The template is configurable; its placeholders are queue, job_class, fair_tenant.
+    In cluster mode the name is put in the ``{limitd}`` slot, with the other
+    fair-tenant keys its script touches."""
+    name = template.format(queue=queue, job_class=job_class, fair_tenant=tenant)
+    return CLUSTER_TAG + name if _cluster else name
 
 
 def fair_tenant_template_problem(template: str) -> str | None:
@@ -197,3 +290,6 @@ def limiter(part: str, name: str) -> str:
 def limiter_bucket(name: str, interval_start: int) -> str:
     """The counter of one calendar interval of a bucket limiter (it expires with it)."""
     return f"{LIMITD_PREFIX}limiter:bucket:{interval_start}:{name}"
+
+
+_STANDALONE = {name: globals()[name] for name in _GLOBAL_NAMES}

@@ -28,8 +28,7 @@ from limitd.payload import Payload
 from limitd.spec import current_payload
 
 TEXT_FORMAT = (
-    "%(asctime)s pid=%(process)d %(threadName)s %(levelname)s %(name)s: "
-    "%(job_context)s%(message)s"
+    "%(asctime)s pid=%(process)d %(threadName)s %(levelname)s %(name)s: %(job_context)s%(message)s"
 )
 JOB_FIELDS = ("jid", "class", "queue")
 FORMATS = ("text", "json")

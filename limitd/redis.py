@@ -30,7 +30,7 @@ from redis.exceptions import (
 )
 from redis.retry import Retry
 
-from limitd import replication, sentinel
+from limitd import cluster, keys, replication, sentinel
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 URL_ENV_VARS = ("LIMITD_REDIS_URL", "REDIS_URL")
@@ -50,11 +50,20 @@ def connect(
     so one malformed (non UTF-8) job cannot break a fetch and get lost on the way.
     (Which URL to use is decided above this layer: see ``limitd.locate``.) A
     ``redis+sentinel://`` URL gives a client on the primary Sentinel names (see
-    ``limitd.sentinel``). ``wait`` (or the URL's ``wait_replicas`` / ``wait_timeout``,
-    which win) makes the client's pushes and fetches wait for replicas (see
-    ``limitd.replication``)."""
+    ``limitd.sentinel``); a ``redis+cluster://`` URL, a Redis Cluster client, and
+    switches ``limitd.keys`` to the cluster layout (see ``limitd.cluster``). ``wait``
+    (or the URL's ``wait_replicas`` / ``wait_timeout``, which win) makes the client's
+    pushes and fetches wait for replicas (see ``limitd.replication``)."""
     url, from_url = replication.split_url(url)
-    if url.startswith(sentinel.SCHEME):
+    keys.use_cluster_layout(url.startswith(cluster.SCHEME))
+    if url.startswith(cluster.SCHEME):
+        client = cluster.connect(
+            url,
+            max_connections=max_connections,
+            socket_timeout=socket_timeout,
+            connect_timeout=connect_timeout,
+        )
+    elif url.startswith(sentinel.SCHEME):
         client = sentinel.connect(
             url,
             max_connections=max_connections,
@@ -80,6 +89,8 @@ def unreachable(url: str, timeout: float = 5.0) -> str | None:
     bare = replication.split_url(url)[0]
     if bare.startswith(sentinel.SCHEME):
         return sentinel.unreachable(bare, timeout)
+    if bare.startswith(cluster.SCHEME):
+        return cluster.unreachable(bare, timeout)
     probe = redis.Redis.from_url(
         bare, socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0)
     )
@@ -288,14 +299,24 @@ class LuaScript:
         """Run on ``conn`` (a client, a pipeline or an own connection)."""
         # Pipeline is a typing Protocol to isinstance(), which makes the check cost a
         # microsecond: the dispatcher's own connection, called for every fetch, skips it.
-        if not isinstance(conn, OwnConnection) and isinstance(conn, Pipeline):
-            return self._script(keys=list(keys), args=list(args), client=conn)
+        if not isinstance(conn, OwnConnection):
+            if isinstance(conn, Pipeline):
+                return self._script(keys=list(keys), args=list(args), client=conn)
+            if cluster.is_cluster(conn):  # routed by its keys' slot
+                return self._on_cluster(conn, keys, args)
         command = self.packed(keys, args)
         try:
             return send_packed(conn, command)
         except NoScriptError:
             client_of(conn).script_load(self.source)
             return send_packed(conn, command)
+
+    def _on_cluster(self, conn: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        try:
+            return conn.evalsha(self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            conn.script_load(self.source)  # on every primary
+            return conn.evalsha(self.sha, len(keys), *keys, *args)
 
     async def acall(
         self, conn: redis.asyncio.Redis, keys: Sequence[Any] = (), args: Sequence[Any] = ()
@@ -334,6 +355,12 @@ def pack_command(*parts: object) -> bytes:
     except TypeError:
         plain = tuple(p if type(p) in _PACKABLE else str(p) for p in parts)
         return cast(bytes, hiredis.pack_command(cast(Any, plain)))
+
+
+def own_connection(client: redis.Redis) -> Conn:
+    """An :class:`OwnConnection` for ``client``; a cluster client itself (it routes each
+    call to its shard, over its own pools)."""
+    return client if cluster.is_cluster(client) else OwnConnection(client)
 
 
 class OwnConnection:
@@ -432,6 +459,14 @@ def send_calls_then(conn: Conn, calls: Sequence[ScriptCall], *commands: bytes) -
         if isinstance(reply, Exception):
             raise reply
     return tail
+
+
+def run_calls(conn: Conn, calls: Sequence[ScriptCall]) -> None:
+    """Make ``calls`` (merged where they can be) one by one: in cluster mode, where
+    their keys may live on other shards than what follows them."""
+    for group in merge_calls(calls):
+        call = group.call
+        group.deliver(conn, call.script(conn, call.keys, call.all_args()))
 
 
 def set_members(conn: redis.Redis, key: str) -> list[str]:

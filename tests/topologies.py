@@ -4,6 +4,7 @@ production sees (a crashed primary, a failover)."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -116,3 +117,101 @@ class SentinelGroup:
             int(state["num-slaves"]) == len(self.replicas)
             and int(state["num-other-sentinels"]) == others
         )
+
+
+class ClusterGroup:
+    """A Redis Cluster of ``masters`` primaries, each with ``replicas_each`` replicas,
+    made with ``redis-cli --cluster create``; a node silent for ``node_timeout_ms`` is
+    failed over by the others."""
+
+    def __init__(
+        self, base: Path, *, masters: int = 3, replicas_each: int = 1, node_timeout_ms: int = 2000
+    ) -> None:
+        self.base = base
+        self.masters = masters
+        self.replicas_each = replicas_each
+        self.nodes: list[RedisServer] = []
+        for n in range(masters * (1 + replicas_each)):
+            data = base / f"node{n}"
+            data.mkdir(parents=True, exist_ok=True)
+            self.nodes.append(
+                RedisServer(
+                    data_dir=str(data),
+                    extra_args=[
+                        *("--cluster-enabled", "yes"),
+                        *("--cluster-config-file", str(data / "nodes.conf")),
+                        *("--cluster-node-timeout", str(node_timeout_ms)),
+                    ],
+                )
+            )
+
+    @property
+    def addresses(self) -> list[str]:
+        return [f"127.0.0.1:{node.port}" for node in self.nodes]
+
+    @property
+    def url(self) -> str:
+        return f"redis+cluster://{','.join(self.addresses)}"
+
+    def start(self) -> None:
+        for node in self.nodes:
+            node.start()
+        subprocess.run(
+            [
+                find_redis_cli(), "--cluster", "create", *self.addresses,
+                "--cluster-replicas", str(self.replicas_each), "--cluster-yes",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=60,
+        )  # fmt: skip
+        for node in self.nodes:
+            wait_for(lambda node=node: self._ok(node), timeout=30, message="the cluster is ok")
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def primary_of(self, key: str) -> RedisServer:
+        """The node that serves ``key`` now."""
+        probe = self.nodes[0].client()
+        try:
+            slot = probe.cluster("keyslot", key)
+            for node in self.nodes:
+                if node.process is None:
+                    continue
+                role = node.client().execute_command("ROLE")[0]
+                if role == b"master" and any(
+                    int(start) <= int(slot) <= int(end)
+                    for start, end in _slot_ranges(node.client())
+                ):
+                    return node
+        finally:
+            probe.close()
+        raise AssertionError(f"no primary serves {key!r}")
+
+    @staticmethod
+    def _ok(node: RedisServer) -> bool:
+        try:
+            info = node.client().cluster("info")
+        except redis_py.RedisError:
+            return False
+        return bool(info.get("cluster_state") == "ok")
+
+
+def _slot_ranges(client: redis_py.Redis) -> list[tuple[int, int]]:
+    """The slot ranges the node ``client`` talks to serves as a primary."""
+    myself = client.execute_command("CLUSTER", "MYID").decode()
+    return [
+        (int(shard[0]), int(shard[1]))
+        for shard in client.execute_command("CLUSTER", "SLOTS")
+        if shard[2][2].decode() == myself
+    ]
+
+
+def find_redis_cli() -> str:
+    found = shutil.which("redis-cli")
+    if found is None:
+        raise RuntimeError("redis-cli is needed to create a cluster (apt-get install redis-tools)")
+    return found

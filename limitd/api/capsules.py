@@ -57,13 +57,21 @@ class Capsules:
 
     def refresh(self) -> None:
         ids = set_members(self.redis, keys.CAPSULES)
+        cluster = keys.is_cluster_layout()
         pipe = self.redis.pipeline(transaction=False)
         for capsule_id in ids:
             pipe.ttl(keys.capsule_heartbeat(capsule_id))
+        for capsule_id in [] if cluster else ids:
             pipe.smembers(keys.capsule_queues(capsule_id))
         replies = pipe.execute()
-        ttls = [int(ttl) for ttl in replies[0::2]]
-        held = [sorted(map(_text, queues)) for queues in replies[1::2]]
+        ttls = [int(ttl) for ttl in replies[: len(ids)]]
+        # In cluster mode no set spans queues: every queue Redis knows is looked at.
+        every = set_members(self.redis, keys.QUEUES) if cluster else []
+        held = (
+            [every for _ in ids]
+            if cluster
+            else [sorted(map(_text, queues)) for queues in replies[len(ids) :]]
+        )
         counts = self._in_progress(ids, held)
         self.capsules = [
             Capsule(capsule_id, ttl != NO_KEY, ttl if ttl >= 0 else None, in_progress)

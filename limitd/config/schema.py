@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from limitd import replication, sentinel
+from limitd import cluster, replication, sentinel
 from limitd.config.files import KeyPath, interpolate, merge_files
 from limitd.config.settings import (
     FETCHES,
@@ -94,13 +94,15 @@ REDIS_KEYS = frozenset(
         "connect_timeout",
         "wait_replicas",
         "wait_timeout",
+        "cluster",
+        "startup_nodes",
     }
 )
 LOGGING_KEYS = frozenset({"level", "levels", "format", "file"})
 LOG_FORMATS = ("text", "json")
 DEAD_KEYS = frozenset({"max_jobs", "timeout_days"})
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-REDIS_SCHEMES = ("redis://", "rediss://", "unix://", sentinel.SCHEME)
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://", sentinel.SCHEME, cluster.SCHEME)
 _HOST_PORT = re.compile(r"[^\s:,/]+:\d+")
 
 _MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
@@ -183,6 +185,21 @@ def _sentinel_url(section: Section) -> str | None:
     return sentinel.url_of(sentinels, service, section.integer("db", 0, 0))
 
 
+def _cluster_url(section: Section) -> str | None:
+    """``cluster: true`` with ``startup_nodes: [host:port, ...]`` as a
+    ``redis+cluster://`` URL; None when ``cluster`` is not set."""
+    nodes = section.names("startup_nodes", "cluster node address (host:port)", _HOST_PORT)
+    if not section.boolean("cluster", False):
+        if nodes:
+            raise section.error("startup_nodes", "is set: set cluster: true too")
+        return None
+    if section.optional_string("url") is not None or section.given("sentinels"):
+        raise section.error("cluster", "give url, sentinels or cluster, not two of them")
+    if not nodes:
+        raise section.error("startup_nodes", "expected the cluster's nodes as host:port")
+    return cluster.url_of(nodes)
+
+
 def read_dead(section: Section, base: DeadSetPolicy) -> DeadSetPolicy:
     section.check_keys(DEAD_KEYS)
     days = section.number("timeout_days", base.timeout_seconds / DAY, 0, above=True, unit="days")
@@ -202,9 +219,11 @@ def read_redis(section: Section, env: Mapping[str, str]) -> RedisSettings:
             bare = replication.split_url(url)[0]
             if bare.startswith(sentinel.SCHEME):
                 sentinel.parse(bare)
+            if bare.startswith(cluster.SCHEME):
+                cluster.parse(bare)
         except ValueError as exc:
             raise section.error("url", str(exc)) from None
-    url = _sentinel_url(section) or url
+    url = _sentinel_url(section) or _cluster_url(section) or url
     if section.given("wait_timeout") and not section.given("wait_replicas"):
         raise section.error("wait_timeout", "is set: set wait_replicas too (at least 1)")
     defaults = RedisSettings()

@@ -39,7 +39,7 @@ from limitd.backoff import Backoff
 from limitd.fetch.basic import UnitOfWork
 from limitd.fetch.limit import LimitFetch
 from limitd.fetch.wakeup import IdleGate
-from limitd.redis import OwnConnection
+from limitd.redis import OwnConnection, own_connection
 
 log = logging.getLogger("limitd.fetch")
 
@@ -69,7 +69,7 @@ class Dispatcher:
     def __init__(self, fetch: LimitFetch, gate: IdleGate) -> None:
         self.fetch = fetch
         self.gate = gate
-        self._conn = OwnConnection(fetch.redis)  # used by whoever holds _calling
+        self._conn = own_connection(fetch.redis)  # used by whoever holds _calling
         self._mutex = threading.Lock()
         self._ready: deque[UnitOfWork] = deque()  # fetched, for the next processor
         self._finished: list[UnitOfWork] = []  # run, to settle with the next call
@@ -254,7 +254,8 @@ class Dispatcher:
         if self._thread.ident is not None:
             self._thread.join(timeout)
         self._flush()
-        self._conn.close()
+        if isinstance(self._conn, OwnConnection):  # not a shared cluster client
+            self._conn.close()
 
     def _run(self) -> None:
         while not self._stopped.is_set():

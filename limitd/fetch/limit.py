@@ -39,6 +39,7 @@ from limitd.redis import (
     LuaScript,
     ScriptCall,
     pack_command,
+    run_calls,
     send_calls_then,
     send_packed,
     set_members,
@@ -77,12 +78,12 @@ class LimitUnitOfWork(UnitOfWork):
 
     def recovery_reason(self, payload: Payload) -> str:
         if self.recoveries:
-            return recoveries.last_reason(self.fetch.redis, self.job)
+            return recoveries.last_reason(self.fetch.redis, self.job, self.queue)
         return super().recovery_reason(payload)
 
     def forget_recoveries(self) -> None:
         if self.recoveries:
-            recoveries.forget(self.fetch.redis, self.job)
+            recoveries.forget(self.fetch.redis, self.job, self.queue)
 
 
 class LimitFetch:
@@ -111,17 +112,14 @@ class LimitFetch:
         self.gate = gate or IdleGate()
         self.blocking = frozenset(blocking)
         self.dynamic = dynamic
-        fixed = [
-            keys.LIMITS,
-            keys.PROCESS_LIMITS,
-            keys.PAUSED,
-            keys.BUSY,
-            keys.capsule_queues(capsule_id),
-            keys.CAPSULES,
-            keys.RATE_LIMITS,
-        ]
-        self._fixed_keys = [key.encode() for key in fixed]
-        self._recoveries_key = keys.RECOVERIES.encode()  # the last key of every call
+        # One call for all queues, or in cluster mode one per queue (see _call_per_queue).
+        self.per_queue = keys.is_cluster_layout()
+        if self.per_queue and self.blocking:
+            raise ValueError(
+                f"blocking queues ({', '.join(sorted(self.blocking))}) are not available in "
+                "cluster mode: the fetch asks each queue's shard on its own"
+            )
+        self._fixed_keys, self._recoveries_key = self._shared_keys("")
         self._id = capsule_id.encode()
         self._channel = keys.WAKE_CHANNEL.encode()
         self._per_queue: dict[str, tuple[bytes, bytes, bytes, bytes, bytes]] = {}
@@ -211,7 +209,12 @@ class LimitFetch:
         the two apart. Returns how many jobs were requeued."""
         claimed = Counter((unit.queue, unit.job) for unit in held)
         unclaimed: Counter[tuple[str, bytes]] = Counter()
-        for name in set_members(self.redis, keys.capsule_queues(self.capsule_id)):
+        held_queues = (
+            self.queue_names()
+            if self.per_queue
+            else set_members(self.redis, keys.capsule_queues(self.capsule_id))
+        )
+        for name in held_queues:
             entries = cast("list[bytes]", self.redis.lrange(self._queue(name)[1], 0, -1))
             unclaimed.update((name, job) for job in entries)
         unclaimed -= claimed
@@ -231,6 +234,20 @@ class LimitFetch:
         with self._lock:
             self._extra_refreshed = float("-inf")
 
+    def _shared_keys(self, queue: str) -> tuple[list[bytes], bytes]:
+        """The keys every call passes first, and its last one (the recoveries hash):
+        shared by all queues, or in cluster mode ``queue``'s own."""
+        fixed = [
+            keys.limits_of(queue),
+            keys.process_limits_of(queue),
+            keys.paused_of(queue),
+            keys.busy_of(queue),
+            keys.capsule_queues(self.capsule_id, queue),
+            keys.capsules_of(queue),
+            keys.rate_limits_of(queue),
+        ]
+        return [key.encode() for key in fixed], keys.recoveries_of(queue).encode()
+
     def _call(
         self,
         settle: Sequence[UnitOfWork],
@@ -240,23 +257,52 @@ class LimitFetch:
         conn: Conn,
     ) -> list[Any]:
         """``orders``: the queue order of each job to take (one order: all alike)."""
-        names = list(dict.fromkeys(name for order in orders for name in order))
-        script_keys = list(self._fixed_keys)
-        now = b"" if self.rate_clock is None else self.rate_clock()
-        args = [self._id, self._channel, mode, len(settle), want, len(names), now]
+        if self.per_queue:
+            return self._call_per_queue(settle, mode, orders, want)
+        return self._one_call(settle, mode, orders, want, conn)
+
+    def _call_per_queue(
+        self, settle: Sequence[UnitOfWork], mode: bytes, orders: list[list[str]], want: int
+    ) -> list[Any]:
+        """Cluster mode: every queue's keys live on its own shard, so the call is made
+        once per queue, in the order drawn for this call (the first job's: weighted and
+        random orders are drawn once per call here, not once per job), asking each queue
+        for what the ones before it did not give, and settling each queue's finished
+        jobs in its own call. Limits stay exact: each queue's check, pop and count are
+        one script on its shard. Returns the reply of one call for all."""
+        by_queue: dict[str, list[UnitOfWork]] = {}
         for unit in settle:
-            queue_key, in_progress_key, name, _, _ = self._queue(unit.queue)
-            script_keys += [in_progress_key, queue_key]
-            args += [unit.job, name]
-        for queue_name in names:
-            queue_key, in_progress_key, name, blocking, rate_key = self._queue(queue_name)
-            script_keys += [queue_key, in_progress_key, rate_key]
-            args += [name, blocking]
-        script_keys.append(self._recoveries_key)
-        if len(orders) > 1:
-            number = {name: str(index) for index, name in enumerate(names, 1)}
-            args += [",".join(number[name] for name in order) for order in orders]
+            by_queue.setdefault(unit.queue, []).append(unit)
+        order = orders[0] if orders else []
+        settled, room_in, jobs = 0, 0, cast("list[Any]", [])
+        for name in dict.fromkeys([*order, *by_queue]):
+            missing = want - len(jobs) // 3 if name in order else 0
+            units = by_queue.get(name, [])
+            if not units and missing <= 0:
+                continue
+            reply = self._one_call(
+                units, mode, [[name]] if missing > 0 else [], missing, self.redis
+            )
+            settled += int(reply[0])
+            if reply[1] and (not room_in or int(reply[1]) < room_in):
+                room_in = int(reply[1])
+            jobs += reply[2:]
+        return [settled, room_in, *jobs]
+
+    def _one_call(
+        self,
+        settle: Sequence[UnitOfWork],
+        mode: bytes,
+        orders: list[list[str]],
+        want: int,
+        conn: Conn,
+    ) -> list[Any]:
+        script_keys, args = self._script_input(settle, mode, orders, want)
         calls = _calls_before_ack(settle) if mode == ACK else []
+        if self.per_queue:  # the calls' keys are on other shards: made one by one
+            run_calls(conn, calls)
+            _forget_calls(settle)
+            return cast("list[Any]", LIMIT_FETCH(conn, script_keys, args))
         if not calls and self._wait is None:
             return cast("list[Any]", LIMIT_FETCH(conn, script_keys, args))
         try:
@@ -267,12 +313,35 @@ class LimitFetch:
             replies = [LIMIT_FETCH(conn, script_keys, args)]
             if self._wait_command:
                 replies.append(send_packed(conn, self._wait_command[0]))
-        for unit in settle:
-            if isinstance(unit, LimitUnitOfWork):
-                unit.after_run = []
+        _forget_calls(settle)
         if self._wait is not None:
             self._check_replicated(replies)
         return cast("list[Any]", replies[0])
+
+    def _script_input(
+        self, settle: Sequence[UnitOfWork], mode: bytes, orders: list[list[str]], want: int
+    ) -> tuple[list[bytes], list[Any]]:
+        """KEYS and ARGV of one ``limit_fetch.lua`` call (see its header)."""
+        names = list(dict.fromkeys(name for order in orders for name in order))
+        fixed, recoveries_key = self._fixed_keys, self._recoveries_key
+        if self.per_queue:  # one queue per call: its own keys
+            fixed, recoveries_key = self._shared_keys((names or [settle[0].queue])[0])
+        script_keys = list(fixed)
+        now = b"" if self.rate_clock is None else self.rate_clock()
+        args = [self._id, self._channel, mode, len(settle), want, len(names), now]
+        for unit in settle:
+            queue_key, in_progress_key, name, _, _ = self._queue(unit.queue)
+            script_keys += [in_progress_key, queue_key]
+            args += [unit.job, name]
+        for queue_name in names:
+            queue_key, in_progress_key, name, blocking, rate_key = self._queue(queue_name)
+            script_keys += [queue_key, in_progress_key, rate_key]
+            args += [name, blocking]
+        script_keys.append(recoveries_key)
+        if len(orders) > 1:
+            number = {name: str(index) for index, name in enumerate(names, 1)}
+            args += [",".join(number[name] for name in order) for order in orders]
+        return script_keys, args
 
     def _check_replicated(self, replies: list[Any]) -> None:
         """Log, at most once a minute, fetches replicas did not confirm in time: their
@@ -314,6 +383,13 @@ class LimitFetch:
                 self._extra_queues = [name for name in names if name not in known]
                 self._extra_refreshed = now
             return list(self._extra_queues)
+
+
+def _forget_calls(units: Sequence[UnitOfWork]) -> None:
+    """The units' bookkeeping calls were made: they must not be made again."""
+    for unit in units:
+        if isinstance(unit, LimitUnitOfWork):
+            unit.after_run = []
 
 
 def _calls_before_ack(units: Sequence[UnitOfWork]) -> list[ScriptCall]:

@@ -16,6 +16,7 @@ from typing import cast
 import redis as redis_py
 
 from limitd import keys
+from limitd.fetch.per_queue import hash_by_queue
 from limitd.fetch.rates import Rate, parse_rate
 from limitd.redis import set_members
 
@@ -49,11 +50,11 @@ class LimitSettings:
             return
         pipe = redis.pipeline(transaction=False)
         for queue, value in self.limits.items():
-            pipe.hsetnx(keys.LIMITS, queue, value)
+            pipe.hsetnx(keys.limits_of(queue), queue, value)
         for queue, value in self.process_limits.items():
-            pipe.hsetnx(keys.PROCESS_LIMITS, queue, value)
+            pipe.hsetnx(keys.process_limits_of(queue), queue, value)
         for queue, rate in self.rate_limits.items():
-            pipe.hsetnx(keys.RATE_LIMITS, queue, parse_rate(rate).stored())
+            pipe.hsetnx(keys.rate_limits_of(queue), queue, parse_rate(rate).stored())
         pipe.execute()
 
 
@@ -63,13 +64,13 @@ def check_limit(value: object, where: str) -> int:
     return value
 
 
-def _hash(process: bool) -> str:
-    return keys.PROCESS_LIMITS if process else keys.LIMITS
+def _hash(process: bool, queue: str) -> str:
+    return keys.process_limits_of(queue) if process else keys.limits_of(queue)
 
 
 def get_limit(redis: redis_py.Redis, queue: str, *, process: bool = False) -> int | None:
     """The limit in force, or None when the queue has none."""
-    raw = redis.hget(_hash(process), queue)
+    raw = redis.hget(_hash(process, queue), queue)
     try:
         return int(raw) if raw is not None else None
     except ValueError:
@@ -78,16 +79,16 @@ def get_limit(redis: redis_py.Redis, queue: str, *, process: bool = False) -> in
 
 def set_limit(redis: redis_py.Redis, queue: str, value: int, *, process: bool = False) -> None:
     """Change a limit now; running capsules apply it on their next fetch."""
-    pipe = redis.pipeline(transaction=True)
-    pipe.hset(_hash(process), queue, check_limit(value, queue))
+    pipe = redis.pipeline(transaction=False)
+    pipe.hset(_hash(process, queue), queue, check_limit(value, queue))
     pipe.publish(keys.WAKE_CHANNEL, queue)  # a raised limit may make jobs fetchable
     pipe.execute()
 
 
 def clear_limit(redis: redis_py.Redis, queue: str, *, process: bool = False) -> None:
     """Remove the limit, and keep it removed even if configuration sets one."""
-    pipe = redis.pipeline(transaction=True)
-    pipe.hset(_hash(process), queue, NO_LIMIT)
+    pipe = redis.pipeline(transaction=False)
+    pipe.hset(_hash(process, queue), queue, NO_LIMIT)
     pipe.publish(keys.WAKE_CHANNEL, queue)
     pipe.execute()
 
@@ -95,33 +96,33 @@ def clear_limit(redis: redis_py.Redis, queue: str, *, process: bool = False) -> 
 def reset_limit(redis: redis_py.Redis, queue: str, *, process: bool = False) -> None:
     """Forget the runtime value: capsules write their configured default at their next
     heartbeat (or leave the queue unlimited if they configure none)."""
-    redis.hdel(_hash(process), queue)
+    redis.hdel(_hash(process, queue), queue)
 
 
 def pause(redis: redis_py.Redis, queue: str) -> None:
     """Stop fetching from ``queue``; jobs already running finish, limits are kept."""
-    redis.sadd(keys.PAUSED, queue)
+    redis.sadd(keys.paused_of(queue), queue)
 
 
 def resume(redis: redis_py.Redis, queue: str) -> None:
-    pipe = redis.pipeline(transaction=True)
-    pipe.srem(keys.PAUSED, queue)
+    pipe = redis.pipeline(transaction=False)
+    pipe.srem(keys.paused_of(queue), queue)
     pipe.publish(keys.WAKE_CHANNEL, queue)
     pipe.execute()
 
 
 def is_paused(redis: redis_py.Redis, queue: str) -> bool:
-    return bool(redis.sismember(keys.PAUSED, queue))
+    return bool(redis.sismember(keys.paused_of(queue), queue))
 
 
 def busy(redis: redis_py.Redis, queue: str) -> int:
     """Jobs of ``queue`` in progress in all capsules."""
-    return int(cast("bytes | None", redis.hget(keys.BUSY, queue)) or 0)
+    return int(cast("bytes | None", redis.hget(keys.busy_of(queue), queue)) or 0)
 
 
 def busy_by_capsule(redis: redis_py.Redis, queue: str) -> dict[str, int]:
     """Jobs of ``queue`` in progress, per capsule id (capsules running none omitted)."""
-    capsules = set_members(redis, keys.CAPSULES)
+    capsules = set_members(redis, keys.capsules_of(queue))
     pipe = redis.pipeline(transaction=False)
     for capsule in capsules:
         pipe.llen(keys.in_progress(capsule, queue))
@@ -129,12 +130,17 @@ def busy_by_capsule(redis: redis_py.Redis, queue: str) -> dict[str, int]:
     return {c: int(n) for c, n in zip(capsules, counts, strict=True) if n}
 
 
+def paused_queues(redis: redis_py.Redis) -> set[str]:
+    """Every paused queue (in cluster mode, of those Redis knows)."""
+    if not keys.is_cluster_layout():
+        return set(set_members(redis, keys.PAUSED))
+    return {name for name in set_members(redis, keys.QUEUES) if is_paused(redis, name)}
+
+
 def all_limits(redis: redis_py.Redis) -> dict[str, dict[str, int | None]]:
     """Every queue with a stored limit: ``{queue: {"limit": n, "process_limit": m}}``."""
-    pipe = redis.pipeline(transaction=False)
-    pipe.hgetall(keys.LIMITS)
-    pipe.hgetall(keys.PROCESS_LIMITS)
-    limits, process_limits = pipe.execute()
+    limits = hash_by_queue(redis, keys.limits_of)
+    process_limits = hash_by_queue(redis, keys.process_limits_of)
     result: dict[str, dict[str, int | None]] = {}
     for kind, values in (("limit", limits), ("process_limit", process_limits)):
         for queue, raw in values.items():

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import redis as redis_py
 
 from limitd import keys
+from limitd.fetch.per_queue import hash_by_queue
 
 NO_RATE = "none"
 UNITS = {"second": 1, "minute": 60, "hour": 3_600, "day": 86_400}
@@ -100,15 +101,15 @@ def _from_stored(raw: bytes | str | None) -> Rate | None:
 
 def get_rate(redis: redis_py.Redis, queue: str) -> Rate | None:
     """The rate limit in force, or None when the queue has none."""
-    return _from_stored(redis.hget(keys.RATE_LIMITS, queue))
+    return _from_stored(redis.hget(keys.rate_limits_of(queue), queue))
 
 
 def set_rate(redis: redis_py.Redis, queue: str, rate: Rate | str) -> Rate:
     """Change the rate now; running capsules apply it on their next fetch. A queue's
     schedule is left alone: the fetch caps it to one interval of the new rate."""
     checked = parse_rate(rate)
-    pipe = redis.pipeline(transaction=True)
-    pipe.hset(keys.RATE_LIMITS, queue, checked.stored())
+    pipe = redis.pipeline(transaction=False)
+    pipe.hset(keys.rate_limits_of(queue), queue, checked.stored())
     pipe.publish(keys.WAKE_CHANNEL, queue)  # a faster rate may make jobs fetchable now
     pipe.execute()
     return checked
@@ -116,8 +117,8 @@ def set_rate(redis: redis_py.Redis, queue: str, rate: Rate | str) -> Rate:
 
 def clear_rate(redis: redis_py.Redis, queue: str) -> None:
     """Remove the rate limit, and keep it removed even if configuration sets one."""
-    pipe = redis.pipeline(transaction=True)
-    pipe.hset(keys.RATE_LIMITS, queue, NO_RATE)
+    pipe = redis.pipeline(transaction=False)
+    pipe.hset(keys.rate_limits_of(queue), queue, NO_RATE)
     pipe.publish(keys.WAKE_CHANNEL, queue)
     pipe.execute()
 
@@ -125,12 +126,12 @@ def clear_rate(redis: redis_py.Redis, queue: str) -> None:
 def reset_rate(redis: redis_py.Redis, queue: str) -> None:
     """Forget the run-time value: capsules write their configured rate at their next
     heartbeat (or leave the queue without one)."""
-    redis.hdel(keys.RATE_LIMITS, queue)
+    redis.hdel(keys.rate_limits_of(queue), queue)
 
 
 def all_rates(redis: redis_py.Redis) -> dict[str, Rate | None]:
     """Every queue with a stored value; None for a cleared one."""
-    return rates_of(redis.hgetall(keys.RATE_LIMITS))  # type: ignore[arg-type]
+    return rates_of(hash_by_queue(redis, keys.rate_limits_of))
 
 
 def rates_of(stored: dict[bytes, bytes]) -> dict[str, Rate | None]:

@@ -61,23 +61,23 @@ def recover(redis: redis_py.Redis, capsule_id: str, queue: str, job: bytes, reas
     script_keys = [
         keys.in_progress(capsule_id, queue),
         keys.queue(queue),
-        keys.BUSY,
-        keys.RECOVERIES,
+        keys.busy_of(queue),
+        keys.recoveries_of(queue),
     ]
     args = [job, queue, reason[:MAX_REASON], RECOVERIES_TTL, keys.WAKE_CHANNEL]
     return int(RECOVER_JOB(redis, script_keys, args))
 
 
-def last_reason(redis: redis_py.Redis, job: bytes) -> str:
+def last_reason(redis: redis_py.Redis, job: bytes, queue: str) -> str:
     """Why the job was last given back, as recorded by the reaper or the processor."""
-    reason = redis.hget(keys.RECOVERIES, job_id(job) + ":error")
+    reason = redis.hget(keys.recoveries_of(queue), job_id(job) + ":error")
     return reason.decode("utf-8", "replace") if isinstance(reason, bytes) else "unknown"
 
 
-def forget(redis: redis_py.Redis, job: bytes) -> None:
+def forget(redis: redis_py.Redis, job: bytes, queue: str) -> None:
     """The job completed (or was buried): its count is no longer needed."""
     field = job_id(job)
-    redis.hdel(keys.RECOVERIES, field, field + ":error")
+    redis.hdel(keys.recoveries_of(queue), field, field + ":error")
 
 
 def mark_recovered(job: bytes, reason: str) -> bytes:

@@ -44,8 +44,11 @@ class WorkItem:
 
 
 def new_identity() -> str:
-    """``hostname:pid:random``, unique even when a pid is reused after a restart."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(6)}"
+    """``hostname:pid:random``, unique even when a pid is reused after a restart. The
+    identity is also the name of the process's keys: in cluster mode it starts with the
+    ``{limitd}`` tag, so they share the slot of the ``processes`` set."""
+    identity = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(6)}"
+    return keys.CLUSTER_TAG + identity if keys.is_cluster_layout() else identity
 
 
 class ProcessRecord:

@@ -52,6 +52,8 @@ def reap(redis: redis_py.Redis, capsule_id: str, reason: str = "") -> int:
     """Requeue a dead capsule's jobs and free its slots, counting a recovery for each
     job (see ``reap_capsule.lua`` and ``limitd/fetch/recoveries.py``)."""
     why = reason or f"capsule {capsule_id} stopped beating while running the job"
+    if keys.is_cluster_layout():
+        return _reap_per_queue(redis, capsule_id, why)
     for _ in range(3):
         names = set_members(redis, keys.capsule_queues(capsule_id))
         script_keys = [
@@ -68,6 +70,30 @@ def reap(redis: redis_py.Redis, capsule_id: str, reason: str = "") -> int:
         if moved != QUEUES_CHANGED:
             return moved
     return QUEUES_CHANGED
+
+
+def _reap_per_queue(redis: redis_py.Redis, capsule_id: str, why: str) -> int:
+    """Cluster mode: the capsule's jobs of each queue are on that queue's shard, so it
+    is reaped queue by queue (every queue Redis knows), each atomically as above. The
+    heartbeat lives on another shard: checked once first, and the script is given the
+    name it would have in the queue's slot, which no capsule writes."""
+    if redis.exists(keys.capsule_heartbeat(capsule_id)):
+        return STILL_ALIVE
+    moved = 0
+    for name in set_members(redis, keys.QUEUES):
+        script_keys = [
+            keys.capsule_queues(capsule_id, name) + ":heartbeat",
+            keys.capsules_of(name),
+            keys.busy_of(name),
+            keys.capsule_queues(capsule_id, name),
+            keys.queue(name),
+            keys.in_progress(capsule_id, name),
+            keys.recoveries_of(name),
+        ]
+        args = [capsule_id, name, why, RECOVERIES_TTL, keys.WAKE_CHANNEL]
+        moved += max(0, int(REAP_CAPSULE(redis, script_keys, args)))
+    redis.srem(keys.CAPSULES, capsule_id)
+    return moved
 
 
 def reap_dead(redis: redis_py.Redis) -> dict[str, int]:

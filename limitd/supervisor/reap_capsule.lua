@@ -19,6 +19,11 @@
 -- Returns the number of jobs requeued; -1 if the capsule is alive after all; -2 if it
 -- holds jobs of a queue the caller did not pass (read its queue set again and retry).
 --
+-- In cluster mode (limitd.keys) the call is made once per queue with that queue's own
+-- keys (KEYS[2], KEYS[3], KEYS[4] and the recoveries hash are per queue there); the
+-- heartbeat is on another shard, so the caller checks it first and passes as KEYS[1] a
+-- name in the queue's slot that is never written.
+--
 -- Why atomic: two reapers may find the same dead capsule. The first moves every job and
 -- frees the slots; the second finds empty lists and changes nothing, so no job is
 -- requeued twice and no slot freed twice. The heartbeat is checked in the same call so
