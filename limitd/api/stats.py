@@ -88,14 +88,24 @@ class QueueStatus:
 def queue_overview(redis: redis_py.Redis | None = None) -> list[QueueStatus]:
     """Every queue an operator can steer, sorted by name: those named in ``queues`` and
     those with a stored limit, a pause flag or jobs in progress (an idle limited queue
-    may have no list yet). A few round trips whatever the number of queues (in cluster
-    mode, a few per shard)."""
+    may have no list yet). Three round trips whatever the number of queues (in cluster
+    mode, where each queue's state is its own, a few per queue)."""
     conn = _connection(redis)
     stored_limits = limits.all_limits(conn)
-    listed = conn.smembers(keys.QUEUES)
-    paused = limits.paused_queues(conn)
-    busy_raw = hash_by_queue(conn, keys.busy_of)
-    stored_rates = rates.rates_of(hash_by_queue(conn, keys.rate_limits_of))
+    if keys.is_cluster_layout():  # per-queue state, queue by queue
+        listed = conn.smembers(keys.QUEUES)
+        paused_raw: Any = limits.paused_queues(conn)
+        busy_raw = hash_by_queue(conn, keys.busy_of)
+        rates_raw = hash_by_queue(conn, keys.rate_limits_of)
+    else:
+        pipe = conn.pipeline(transaction=False)
+        pipe.smembers(keys.QUEUES)
+        pipe.smembers(keys.PAUSED)
+        pipe.hgetall(keys.BUSY)
+        pipe.hgetall(keys.RATE_LIMITS)
+        listed, paused_raw, busy_raw, rates_raw = pipe.execute()
+    stored_rates = rates.rates_of(rates_raw)
+    paused = set(map(_text, paused_raw))
     busy = {_text(queue): int(count) for queue, count in busy_raw.items()}
     names = set(map(_text, listed)) | stored_limits.keys() | stored_rates.keys() | paused
     names |= {queue for queue, count in busy.items() if count}

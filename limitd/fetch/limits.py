@@ -139,8 +139,14 @@ def paused_queues(redis: redis_py.Redis) -> set[str]:
 
 def all_limits(redis: redis_py.Redis) -> dict[str, dict[str, int | None]]:
     """Every queue with a stored limit: ``{queue: {"limit": n, "process_limit": m}}``."""
-    limits = hash_by_queue(redis, keys.limits_of)
-    process_limits = hash_by_queue(redis, keys.process_limits_of)
+    if keys.is_cluster_layout():
+        limits = hash_by_queue(redis, keys.limits_of)
+        process_limits = hash_by_queue(redis, keys.process_limits_of)
+    else:  # one round trip
+        pipe = redis.pipeline(transaction=False)
+        pipe.hgetall(keys.LIMITS)
+        pipe.hgetall(keys.PROCESS_LIMITS)
+        limits, process_limits = pipe.execute()
     result: dict[str, dict[str, int | None]] = {}
     for kind, values in (("limit", limits), ("process_limit", process_limits)):
         for queue, raw in values.items():
