@@ -32,7 +32,7 @@ from limitd.payload import (
     dumps,
     new_jid,
 )
-from limitd.redis import retry_on_failover
+from limitd.redis import pipeline, retry_on_failover
 from limitd.registry import registry
 from limitd.spec import JobSpec
 from limitd.transactions import hold as transactions
@@ -123,7 +123,7 @@ class Client:
         return payload
 
     def _write(self, payloads: list[Payload]) -> None:
-        pipe = self.redis.pipeline(transaction=False)
+        pipe = pipeline(self.redis)
         queue_write(pipe, payloads)
         wait = replication.of(self.redis)
         if wait is not None:

@@ -82,6 +82,10 @@ def process_workers(identity: str) -> str:
     return f"{identity}:workers"
 
 
+# cluster mode: zset member -> claim time, of jobs on their way from schedule/retry to a
+# queue on another shard (see limitd.retry.moves)
+MOVING = LIMITD_PREFIX + "moving"
+
 # Limit fetch (everything under the limitd: prefix). Per-queue settings and counts are
 # fields of a few hashes, so a fetch over 200 queues passes a handful of fixed keys plus
 # two keys per queue (its list and this capsule's in-progress list).
@@ -117,6 +121,11 @@ def in_progress(capsule_id: str, queue_name: str) -> str:
     if _cluster:
         return f"limitd:{{{queue_name}}}:capsule:{capsule_id}:inprogress"
     return f"{LIMITD_PREFIX}capsule:{capsule_id}:inprogress:{queue_name}"
+
+
+def queue_of_in_progress(key: str) -> str:
+    """The queue an :func:`in_progress` name (cluster layout) belongs to."""
+    return key.split("{", 1)[1].split("}", 1)[0]
 
 
 def rate_state(queue_name: str) -> str:
@@ -170,7 +179,7 @@ _GLOBAL_NAMES = (
     "QUEUES", "SCHEDULE", "RETRY", "DEAD", "PROCESSES", "PROCESS_CLEANUP_LOCK",
     "STAT_PROCESSED", "STAT_FAILED", "LIMITD_PREFIX", "LIMITS", "PROCESS_LIMITS", "PAUSED",
     "BUSY", "CAPSULES", "WAKE_CHANNEL", "DUE_CHANNEL", "RECOVERIES", "RATE_LIMITS",
-    "FAIR_TENANT_TENANTS", "FAIR_TENANT_REROUTES",
+    "FAIR_TENANT_TENANTS", "FAIR_TENANT_REROUTES", "MOVING",
     "FAIR_TENANT_RULES", "UNIQUE_SKIPPED", "BATCHES", "BATCH_INDEX_PRUNE_LOCK", "LIMITERS",
 )  # fmt: skip
 

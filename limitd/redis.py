@@ -20,6 +20,7 @@ import redis
 import redis.asyncio
 from redis.backoff import NoBackoff
 from redis.client import Pipeline
+from redis.cluster import ClusterPipeline
 from redis.commands.core import Script
 from redis.exceptions import (
     ConnectionError,
@@ -302,6 +303,8 @@ class LuaScript:
         if not isinstance(conn, OwnConnection):
             if isinstance(conn, Pipeline):
                 return self._script(keys=list(keys), args=list(args), client=conn)
+            if isinstance(conn, _PublishAfter):
+                conn = conn.wrapped
             if cluster.is_cluster(conn):  # routed by its keys' slot
                 return self._on_cluster(conn, keys, args)
         command = self.packed(keys, args)
@@ -312,6 +315,10 @@ class LuaScript:
             return send_packed(conn, command)
 
     def _on_cluster(self, conn: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        if isinstance(conn, ClusterPipeline):
+            # redis-py's cluster pipeline has no script cache to fill on NOSCRIPT, and a
+            # failed-over primary may not have the script: send it whole (EVAL).
+            return conn.execute_command("EVAL", self.source, len(keys), *keys, *args)
         try:
             return conn.evalsha(self.sha, len(keys), *keys, *args)
         except NoScriptError:
@@ -467,6 +474,40 @@ def run_calls(conn: Conn, calls: Sequence[ScriptCall]) -> None:
     for group in merge_calls(calls):
         call = group.call
         group.deliver(conn, call.script(conn, call.keys, call.all_args()))
+
+
+def pipeline(client: redis.Redis, *, transaction: bool = False) -> Any:
+    """``client.pipeline(transaction=...)``, that also takes PUBLISH in cluster mode
+    (redis-py's cluster pipeline refuses it: a channel has no slot). There the messages
+    are published after the pipeline's commands, in order."""
+    pipe = client.pipeline(transaction=transaction)
+    return _PublishAfter(client, pipe) if cluster.is_cluster(client) else pipe
+
+
+class _PublishAfter:
+    """A cluster pipeline whose PUBLISH calls wait for its ``execute``."""
+
+    def __init__(self, client: Any, pipe: Any) -> None:
+        self._client = client
+        self._pipe = pipe
+        self._messages: list[tuple[Any, Any]] = []
+
+    def publish(self, channel: Any, message: Any) -> _PublishAfter:
+        self._messages.append((channel, message))
+        return self
+
+    def execute(self) -> list[Any]:
+        replies = list(self._pipe.execute())
+        replies += [self._client.publish(channel, message) for channel, message in self._messages]
+        self._messages.clear()
+        return replies
+
+    @property
+    def wrapped(self) -> Any:
+        return self._pipe
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pipe, name)
 
 
 def set_members(conn: redis.Redis, key: str) -> list[str]:

@@ -14,7 +14,10 @@ import pytest
 import redis as redis_py
 
 import limitd
+from limitd import keys
 from limitd.embedded import RedisServer
+from limitd.redis import connect
+from tests.topologies import ClusterGroup
 
 # The postgres_table fixture; the dashboard and browser fixtures (tests/web.py).
 pytest_plugins = ("tests.postgres", "tests.web")
@@ -36,13 +39,61 @@ def own_redis_server() -> Iterator[RedisServer]:
     server.stop()
 
 
+# Modules whose tests also run against a Redis Cluster (3 primaries with a replica
+# each): the ``redis`` fixture is parametrised with "cluster" for them. (Batches are not
+# available in cluster mode yet: test_cluster checks that they are refused.)
+CLUSTER_MODULES = frozenset(
+    {
+        "test_client",
+        "test_limit_fetch",
+        "test_capsule",
+        "test_fair_tenant",
+        "test_unique",
+        "test_poller",
+    }
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "standalone_only(reason): in a module of CLUSTER_MODULES, not run against the "
+        "cluster (it checks what only the standalone layout has)",
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    module = metafunc.module.__name__.rpartition(".")[2]
+    if "redis" not in metafunc.fixturenames or module not in CLUSTER_MODULES:
+        return
+    if metafunc.definition.get_closest_marker("standalone_only") is not None:
+        return
+    metafunc.parametrize("redis", ["standalone", "cluster"], indirect=True)
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterGroup]:
+    group = ClusterGroup(tmp_path_factory.mktemp("cluster"))
+    group.start()
+    yield group
+    group.stop()
+
+
 @pytest.fixture
-def redis(redis_server: RedisServer) -> Iterator[redis_py.Redis]:
-    conn = redis_server.client()
+def redis(request: pytest.FixtureRequest, redis_server: RedisServer) -> Iterator[redis_py.Redis]:
+    """A flushed Redis, the default client's: the session's server, or (for the
+    modules above, parametrised) the session's cluster, through ``connect``, which
+    switches the key layout."""
+    if getattr(request, "param", "standalone") == "cluster":
+        group: ClusterGroup = request.getfixturevalue("redis_cluster")
+        conn = connect(group.url)
+    else:
+        conn = redis_server.client()
     conn.flushall()
     limitd.set_default_client(limitd.Client(conn))
     yield conn
     limitd.set_default_client(None)
+    keys.use_cluster_layout(False)
     conn.close()
 
 

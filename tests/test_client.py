@@ -9,6 +9,7 @@ import pytest
 import redis as redis_py
 
 import limitd
+from limitd import keys
 from limitd.embedded import RedisServer
 from limitd.middleware import ClientChain
 from tests.failover_proxy import FailoverProxy
@@ -42,7 +43,7 @@ class Record:
         self.log.append(f"{self.name}>")
         result = call_next(payload)
         # Runs after the push: the job is already in Redis.
-        self.log.append(f"<{self.name}:{redis.llen('queue:' + payload['queue'])}")
+        self.log.append(f"<{self.name}:{redis.llen(keys.queue(payload['queue']))}")
         return result
 
 
@@ -58,9 +59,9 @@ def test_middleware_can_change_the_queue(client: limitd.Client, redis: redis_py.
     client.middleware.add(Reroute())
     ping.perform_async(1)
     ping.perform_async(2)
-    assert json.loads(redis.lindex("queue:odd", 0))["queue"] == "odd"
-    assert redis.llen("queue:default") == 1
-    assert redis.smembers("queues") == {b"odd", b"default"}
+    assert json.loads(redis.lindex(keys.queue("odd"), 0))["queue"] == "odd"
+    assert redis.llen(keys.queue("default")) == 1
+    assert redis.smembers(keys.QUEUES) == {b"odd", b"default"}
 
 
 def test_halted_push_returns_none_and_writes_nothing(
@@ -105,8 +106,8 @@ def test_bulk_runs_middleware_per_job(client: limitd.Client, redis: redis_py.Red
     jids = ping.perform_bulk([[1], [2], [-3], [4], [5]], batch_size=2)
     assert jids[2] is None
     assert all(jids[i] for i in (0, 1, 3, 4))
-    assert redis.llen("queue:odd") == 2
-    assert redis.llen("queue:default") == 2
+    assert redis.llen(keys.queue("odd")) == 2
+    assert redis.llen(keys.queue("default")) == 2
 
 
 def test_strict_args_modes(redis: redis_py.Redis) -> None:
@@ -117,7 +118,7 @@ def test_strict_args_modes(redis: redis_py.Redis) -> None:
             {"class": "client_test.Ping", "args": [(1, 2)]}
         )
     limitd.Client(redis, strict_args="off").push({"class": "client_test.Ping", "args": [(1, 2)]})
-    assert redis.llen("queue:default") == 2
+    assert redis.llen(keys.queue("default")) == 2
     with pytest.raises(ValueError, match="strict_args"):
         limitd.Client(redis, strict_args="loud")
 
@@ -141,6 +142,7 @@ def replica(redis_server: RedisServer) -> Iterator[RedisServer]:
     server.stop()
 
 
+@pytest.mark.standalone_only("a proxy between one client and one server")
 def test_failover_reconnects_and_retries_once(
     redis: redis_py.Redis, redis_server: RedisServer, replica: RedisServer
 ) -> None:
@@ -152,9 +154,10 @@ def test_failover_reconnects_and_retries_once(
         client.redis.close()
         proxy.close()
     assert proxy.connections == 2
-    assert [json.loads(j)["jid"] for j in redis.lrange("queue:default", 0, -1)] == [jid]
+    assert [json.loads(j)["jid"] for j in redis.lrange(keys.queue("default"), 0, -1)] == [jid]
 
 
+@pytest.mark.standalone_only("a proxy between one client and one server")
 def test_failover_retry_happens_only_once(redis: redis_py.Redis, replica: RedisServer) -> None:
     proxy = FailoverProxy(lambda n: replica.port)
     client = limitd.Client(redis_py.Redis(port=proxy.port))

@@ -161,6 +161,7 @@ def test_tenant_sources_in_order(redis: redis_py.Redis) -> None:
 
 
 @freeze_time(T0)
+@pytest.mark.standalone_only("counts one server's round trips")
 def test_bulk_counts_each_job_in_one_round_trip(redis: redis_py.Redis) -> None:
     before = redis.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
     jids = sync.perform_bulk([[1, n] for n in range(5)] + [[2, n] for n in range(5)])
@@ -203,6 +204,7 @@ def test_reroutes_are_counted_per_job_tenant_and_rule(redis: redis_py.Redis) -> 
     assert counts == {("fair_test.Sync", "account-3", "throttled", "1"): 3}
 
 
+@pytest.mark.standalone_only("threads share one connection pool")
 def test_concurrent_enqueues_are_counted_exactly(redis: redis_py.Redis) -> None:
     """8 threads x 1,000 enqueues of one tenant: exactly 8,000 counted, and exactly the
     enqueues after the threshold rerouted."""
@@ -277,6 +279,7 @@ def test_the_tenant_index_keeps_only_recent_tenants(redis: redis_py.Redis) -> No
     assert members == [["fair_test.Sync", "account-2"]]
 
 
+@pytest.mark.standalone_only("counts one server's round trips")
 def test_a_large_bulk_chunk_is_counted_in_one_call(redis: redis_py.Redis) -> None:
     jids = sync.perform_bulk([[4, n] for n in range(5000)], batch_size=5000)
     assert len(set(jids)) == 5000

@@ -46,6 +46,7 @@ def test_unlimited_queue_behaves_like_a_normal_queue(redis: redis_py.Redis) -> N
     assert redis.lrange(keys.in_progress("c1", "q"), 0, -1) == jobs[::-1]
 
 
+@pytest.mark.standalone_only("reads the shared capsules set")
 def test_global_limit_counts_every_capsule(redis: redis_py.Redis) -> None:
     push(redis, "q", 10)
     queue_limits.set_limit(redis, "q", 3)
@@ -100,6 +101,7 @@ def test_strict_order_skips_a_queue_at_its_limit(redis: redis_py.Redis) -> None:
     assert taken == ["high", "high", "low", "low", "low", "low", "low"]
 
 
+@pytest.mark.standalone_only("blocking queues are standalone only")
 def test_blocking_queue_holds_back_lower_queues(redis: redis_py.Redis) -> None:
     push(redis, "high", 5)
     push(redis, "low", 5)
@@ -173,6 +175,7 @@ def test_release_is_fenced_by_ownership(redis: redis_py.Redis) -> None:
     assert queue_limits.busy(redis, "q") == 0
 
 
+@pytest.mark.standalone_only("writes the shared busy hash")
 def test_busy_never_goes_negative(redis: redis_py.Redis) -> None:
     push(redis, "q", 1)
     fetch = fetcher(redis, ["q"])
@@ -193,9 +196,10 @@ def test_reaping_returns_jobs_in_their_original_order(redis: redis_py.Redis) -> 
     assert liveness.reap_dead(redis) == {"dead": 5}
     assert [u.job for u in take_all(fetcher(redis, ["q"], "new"))] == jobs
     assert redis.sismember(keys.CAPSULES, "dead") == 0
-    assert not redis.exists(keys.capsule_queues("dead"))
+    assert not redis.exists(keys.capsule_queues("dead", "q"))
 
 
+@pytest.mark.standalone_only("threads share one connection pool")
 def test_racing_reapers_requeue_each_job_once(redis: redis_py.Redis) -> None:
     for capsule in ("d1", "d2", "d3"):
         push(redis, "q", 40, tag=capsule)
@@ -216,6 +220,7 @@ def test_racing_reapers_requeue_each_job_once(redis: redis_py.Redis) -> None:
     assert queue_limits.busy(redis, "q") == 0
 
 
+@pytest.mark.standalone_only("the capsule's queue set spans queues standalone only")
 def test_reap_retries_when_the_capsule_took_a_new_queue(redis: redis_py.Redis) -> None:
     push(redis, "a", 1)
     push(redis, "b", 1)

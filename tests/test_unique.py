@@ -72,13 +72,13 @@ def test_a_duplicate_is_not_pushed_and_is_counted(capsule: Capsule, redis) -> No
     jid = import_account.perform_async(1)
     assert jid is not None
     assert import_account.perform_async(1) is None
-    assert redis.llen("queue:default") == 1
+    assert redis.llen(keys.queue("default")) == 1
     assert skipped(redis) == 1
     assert lock_of(redis, "unique_test.Import", [1]) == jid
     # Other arguments or another queue are other jobs.
     assert import_account.perform_async(2) is not None
     assert import_account.set(queue="other").perform_async(1) is not None
-    assert redis.llen("queue:default") == 2
+    assert redis.llen(keys.queue("default")) == 2
 
 
 def test_arguments_compare_in_canonical_form(capsule: Capsule, redis) -> None:
@@ -173,7 +173,7 @@ def test_a_job_whose_lock_expired_does_not_free_a_newer_copys_lock(capsule: Caps
 def test_bulk_enqueue_is_unique_per_job(capsule: Capsule, redis) -> None:
     jids = import_account.perform_bulk([[1], [1], [2], [1]])
     assert [jid is not None for jid in jids] == [True, False, True, False]
-    assert redis.llen("queue:default") == 2
+    assert redis.llen(keys.queue("default")) == 2
     assert skipped(redis) == 2
 
 
@@ -201,7 +201,7 @@ def test_eight_threads_enqueueing_the_same_job_push_exactly_one(redis) -> None:
     for thread in threads:
         thread.join()
     assert len([jid for jid in results if jid is not None]) == 1
-    assert redis.llen("queue:default") == 1
+    assert redis.llen(keys.queue("default")) == 1
     assert skipped(redis) == 7
 
 

@@ -4,7 +4,9 @@ production sees (a crashed primary, a failover)."""
 
 from __future__ import annotations
 
+import random
 import shutil
+import socket
 import subprocess
 from pathlib import Path
 
@@ -136,6 +138,7 @@ class ClusterGroup:
             data.mkdir(parents=True, exist_ok=True)
             self.nodes.append(
                 RedisServer(
+                    port=cluster_port(),
                     data_dir=str(data),
                     extra_args=[
                         *("--cluster-enabled", "yes"),
@@ -208,6 +211,25 @@ def _slot_ranges(client: redis_py.Redis) -> list[tuple[int, int]]:
         for shard in client.execute_command("CLUSTER", "SLOTS")
         if shard[2][2].decode() == myself
     ]
+
+
+def cluster_port() -> int:
+    """A free port whose cluster bus port (10,000 higher, so at most 55535) is free too."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 55000)
+        if _free(port) and _free(port + 10000):
+            return port
+    raise RuntimeError("no free port pair for a cluster node")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def find_redis_cli() -> str:

@@ -88,6 +88,11 @@ class Batch:
         client: Client | None = None,
         bid: str | None = None,
     ) -> None:
+        if keys.is_cluster_layout():
+            raise NotImplementedError(
+                "batches are not available in cluster mode yet: their scripts push the "
+                "callback jobs to queues, which live on other shards there"
+            )
         if isinstance(expires_in, dt.timedelta):
             expires_in = expires_in.total_seconds()
         if expires_in < 1:

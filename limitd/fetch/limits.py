@@ -18,7 +18,7 @@ import redis as redis_py
 from limitd import keys
 from limitd.fetch.per_queue import hash_by_queue
 from limitd.fetch.rates import Rate, parse_rate
-from limitd.redis import set_members
+from limitd.redis import pipeline, set_members
 
 NO_LIMIT = "none"
 
@@ -48,7 +48,7 @@ class LimitSettings:
         restores the limits after Redis lost its data."""
         if not self.limits and not self.process_limits and not self.rate_limits:
             return
-        pipe = redis.pipeline(transaction=False)
+        pipe = pipeline(redis)
         for queue, value in self.limits.items():
             pipe.hsetnx(keys.limits_of(queue), queue, value)
         for queue, value in self.process_limits.items():
@@ -79,7 +79,7 @@ def get_limit(redis: redis_py.Redis, queue: str, *, process: bool = False) -> in
 
 def set_limit(redis: redis_py.Redis, queue: str, value: int, *, process: bool = False) -> None:
     """Change a limit now; running capsules apply it on their next fetch."""
-    pipe = redis.pipeline(transaction=False)
+    pipe = pipeline(redis)
     pipe.hset(_hash(process, queue), queue, check_limit(value, queue))
     pipe.publish(keys.WAKE_CHANNEL, queue)  # a raised limit may make jobs fetchable
     pipe.execute()
@@ -87,7 +87,7 @@ def set_limit(redis: redis_py.Redis, queue: str, value: int, *, process: bool = 
 
 def clear_limit(redis: redis_py.Redis, queue: str, *, process: bool = False) -> None:
     """Remove the limit, and keep it removed even if configuration sets one."""
-    pipe = redis.pipeline(transaction=False)
+    pipe = pipeline(redis)
     pipe.hset(_hash(process, queue), queue, NO_LIMIT)
     pipe.publish(keys.WAKE_CHANNEL, queue)
     pipe.execute()
@@ -105,7 +105,7 @@ def pause(redis: redis_py.Redis, queue: str) -> None:
 
 
 def resume(redis: redis_py.Redis, queue: str) -> None:
-    pipe = redis.pipeline(transaction=False)
+    pipe = pipeline(redis)
     pipe.srem(keys.paused_of(queue), queue)
     pipe.publish(keys.WAKE_CHANNEL, queue)
     pipe.execute()
@@ -123,7 +123,7 @@ def busy(redis: redis_py.Redis, queue: str) -> int:
 def busy_by_capsule(redis: redis_py.Redis, queue: str) -> dict[str, int]:
     """Jobs of ``queue`` in progress, per capsule id (capsules running none omitted)."""
     capsules = set_members(redis, keys.capsules_of(queue))
-    pipe = redis.pipeline(transaction=False)
+    pipe = pipeline(redis)
     for capsule in capsules:
         pipe.llen(keys.in_progress(capsule, queue))
     counts = pipe.execute()
@@ -143,7 +143,7 @@ def all_limits(redis: redis_py.Redis) -> dict[str, dict[str, int | None]]:
         limits = hash_by_queue(redis, keys.limits_of)
         process_limits = hash_by_queue(redis, keys.process_limits_of)
     else:  # one round trip
-        pipe = redis.pipeline(transaction=False)
+        pipe = pipeline(redis)
         pipe.hgetall(keys.LIMITS)
         pipe.hgetall(keys.PROCESS_LIMITS)
         limits, process_limits = pipe.execute()

@@ -24,6 +24,7 @@ import redis as redis_py
 
 from limitd import keys
 from limitd.fetch.per_queue import hash_by_queue
+from limitd.redis import pipeline
 
 NO_RATE = "none"
 UNITS = {"second": 1, "minute": 60, "hour": 3_600, "day": 86_400}
@@ -108,7 +109,7 @@ def set_rate(redis: redis_py.Redis, queue: str, rate: Rate | str) -> Rate:
     """Change the rate now; running capsules apply it on their next fetch. A queue's
     schedule is left alone: the fetch caps it to one interval of the new rate."""
     checked = parse_rate(rate)
-    pipe = redis.pipeline(transaction=False)
+    pipe = pipeline(redis)
     pipe.hset(keys.rate_limits_of(queue), queue, checked.stored())
     pipe.publish(keys.WAKE_CHANNEL, queue)  # a faster rate may make jobs fetchable now
     pipe.execute()
@@ -117,7 +118,7 @@ def set_rate(redis: redis_py.Redis, queue: str, rate: Rate | str) -> Rate:
 
 def clear_rate(redis: redis_py.Redis, queue: str) -> None:
     """Remove the rate limit, and keep it removed even if configuration sets one."""
-    pipe = redis.pipeline(transaction=False)
+    pipe = pipeline(redis)
     pipe.hset(keys.rate_limits_of(queue), queue, NO_RATE)
     pipe.publish(keys.WAKE_CHANNEL, queue)
     pipe.execute()

@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping
 
 import redis as redis_py
 
+from limitd import cluster
+
 log = logging.getLogger("limitd.wakeup")
 
 LONG_WAIT = 60.0  # followers re-check this often even if every signal were lost
@@ -99,6 +101,11 @@ class WakeupListener:
         self._thread = threading.Thread(target=self._run, name="limitd-wakeup", daemon=True)
 
     def start(self) -> None:
+        if cluster.is_cluster(self.redis):
+            # redis-py's cluster pub/sub cannot be waited on beside other sockets: in
+            # cluster mode idle capsules and pollers find work by polling (poll_range).
+            log.info("cluster mode: no wake-up subscription; idle capsules poll")
+            return
         self._thread.start()
 
     def stop(self) -> None:

@@ -27,6 +27,7 @@ from limitd import clock, keys, options
 from limitd.limiters.store import OverLimit
 from limitd.middleware.chain import Rescheduled
 from limitd.payload import Payload, dumps
+from limitd.redis import pipeline
 from limitd.spec import JobSpec, LimiterBackoffHook
 
 log = logging.getLogger("limitd.limiters")
@@ -119,7 +120,7 @@ class OverLimitReschedule:
         retry is), so a poller asleep until later wakes for it."""
         entry = {**payload, COUNT_FIELD: count, "queue": queue}
         at = clock.now() + backoff_seconds(spec, count, exc, entry)
-        pipe = self.redis.pipeline(transaction=False)
+        pipe = pipeline(self.redis)
         pipe.zadd(keys.SCHEDULE, {dumps(entry): at})
         pipe.publish(keys.DUE_CHANNEL, repr(at))
         pipe.execute()

@@ -24,9 +24,11 @@ from typing import Any
 
 import redis as redis_py
 from redis.client import Pipeline
+from redis.cluster import ClusterPipeline
 
 from limitd import clock, keys, options
 from limitd.payload import Payload, dumps, to_seconds
+from limitd.redis import pipeline
 from limitd.spec import JobSpec
 
 log = logging.getLogger("limitd.retry")
@@ -62,7 +64,8 @@ class DeadSetPolicy:
 def trim_dead(redis: Any, now: float, policy: DeadSetPolicy) -> None:
     """Drop dead jobs older than the policy allows and the oldest beyond its size, in one
     MULTI. Given a pipeline, adds the commands to it and executes it."""
-    pipe = redis if isinstance(redis, Pipeline) else redis.pipeline(transaction=True)
+    is_pipe = isinstance(redis, (Pipeline, ClusterPipeline))
+    pipe = redis if is_pipe else redis.pipeline(transaction=True)
     pipe.zremrangebyscore(keys.DEAD, "-inf", now - policy.timeout_seconds)
     pipe.zremrangebyrank(keys.DEAD, 0, -(policy.max_jobs + 1))
     pipe.execute()
@@ -147,7 +150,7 @@ class RetryHandler:
     def _schedule_retry(self, payload: Payload, at: float) -> None:
         """ZADD to ``retry`` and announce ``at`` in the same round trip, so that sleeping
         pollers wake for it (a retry in 2 s runs in 2 s, not at their next poll)."""
-        pipe = self.redis.pipeline(transaction=False)
+        pipe = pipeline(self.redis)
         pipe.zadd(keys.RETRY, {dumps(payload): at})
         pipe.publish(keys.DUE_CHANNEL, repr(at))
         pipe.execute()

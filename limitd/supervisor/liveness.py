@@ -74,13 +74,17 @@ def reap(redis: redis_py.Redis, capsule_id: str, reason: str = "") -> int:
 
 def _reap_per_queue(redis: redis_py.Redis, capsule_id: str, why: str) -> int:
     """Cluster mode: the capsule's jobs of each queue are on that queue's shard, so it
-    is reaped queue by queue (every queue Redis knows), each atomically as above. The
-    heartbeat lives on another shard: checked once first, and the script is given the
-    name it would have in the queue's slot, which no capsule writes."""
+    is reaped queue by queue, each atomically as above. Which queues: no set spans
+    shards, so every shard is scanned for the capsule's in-progress lists (reaping is
+    rare; the scan reads names only). The heartbeat lives on another shard: checked once
+    first, and the script is given the name it would have in the queue's slot, which no
+    capsule writes."""
     if redis.exists(keys.capsule_heartbeat(capsule_id)):
         return STILL_ALIVE
     moved = 0
-    for name in set_members(redis, keys.QUEUES):
+    pattern = keys.in_progress(capsule_id, "*")
+    held = {keys.queue_of_in_progress(key.decode()) for key in redis.scan_iter(match=pattern)}
+    for name in sorted(held):
         script_keys = [
             keys.capsule_queues(capsule_id, name) + ":heartbeat",
             keys.capsules_of(name),

@@ -39,12 +39,17 @@ from limitd.backoff import Backoff
 from limitd.batch.store import prune_index
 from limitd.payload import MalformedPayload, dead_entry_for_malformed, parse
 from limitd.retry import DeadSetPolicy, trim_dead
-from limitd.retry.moves import bury_member, enqueue_member
+from limitd.retry.moves import bury_member, enqueue_member, finish_stalled_moves
 
 log = logging.getLogger("limitd.poller")
 T = TypeVar("T")
 
-SORTED_SETS = (keys.RETRY, keys.SCHEDULE)
+
+def sorted_sets() -> tuple[str, str]:
+    """The sets the poller drains (named at call time: the key layout may change)."""
+    return keys.RETRY, keys.SCHEDULE
+
+
 MODES = ("due", "interval")
 PEEK = 100
 INITIAL_WAIT = 10.0
@@ -107,16 +112,17 @@ class ScheduledPoller:
     def enqueue_due(self, now: float | None = None) -> int:
         """Move every job due at ``now`` (default: the clock) and return how many."""
         moved = 0
-        for zset in SORTED_SETS:
+        for zset in sorted_sets():
             moved += self._drain_set(zset, clock.now() if now is None else now)
         return moved
 
     def heads(self) -> dict[str, float]:
         """The earliest score of each non-empty set, in one round trip."""
+        names = sorted_sets()
         pipe = self.redis.pipeline(transaction=False)
-        for zset in SORTED_SETS:
+        for zset in names:
             pipe.zrange(zset, 0, 0, withscores=True)
-        rows = zip(SORTED_SETS, pipe.execute(), strict=True)
+        rows = zip(names, pipe.execute(), strict=True)
         return {zset: float(head[0][1]) for zset, head in rows if head}
 
     def move_due(self) -> float | None:
@@ -211,6 +217,8 @@ class ScheduledPoller:
             self._cleaned = True
             self._safely(self.cleanup_processes)
         self._safely(self.prune_batch_index)
+        if keys.is_cluster_layout():
+            self._safely(lambda: finish_stalled_moves(self.redis, clock.now()))
 
     def _initial_wait(self) -> float:
         """Give heartbeats time to register (they size the interval), plus jitter so

@@ -1,0 +1,230 @@
+"""Redis Cluster mode on a real cluster (3 primaries with a replica each, made with
+``redis-cli --cluster create`` on free ports): addresses and config, the checks that
+refuse mixed layouts, every script call in one slot, ``limitd start`` draining queues
+that live on different shards with exact limits, and a primary killed mid-run.
+
+The core, limit-fetch, fair-tenant, unique and poller tests also run against the
+cluster (``CLUSTER_MODULES`` in conftest.py)."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis as redis_py
+from redis.cluster import key_slot
+
+import limitd
+from limitd import Limiter, cluster, keys
+from limitd.config import ConfigError, load_config
+from limitd.fetch import limits as queue_limits
+from limitd.redis import LuaScript, connect
+from limitd.supervisor import Capsule, CapsuleConfig, liveness
+from tests.helpers import LimitdProcesses, wait_for
+from tests.topologies import ClusterGroup
+
+QUEUES = ["alpha", "beta", "gamma", "delta"]
+ran: list[Any] = []
+
+
+@limitd.job(name="cluster_test.Mark", unique_for=60)
+def mark(n: int) -> None:
+    ran.append(n)
+
+
+@limitd.job(name="cluster_test.Fails", retry=1)
+def fails() -> None:
+    raise RuntimeError("boom")
+
+
+@limitd.job(
+    name="cluster_test.Tenant",
+    fair_tenant_queues=[{"queue": "alpha_slow", "threshold": 2, "per": 3600}],
+)
+def tenant_job(n: int) -> None:
+    ran.append(("tenant", n))
+
+
+@pytest.fixture
+def clustered(redis_cluster: ClusterGroup) -> Iterator[redis_py.Redis]:
+    conn = connect(redis_cluster.url)
+    conn.flushall()
+    limitd.set_default_client(limitd.Client(conn))
+    yield conn
+    limitd.set_default_client(None)
+    keys.use_cluster_layout(False)
+
+
+def test_the_url_and_the_config_name_the_nodes(tmp_path: Path) -> None:
+    where = cluster.parse("redis+cluster://:pw@a:7000,b:7001")
+    assert where == cluster.ClusterAddress((("a", 7000), ("b", 7001)), "pw")
+    for bad, words in [
+        ("redis+cluster://", "at least one node"),
+        ("redis+cluster://a", "host:port"),
+        ("redis+cluster://a:1/3", "only database 0"),
+    ]:
+        with pytest.raises(ValueError, match=words):
+            cluster.parse(bad)
+    conf = tmp_path / "app.yml"
+    conf.write_text("redis: {cluster: true, startup_nodes: ['10.0.0.1:7000', '10.0.0.2:7000']}\n")
+    assert load_config([str(conf)]).redis.url == "redis+cluster://10.0.0.1:7000,10.0.0.2:7000"
+    conf.write_text("redis: {cluster: true}\n")
+    with pytest.raises(ConfigError, match=r"redis\.startup_nodes"):
+        load_config([str(conf)])
+    conf.write_text("redis: {startup_nodes: ['a:1']}\n")
+    with pytest.raises(ConfigError, match=r"redis\.startup_nodes.*cluster: true"):
+        load_config([str(conf)])
+
+
+def test_keys_of_one_queue_share_a_slot_and_queues_spread(clustered: redis_py.Redis) -> None:
+    for name in QUEUES:
+        per_queue = [
+            keys.queue(name),
+            keys.limits_of(name),
+            keys.busy_of(name),
+            keys.in_progress("c1", name),
+            keys.rate_state(name),
+            keys.recoveries_of(name),
+        ]
+        assert len({key_slot(key.encode()) for key in per_queue}) == 1
+    shards = {clustered.get_node_from_key(keys.queue(name)).name for name in QUEUES}
+    assert len(shards) >= 2, "the test's queues live on more than one shard"
+    assert len({key_slot(k.encode()) for k in (keys.SCHEDULE, keys.RETRY, keys.DEAD)}) == 1
+
+
+def test_every_script_call_touches_one_slot(
+    clustered: redis_py.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each script a workload runs (push, limit fetch, retries, the poller's moves,
+    burying, reaping, unique locks, fair tenants, limiters) is run for real here, on the
+    cluster, which refuses a call whose keys span slots; the keys of every call are
+    checked too."""
+    calls: dict[str, set[int]] = {}
+    original = LuaScript._on_cluster
+
+    def checked(self: LuaScript, conn: Any, script_keys: Any, args: Any) -> Any:
+        slots = {key_slot(k if isinstance(k, bytes) else str(k).encode()) for k in script_keys}
+        assert len(slots) == 1, f"{self.name} spans slots: {list(script_keys)}"
+        calls.setdefault(self.name, set()).update(slots)
+        return original(self, conn, script_keys, args)
+
+    monkeypatch.setattr(LuaScript, "_on_cluster", checked)
+    ran.clear()
+    mark.set(queue="alpha").perform_async(1)
+    mark.set(queue="beta").perform_async(2)
+    assert mark.set(queue="beta").perform_async(2) is None, "unique"
+    fails.set(queue="gamma").perform_async()
+    for n in range(4):
+        tenant_job.set(fair_tenant="acme").perform_async(n)
+    queues = [*QUEUES, "default", "alpha_slow"]
+    capsule = Capsule(CapsuleConfig(queues=queues), redis=clustered)
+    assert capsule.drain(scheduled=True) == {"done": 6, "retry": 1}
+    assert sorted(n for kind, n in (r for r in ran if isinstance(r, tuple))) == [0, 1, 2, 3]
+    assert clustered.llen(keys.queue("alpha_slow")) == 0
+    [waiting] = clustered.zrange(keys.RETRY, 0, 0)
+    clustered.zadd(keys.RETRY, {waiting: 0})  # due now: the poller moves it
+    assert capsule.drain(scheduled=True) == {"dead": 1}
+    clustered.zadd(keys.SCHEDULE, {b"not json": 0})  # unreadable: buried by the poller
+    capsule.drain(scheduled=True)
+    assert clustered.zcard(keys.DEAD) == 2
+    limiter = Limiter.concurrent("cluster-api", 1, redis=clustered)
+    with limiter.within_limit():
+        pass
+    # A capsule that died holding jobs of two queues on two shards is reaped.
+    mark.set(queue="alpha").perform_async(10)
+    mark.set(queue="delta").perform_async(11)
+    dead = Capsule(CapsuleConfig(queues=QUEUES, concurrency=2), redis=clustered)
+    held = [dead.fetch.try_retrieve(), dead.fetch.try_retrieve()]
+    assert all(held)
+    liveness.vouch(clustered, [dead.id], 15)
+    clustered.delete(keys.capsule_heartbeat(dead.id))
+    assert liveness.reap_dead(clustered) == {dead.id: 2}
+    expected = {
+        "limit_fetch.lua", "unique_acquire.lua", "unique_release.lua", "fair_tenant.lua",
+        "claim_member.lua", "bury_member.lua", "reap_capsule.lua",
+        "limiter_concurrent_acquire.lua", "limiter_concurrent_release.lua",
+    }  # fmt: skip
+    assert expected <= calls.keys(), f"not exercised: {expected - calls.keys()}"
+    assert len(set().union(*calls.values())) >= 3, "calls went to several slots"
+
+
+def test_mixing_layouts_is_refused(clustered: redis_py.Redis, redis_server: Any) -> None:
+    cluster.check_layout(clustered, cluster_mode=True)  # empty: fine
+    clustered.sadd("queues", "default")  # what a standalone client or Sidekiq writes
+    with pytest.raises(cluster.LayoutMismatch, match=r"standalone layout .*queues"):
+        cluster.check_layout(clustered, cluster_mode=True)
+    with pytest.raises(cluster.LayoutMismatch, match="cluster node"):
+        cluster.check_layout(redis_py.Redis(port=_a_node_port(clustered)), cluster_mode=False)
+    cluster.check_layout(redis_server.client(), cluster_mode=False)
+
+
+def test_batches_say_they_are_not_available_yet(clustered: redis_py.Redis) -> None:
+    with pytest.raises(NotImplementedError, match="cluster mode"):
+        limitd.Batch()
+
+
+def _a_node_port(client: Any) -> int:
+    return int(client.get_primaries()[0].port)
+
+
+APP = textwrap.dedent('''
+    import time, limitd
+    from limitd.client import default_client
+
+    ENTER = """
+    local n = redis.call('INCR', KEYS[1])
+    if n > tonumber(redis.call('GET', KEYS[2]) or '0') then redis.call('SET', KEYS[2], n) end
+    """
+
+    def make(queue):
+        @limitd.job(name=f"meter.{queue}", queue=queue)
+        def work(n):
+            r = default_client().redis
+            tag = "{m:" + queue + "}"
+            r.eval(ENTER, 2, tag + "running", tag + "peak")
+            time.sleep(0.002)
+            r.decr(tag + "running")
+            r.sadd(tag + "done", n)
+        return work
+
+    jobs = [make(q) for q in ("alpha", "beta", "gamma", "delta")]
+''')
+
+LIMITS = {"alpha": 1, "beta": 2, "gamma": 3, "delta": 4}
+
+
+def _start(tmp_path: Path, url: str) -> LimitdProcesses:
+    (tmp_path / "meter_app.py").write_text(APP)
+    processes = LimitdProcesses(tmp_path, url)
+    processes.env["PYTHONPATH"] = str(tmp_path)
+    flags = [f"--limit={queue}={limit}" for queue, limit in LIMITS.items()]
+    queues = [arg for queue in QUEUES for arg in ("-q", queue)]
+    processes.start("-r", "meter_app", *queues, "-p", "2", "-c", "6", *flags)
+    return processes
+
+
+def _push(conn: redis_py.Redis, count: int) -> None:
+    client = limitd.Client(conn)
+    for queue in QUEUES:
+        client.push_bulk({"class": f"meter.{queue}", "queue": queue}, [[n] for n in range(count)])
+
+
+def _done(conn: redis_py.Redis) -> int:
+    return sum(int(conn.scard("{m:" + queue + "}done")) for queue in QUEUES)
+
+
+def test_limitd_start_drains_queues_on_every_shard_with_exact_limits(
+    clustered: redis_py.Redis, redis_cluster: ClusterGroup, tmp_path: Path
+) -> None:
+    processes = _start(tmp_path, redis_cluster.url)
+    try:
+        _push(clustered, 250)
+        wait_for(lambda: _done(clustered) == 1000, timeout=120, message="1000 jobs")
+    finally:
+        processes.kill_all()
+    for queue, limit in LIMITS.items():
+        assert int(clustered.get("{m:" + queue + "}peak")) == limit, queue
+        assert queue_limits.busy(clustered, queue) == 0
