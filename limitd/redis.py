@@ -57,6 +57,11 @@ def connect(
     pushes and fetches wait for replicas (see ``limitd.replication``)."""
     url, from_url = replication.split_url(url)
     keys.use_cluster_layout(url.startswith(cluster.SCHEME))
+    if url.startswith(cluster.SCHEME) and (from_url or wait):
+        raise ValueError(
+            "wait_replicas is not available in cluster mode: WAIT must follow the writes "
+            "on their own connection, and a cluster client spreads them over shards"
+        )
     if url.startswith(cluster.SCHEME):
         client = cluster.connect(
             url,

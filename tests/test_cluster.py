@@ -20,11 +20,12 @@ from redis.cluster import key_slot
 import limitd
 from limitd import Limiter, cluster, keys
 from limitd.config import ConfigError, load_config
+from limitd.embedded import RedisServer
 from limitd.fetch import limits as queue_limits
 from limitd.redis import LuaScript, connect
 from limitd.supervisor import Capsule, CapsuleConfig, liveness
 from tests.helpers import LimitdProcesses, wait_for
-from tests.topologies import ClusterGroup
+from tests.topologies import ClusterGroup, cluster_port
 
 QUEUES = ["alpha", "beta", "gamma", "delta"]
 ran: list[Any] = []
@@ -171,8 +172,13 @@ def _a_node_port(client: Any) -> int:
 
 
 APP = textwrap.dedent('''
-    import time, limitd
+    import os, time, limitd, redis
     from limitd.client import default_client
+
+    # Where jobs record what they did: the cluster, or a separate Redis (the witness)
+    # when the test takes the cluster's nodes down.
+    URL = os.environ.get("WITNESS_URL")
+    WITNESS = redis.Redis.from_url(URL) if URL else None
 
     ENTER = """
     local n = redis.call('INCR', KEYS[1])
@@ -182,7 +188,7 @@ APP = textwrap.dedent('''
     def make(queue):
         @limitd.job(name=f"meter.{queue}", queue=queue)
         def work(n):
-            r = default_client().redis
+            r = WITNESS or default_client().redis
             tag = "{m:" + queue + "}"
             r.eval(ENTER, 2, tag + "running", tag + "peak")
             time.sleep(0.002)
@@ -196,13 +202,15 @@ APP = textwrap.dedent('''
 LIMITS = {"alpha": 1, "beta": 2, "gamma": 3, "delta": 4}
 
 
-def _start(tmp_path: Path, url: str) -> LimitdProcesses:
+def _start(tmp_path: Path, url: str, witness: str | None = None, *extra: str) -> LimitdProcesses:
     (tmp_path / "meter_app.py").write_text(APP)
     processes = LimitdProcesses(tmp_path, url)
     processes.env["PYTHONPATH"] = str(tmp_path)
+    if witness is not None:
+        processes.env["WITNESS_URL"] = witness
     flags = [f"--limit={queue}={limit}" for queue, limit in LIMITS.items()]
     queues = [arg for queue in QUEUES for arg in ("-q", queue)]
-    processes.start("-r", "meter_app", *queues, "-p", "2", "-c", "6", *flags)
+    processes.start("-r", "meter_app", *queues, "-p", "2", "-c", "6", *flags, *extra)
     return processes
 
 
@@ -228,3 +236,79 @@ def test_limitd_start_drains_queues_on_every_shard_with_exact_limits(
     for queue, limit in LIMITS.items():
         assert int(clustered.get("{m:" + queue + "}peak")) == limit, queue
         assert queue_limits.busy(clustered, queue) == 0
+
+
+def test_start_refuses_a_cluster_it_cannot_reach_or_mixed_layouts(
+    clustered: redis_py.Redis, redis_cluster: ClusterGroup, redis_server: Any, tmp_path: Path
+) -> None:
+    silent = f"redis+cluster://127.0.0.1:{cluster_port()}"
+    proc = LimitdProcesses(tmp_path, silent).start("-r", "json")
+    assert proc.wait(30) == 69
+    assert "none of the cluster nodes answered: 127.0.0.1:" in _last_line(tmp_path)
+    clustered.sadd("queues", "default")  # a standalone layout in the cluster
+    proc = LimitdProcesses(tmp_path, redis_cluster.url).start("-r", "json")
+    assert proc.wait(30) == 78
+    assert "holds keys of the standalone layout (queues)" in _last_line(tmp_path)
+    node = f"redis://127.0.0.1:{_a_node_port(clustered)}/0"  # a cluster node, as one Redis
+    proc = LimitdProcesses(tmp_path, node).start("-r", "json")
+    assert proc.wait(30) == 78
+    assert "this Redis is a cluster node" in _last_line(tmp_path)
+
+
+def _last_line(tmp_path: Path) -> str:
+    return (tmp_path / "limitd.log").read_text().strip().splitlines()[-1]
+
+
+def test_a_primary_killed_mid_run_fails_over_without_losing_jobs(tmp_path: Path) -> None:
+    """Its own cluster (this one loses a node). Jobs are pushed and replicated first;
+    the primary of one queue is SIGKILLed while they run; its replica takes over and
+    every job runs (a fetch or acknowledgement the replica had not received makes a job
+    run twice: counted, not failed)."""
+    group = ClusterGroup(tmp_path / "nodes", node_timeout_ms=1000)
+    group.start()
+    witness = RedisServer()
+    witness.start()
+    counts = witness.client()
+    conn = connect(group.url)
+    processes: LimitdProcesses | None = None
+    try:
+        _push(conn, 500)
+        _wait_replicated(group)
+        processes = _start(tmp_path, group.url, witness.url, "--heartbeat-period", "2")
+        wait_for(lambda: _done(counts) >= 400, timeout=60, message="jobs running")
+        group.primary_of(keys.queue("beta")).kill()
+        wait_for(lambda: _done(counts) == 2000, timeout=120, message="every job after failover")
+        wait_for(
+            lambda: _answers(lambda: all(queue_limits.busy(conn, q) == 0 for q in QUEUES)),
+            timeout=60,
+            message="no slot left taken",
+        )
+    finally:
+        if processes is not None:
+            processes.kill_all()
+        keys.use_cluster_layout(False)
+        group.stop()
+        witness.stop()
+
+
+def _answers(check: Any) -> bool:
+    """``check()``, False while the cluster is failing over under the test's client."""
+    try:
+        return bool(check())
+    except (redis_py.ConnectionError, redis_py.ClusterDownError, redis_py.TimeoutError):
+        return False
+
+
+def _wait_replicated(group: ClusterGroup) -> None:
+    def caught_up() -> bool:
+        for node in group.nodes:
+            info = node.client().info("replication")
+            if info["role"] == "master" and any(
+                int(value["offset"]) < int(info["master_repl_offset"])
+                for key, value in info.items()
+                if key.startswith("slave")
+            ):
+                return False
+        return True
+
+    wait_for(caught_up, timeout=30, message="replicas caught up")

@@ -24,7 +24,7 @@ from typing import Any
 import redis as redis_py
 import yaml
 
-from limitd import logs
+from limitd import cluster, logs
 from limitd.client import Client, set_default_client
 from limitd.commands.common import EX_UNAVAILABLE, EX_USAGE, Subparsers
 from limitd.config import (
@@ -210,6 +210,11 @@ def cmd_start(args: argparse.Namespace) -> int:
             print(f"limitd start: cannot reach Redis: {problem}", file=sys.stderr)
             return EX_UNAVAILABLE
         redis = connect_for(config.redis, url)
+        try:
+            cluster.check_layout(redis, cluster_mode=cluster.is_cluster(redis))
+        except cluster.LayoutMismatch as exc:
+            print(f"limitd start: {exc}", file=sys.stderr)
+            return EX_CONFIG
         set_default_client(Client(redis, middleware=default_client_chain(config.sections)))
         supervisor = Supervisor(
             config.capsules,

@@ -224,6 +224,8 @@ def read_redis(section: Section, env: Mapping[str, str]) -> RedisSettings:
         except ValueError as exc:
             raise section.error("url", str(exc)) from None
     url = _sentinel_url(section) or _cluster_url(section) or url
+    if section.given("wait_replicas") and url is not None and url.startswith(cluster.SCHEME):
+        raise section.error("wait_replicas", "is not available in cluster mode")
     if section.given("wait_timeout") and not section.given("wait_replicas"):
         raise section.error("wait_timeout", "is set: set wait_replicas too (at least 1)")
     defaults = RedisSettings()
