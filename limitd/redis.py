@@ -142,6 +142,8 @@ def async_twin(client: redis.Redis, max_connections: int = 100) -> redis.asyncio
 
 
 def _bare_async_twin(client: redis.Redis, max_connections: int) -> redis.asyncio.Redis:
+    if cluster.is_cluster(client):
+        raise NotImplementedError("asyncio clients are not available in cluster mode yet")
     if sentinel.is_sentinel_client(client):
         return cast(
             redis.asyncio.Redis, sentinel.async_twin(client, max_connections, _SYNC_ONLY, TWIN_WAIT)
