@@ -54,7 +54,7 @@ def make(queue):
         default_client().redis.incr("bench:{" + queue + "}:done")
     return work
 
-jobs = [make(q) for q in {queues!r}]
+jobs = [make(q) for q in QUEUE_NAMES]
 """
 
 
@@ -124,7 +124,7 @@ def one_round(shards: int, args: argparse.Namespace) -> tuple[float, list[float]
             for queue in QUEUES:
                 item = {"class": f"bench.cluster.{queue}", "queue": queue}
                 client.push_bulk(item, [[n] for n in range(per_queue)])
-            (base / "cluster_app.py").write_text(APP.format(queues=QUEUES))
+            (base / "cluster_app.py").write_text(APP.replace("QUEUE_NAMES", repr(QUEUES)))
             (base / "bench.yml").write_text(
                 f"logging: {{level: WARNING}}\nrequire: [cluster_app]\nqueues: {QUEUES}\n"
                 f"concurrency: {args.threads}\nprocesses: {args.processes}\nfetch: limit\n"

@@ -22,7 +22,7 @@ from limitd import Limiter, cluster, keys
 from limitd.config import ConfigError, load_config
 from limitd.embedded import RedisServer
 from limitd.fetch import limits as queue_limits
-from limitd.redis import LuaScript, connect
+from limitd.redis import LuaScript, async_twin, connect
 from limitd.supervisor import Capsule, CapsuleConfig, liveness
 from tests.helpers import LimitdProcesses, wait_for
 from tests.topologies import ClusterGroup, cluster_port
@@ -312,3 +312,8 @@ def _wait_replicated(group: ClusterGroup) -> None:
         return True
 
     wait_for(caught_up, timeout=30, message="replicas caught up")
+
+
+def test_an_asyncio_twin_says_it_is_not_available_yet(clustered: redis_py.Redis) -> None:
+    with pytest.raises(NotImplementedError, match="cluster mode"):
+        async_twin(clustered)
