@@ -27,17 +27,19 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import cast
 
 import redis as redis_py
 from _common import redis_cpu_seconds
-from redis.cluster import key_slot
+from redis.cluster import RedisCluster, key_slot
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for tests.topologies
 
-import limitd  # noqa: E402
-from limitd.redis import connect  # noqa: E402
-from tests.helpers import LimitdProcesses, wait_for  # noqa: E402
-from tests.topologies import ClusterGroup  # noqa: E402
+import limitd
+from limitd import keys
+from limitd.redis import connect
+from tests.helpers import LimitdProcesses, wait_for
+from tests.topologies import ClusterGroup
 
 SLOTS = 16384
 SHARD_COUNTS = (1, 2, 3)
@@ -99,9 +101,7 @@ def start_cluster(group: ClusterGroup) -> None:
                 info = conn.cluster("info")
             finally:
                 conn.close()
-            if info.get("cluster_state") != "ok" or int(info["cluster_known_nodes"]) != len(
-                nodes
-            ):
+            if info.get("cluster_state") != "ok" or int(info["cluster_known_nodes"]) != len(nodes):
                 return False
         return True
 
@@ -120,6 +120,10 @@ def one_round(shards: int, args: argparse.Namespace) -> tuple[float, list[float]
         try:
             start_cluster(group)
             conn = connect(group.url)
+            for queue in QUEUES:  # the shards as numbered here are the cluster's
+                port = cast(RedisCluster, conn).get_node_from_key(keys.queue(queue)).port
+                if port != group.nodes[shard_of(queue, shards)].port:
+                    raise RuntimeError(f"{queue} is not on shard {shard_of(queue, shards)}")
             client = limitd.Client(conn)
             for queue in QUEUES:
                 item = {"class": f"bench.cluster.{queue}", "queue": queue}

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, cast
-from urllib.parse import unquote, urlsplit
 
 import redis
 import redis.cluster
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+
+from limitd.hosts import split_hosts
 
 SCHEME = "redis+cluster://"
 SLOTS = 16384
@@ -41,24 +42,10 @@ class ClusterAddress:
 
 def parse(url: str) -> ClusterAddress:
     """The parts of a ``redis+cluster://`` URL; ValueError naming what is wrong."""
-    if not url.startswith(SCHEME):
-        raise ValueError(f"a cluster URL starts with {SCHEME}, got {url!r}")
-    parts = urlsplit("http://" + url[len(SCHEME) :])
-    password = unquote(parts.password) if parts.password else None
-    hosts = parts.netloc.rpartition("@")[2]
-    nodes = tuple(_address(item, url) for item in hosts.split(",") if item)
-    if not nodes:
-        raise ValueError(f"{url!r}: name at least one node as host:port")
-    if parts.path.strip("/") not in ("", "0"):
+    nodes, password, path = split_hosts(url, SCHEME, "node")
+    if path.strip("/") not in ("", "0"):
         raise ValueError(f"{url!r}: a cluster has only database 0")
     return ClusterAddress(nodes, password)
-
-
-def _address(item: str, url: str) -> tuple[str, int]:
-    host, colon, port = item.rpartition(":")
-    if not colon or not host or not port.isdigit():
-        raise ValueError(f"{url!r}: expected host:port for each node, got {item!r}")
-    return host, int(port)
 
 
 def url_of(nodes: list[str]) -> str:

@@ -62,15 +62,10 @@ def connect(
             "wait_replicas is not available in cluster mode: WAIT must follow the writes "
             "on their own connection, and a cluster client spreads them over shards"
         )
-    if url.startswith(cluster.SCHEME):
-        client = cluster.connect(
-            url,
-            max_connections=max_connections,
-            socket_timeout=socket_timeout,
-            connect_timeout=connect_timeout,
-        )
-    elif url.startswith(sentinel.SCHEME):
-        client = sentinel.connect(
+    special = {cluster.SCHEME: cluster.connect, sentinel.SCHEME: sentinel.connect}
+    scheme = next((name for name in special if url.startswith(name)), None)
+    if scheme is not None:
+        client = special[scheme](
             url,
             max_connections=max_connections,
             socket_timeout=socket_timeout,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, cast
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote
 
 import redis
 import redis.asyncio
@@ -24,6 +24,8 @@ import redis.asyncio.sentinel
 import redis.sentinel
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+
+from limitd.hosts import split_hosts
 
 SCHEME = "redis+sentinel://"
 
@@ -38,28 +40,14 @@ class SentinelAddress:
 
 def parse(url: str) -> SentinelAddress:
     """The parts of a ``redis+sentinel://`` URL; ValueError naming what is wrong."""
-    if not url.startswith(SCHEME):
-        raise ValueError(f"a Sentinel URL starts with {SCHEME}, got {url!r}")
-    parts = urlsplit("http://" + url[len(SCHEME) :])
-    password = unquote(parts.password) if parts.password else None
-    hosts = parts.netloc.rpartition("@")[2]
-    sentinels = tuple(_address(item, url) for item in hosts.split(",") if item)
-    if not sentinels:
-        raise ValueError(f"{url!r}: name at least one sentinel as host:port")
-    path = [piece for piece in parts.path.split("/") if piece]
+    sentinels, password, raw_path = split_hosts(url, SCHEME, "sentinel")
+    path = [piece for piece in raw_path.split("/") if piece]
     if not path or len(path) > 2:
         raise ValueError(f"{url!r}: expected /service or /service/db after the sentinels")
     db = path[1] if len(path) == 2 else "0"
     if not db.isdigit():
         raise ValueError(f"{url!r}: the database must be a number, got {db!r}")
     return SentinelAddress(sentinels, unquote(path[0]), int(db), password)
-
-
-def _address(item: str, url: str) -> tuple[str, int]:
-    host, colon, port = item.rpartition(":")
-    if not colon or not host or not port.isdigit():
-        raise ValueError(f"{url!r}: expected host:port for each sentinel, got {item!r}")
-    return host, int(port)
 
 
 def url_of(sentinels: list[str], service: str, db: int = 0) -> str:
