@@ -2,7 +2,7 @@
 per job with 1, 2 and 3 primary shards (no replicas).
 
     .venv/bin/python bench/cluster.py [--rounds 3] [--jobs 20000] [--processes 2]
-        [--threads 10] [--deadline 180]
+        [--threads 10] [--order random] [--deadline 180]
 
 Each round builds a fresh cluster on free ports (``redis-cli --cluster create`` refuses
 fewer than 3 primaries, so the slots are split evenly here with CLUSTER ADDSLOTSRANGE
@@ -10,13 +10,17 @@ and the nodes joined with CLUSTER MEET), pushes the jobs spread evenly over 6 qu
 then starts ``limitd start`` (P processes x T threads, fetch: limit with a limit of
 1,000 per queue, above P x T so it is checked and never binds; logging at WARNING). The
 queue names are picked so their keys fall 3 + 3 on 2 shards and 2 + 2 + 2 on 3 shards;
-the global ``{limitd}`` keys live on one shard. Each job INCRs a counter in its queue's
-slot (``bench:{QUEUE}:done``), read every 20 ms. Worker start-up is left out: the window
-runs from the first poll that sees a job done to the poll that sees the last one; jobs/s
-and each primary's CPU (INFO cpu, user + sys) per job are taken over that window. Shard
-counts alternate (1, 2, 3, 1, 2, 3, ...); medians over the rounds are printed. All
-processes share the machine, so the rate need not scale with shards; the Redis CPU per
-job on each shard is what shows the spread.
+the global ``{limitd}`` keys live on one shard. --order random (the default) gives every
+queue weight 1: each fetch draws a fresh order, so all shards work at once. --order
+strict lists them unweighted: the queues drain one after another, and each fetch first
+asks the emptied queues before it (on their shards) for nothing.
+
+Each job INCRs a counter in its queue's slot (``bench:{QUEUE}:done``), read every 20
+ms. Worker start-up is left out: the window runs from the first poll that sees a job
+done to the poll that sees the last one; jobs/s and each primary's CPU (INFO cpu, user
++ sys) per job are taken over that window. Shard counts alternate (1, 2, 3, 1, 2, 3,
+...); medians over the rounds are printed. Everything shares the machine, so the rate
+need not grow with shards; the Redis CPU per job on each shard shows the spread.
 """
 
 from __future__ import annotations
@@ -129,8 +133,10 @@ def one_round(shards: int, args: argparse.Namespace) -> tuple[float, list[float]
                 item = {"class": f"bench.cluster.{queue}", "queue": queue}
                 client.push_bulk(item, [[n] for n in range(per_queue)])
             (base / "cluster_app.py").write_text(APP.replace("QUEUE_NAMES", repr(QUEUES)))
+            each = "[{}, 1]" if args.order == "random" else "{}"
+            listed = "[" + ", ".join(each.format(q) for q in QUEUES) + "]"
             (base / "bench.yml").write_text(
-                f"logging: {{level: WARNING}}\nrequire: [cluster_app]\nqueues: {QUEUES}\n"
+                f"logging: {{level: WARNING}}\nrequire: [cluster_app]\nqueues: {listed}\n"
                 f"concurrency: {args.threads}\nprocesses: {args.processes}\nfetch: limit\n"
                 f"limits: {{{', '.join(f'{q}: {LIMIT}' for q in QUEUES)}}}\n"
             )
@@ -170,11 +176,12 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=20_000, help="jobs per drain (20000)")
     parser.add_argument("--processes", type=int, default=2, help="capsule processes (2)")
     parser.add_argument("--threads", type=int, default=10, help="threads per process (10)")
+    parser.add_argument("--order", choices=["random", "strict"], default="random")
     parser.add_argument("--deadline", type=float, default=180.0, help="seconds per drain")
     args = parser.parse_args()
     total = args.jobs // len(QUEUES) * len(QUEUES)
-    print(f"jobs: {total} over queues {', '.join(QUEUES)}; limitd start ", end="")
-    print(f"{args.processes} processes x {args.threads} threads; rounds: {args.rounds}")
+    print(f"jobs: {total} over queues {', '.join(QUEUES)}, order {args.order}; ", end="")
+    print(f"limitd start {args.processes} x {args.threads} threads; rounds {args.rounds}")
     for shards in SHARD_COUNTS[1:]:
         where = [[q for q in QUEUES if shard_of(q, shards) == s] for s in range(shards)]
         spread = "; ".join(f"shard {s}: {', '.join(qs)}" for s, qs in enumerate(where))

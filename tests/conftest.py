@@ -40,8 +40,7 @@ def own_redis_server() -> Iterator[RedisServer]:
 
 
 # Modules whose tests also run against a Redis Cluster (3 primaries with a replica
-# each): the ``redis`` fixture is parametrised with "cluster" for them. (Batches are not
-# available in cluster mode yet: test_cluster checks that they are refused.)
+# each): the ``redis`` fixture is parametrised with "cluster" for them.
 CLUSTER_MODULES = frozenset(
     {
         "test_client",
@@ -49,6 +48,8 @@ CLUSTER_MODULES = frozenset(
         "test_capsule",
         "test_fair_tenant",
         "test_unique",
+        "test_batch",
+        "test_outbox",
         "test_poller",
     }
 )

@@ -198,6 +198,7 @@ def test_a_job_run_twice_is_counted_once(capsule: Capsule, redis) -> None:
     assert events(redis) == ["complete", "success"]
 
 
+@pytest.mark.standalone_only("threads share one connection pool")
 def test_concurrent_last_jobs_fire_exactly_once(redis) -> None:
     batch = new_batch()
     with batch.jobs():

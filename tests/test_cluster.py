@@ -36,6 +36,11 @@ def mark(n: int) -> None:
     ran.append(n)
 
 
+@limitd.job(name="cluster_test.BatchDone", queue="gamma")
+def mark_done(status: object, options: object) -> None:
+    ran.append(("batch", "success"))
+
+
 @limitd.job(name="cluster_test.Fails", retry=1)
 def fails() -> None:
     raise RuntimeError("boom")
@@ -100,7 +105,8 @@ def test_every_script_call_touches_one_slot(
     clustered: redis_py.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each script a workload runs (push, limit fetch, retries, the poller's moves,
-    burying, reaping, unique locks, fair tenants, limiters) is run for real here, on the
+    burying, reaping, unique locks, fair tenants, batches and their callbacks, limiters)
+    is run for real here, on the
     cluster, which refuses a call whose keys span slots; the keys of every call are
     checked too."""
     calls: dict[str, set[int]] = {}
@@ -131,6 +137,13 @@ def test_every_script_call_touches_one_slot(
     clustered.zadd(keys.SCHEDULE, {b"not json": 0})  # unreadable: buried by the poller
     capsule.drain(scheduled=True)
     assert clustered.zcard(keys.DEAD) == 2
+    batch = limitd.Batch("cluster")
+    batch.on("success", mark_done)
+    with batch.jobs():
+        mark.set(queue="gamma").perform_async(20)
+        mark.set(queue="delta").perform_async(21)
+    assert capsule.drain() == {"done": 3}, "the two jobs, then the callback"
+    assert ("batch", "success") in ran
     limiter = Limiter.concurrent("cluster-api", 1, redis=clustered)
     with limiter.within_limit():
         pass
@@ -145,8 +158,10 @@ def test_every_script_call_touches_one_slot(
     assert liveness.reap_dead(clustered) == {dead.id: 2}
     expected = {
         "limit_fetch.lua", "unique_acquire.lua", "unique_release.lua", "fair_tenant.lua",
-        "claim_member.lua", "bury_member.lua", "reap_capsule.lua",
+        "handoff_claim_member.lua", "bury_member.lua", "reap_capsule.lua",
         "limiter_concurrent_acquire.lua", "limiter_concurrent_release.lua",
+        "batch_open.lua", "batch_add.lua", "batch_close.lua", "batch_job_settled.lua",
+        "handoff_claim.lua",
     }  # fmt: skip
     assert expected <= calls.keys(), f"not exercised: {expected - calls.keys()}"
     assert len(set().union(*calls.values())) >= 3, "calls went to several slots"
@@ -160,11 +175,6 @@ def test_mixing_layouts_is_refused(clustered: redis_py.Redis, redis_server: Any)
     with pytest.raises(cluster.LayoutMismatch, match="cluster node"):
         cluster.check_layout(redis_py.Redis(port=_a_node_port(clustered)), cluster_mode=False)
     cluster.check_layout(redis_server.client(), cluster_mode=False)
-
-
-def test_batches_say_they_are_not_available_yet(clustered: redis_py.Redis) -> None:
-    with pytest.raises(NotImplementedError, match="cluster mode"):
-        limitd.Batch()
 
 
 def _a_node_port(client: Any) -> int:

@@ -27,6 +27,7 @@ LAYERS: dict[str, tuple[int, str]] = {
     "limitd.payload": (BOTTOM, ""),
     "limitd.redis": (BOTTOM, ""),
     "limitd.sentinel": (BOTTOM, ""),
+    "limitd.handoff": (BOTTOM, ""),
     "limitd.hosts": (BOTTOM, ""),
     "limitd.cluster": (BOTTOM, ""),
     "limitd.replication": (BOTTOM, ""),

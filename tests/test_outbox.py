@@ -72,7 +72,7 @@ def outbox(postgres_table: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> 
 def queued(redis: redis_py.Redis, queue: str = QUEUE) -> list[str]:
     """The jids of a queue, oldest first."""
     return [
-        limitd.payload.parse(raw)["jid"] for raw in reversed(redis.lrange(f"queue:{queue}", 0, -1))
+        limitd.payload.parse(raw)["jid"] for raw in reversed(redis.lrange(keys.queue(queue), 0, -1))
     ]
 
 

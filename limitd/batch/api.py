@@ -88,11 +88,6 @@ class Batch:
         client: Client | None = None,
         bid: str | None = None,
     ) -> None:
-        if keys.is_cluster_layout():
-            raise NotImplementedError(
-                "batches are not available in cluster mode yet: their scripts push the "
-                "callback jobs to queues, which live on other shards there"
-            )
         if isinstance(expires_in, dt.timedelta):
             expires_in = expires_in.total_seconds()
         if expires_in < 1:
@@ -102,7 +97,7 @@ class Batch:
         self.callback_queue = callback_queue
         self.expires_in = float(expires_in)
         self._client = client
-        self._callbacks: dict[str, list[dict[str, str]]] = {event: [] for event in EVENTS}
+        self._callbacks: dict[str, list[dict[str, Any]]] = {event: [] for event in EVENTS}
         self._created = bid is not None  # an existing batch, opened to add jobs
 
     @classmethod
@@ -175,7 +170,7 @@ class Batch:
             parent=parent,
         )
 
-    def _template(self, callback: Any, options: dict[str, Any]) -> dict[str, str]:
+    def _template(self, callback: Any, options: dict[str, Any]) -> dict[str, Any]:
         """The callback's payload, cut where the status goes (see batch_lib.lua)."""
         spec = _spec_of(callback)
         name = spec.name if spec else str(callback)
@@ -187,12 +182,15 @@ class Batch:
         text = dumps(payload)
         mark = json.dumps(STATUS_MARK)
         cut = text.index(mark)
-        return {
+        template: dict[str, Any] = {
             "queue": payload["queue"],
             "queue_key": keys.queue(payload["queue"]),
             "head": text[:cut],
             "tail": text[cut + len(mark) : -1],
         }
+        if keys.is_cluster_layout():  # the queue is on another shard (limitd.handoff)
+            template.update(queue_key=keys.MOVING, handoff=True)
+        return template
 
     def __repr__(self) -> str:
         return f"<limitd.Batch {self.bid} {self.description!r}>"

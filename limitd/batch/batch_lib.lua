@@ -9,7 +9,8 @@
 --   k[3] unfinished set: jids and child batches that have neither succeeded nor failed
 --   k[4] failures hash: jid -> error of jobs whose last run failed
 -- Key names come from Python: a parent's four names are stored as JSON in the child's
--- meta (parent_keys), a callback's queue key in its template. Nothing here builds one.
+-- meta (parent_keys), a callback's queue key in its template (in cluster mode, the
+-- hand-off set's: see push_callbacks). Nothing here builds one.
 
 -- Every change to a batch restarts its lifetime: its data expires `seconds` (the batch's
 -- expires_in) after the last thing that happened to it. A batch nobody finishes (its
@@ -55,15 +56,30 @@ end
 -- where the status goes (head, tail), without its closing brace, so the payload is
 -- rebuilt by concatenation: decoding and re-encoding it with cjson would turn empty
 -- lists into objects and round the timestamps.
+-- A hand-off entry's score while nobody has claimed it (see limitd/handoff.py): far in
+-- the past, so any pusher takes it, and rising with the time and the order of the
+-- callbacks, so they are pushed in the order they fired.
+local handed_off = 0
+local function unclaimed_score(now, sequence)
+  return tonumber(now) - 1000000000 + sequence / 10000
+end
+
 local function push_callbacks(k, event, now, queues_key, wake_channel)
   local raw = redis.call('HGET', k[1], 'on_' .. event)
   if not raw then return end
   local status = batch_status(k, event)
   for _, cb in ipairs(cjson.decode(raw)) do
     local body = cb.head .. status .. cb.tail .. ',"enqueued_at":' .. now .. '}'
-    redis.call('LPUSH', cb.queue_key, body)
-    redis.call('SADD', queues_key, cb.queue)
-    redis.call('PUBLISH', wake_channel, cb.queue)
+    if cb.handoff then
+      -- Cluster mode: the queue is on another shard; the hand-off set (queue_key here)
+      -- is in this one, and whoever ran this script pushes it next (limitd/handoff.py).
+      handed_off = handed_off + 1
+      redis.call('ZADD', cb.queue_key, unclaimed_score(now, handed_off), body)
+    else
+      redis.call('LPUSH', cb.queue_key, body)
+      redis.call('SADD', queues_key, cb.queue)
+      redis.call('PUBLISH', wake_channel, cb.queue)
+    end
   end
 end
 

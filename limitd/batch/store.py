@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from limitd import clock, keys
+from limitd import clock, handoff, keys
 from limitd.redis import LuaScript, ScriptCall
 
 _PACKAGE = __package__ or "limitd.batch"
@@ -40,7 +40,7 @@ class NewBatch:
     bid: str
     description: str
     expires_in: float
-    callbacks: dict[str, list[dict[str, str]]] = field(default_factory=dict)
+    callbacks: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     parent: str | None = None
 
 
@@ -77,6 +77,7 @@ def check_opened(bid: str, opened: Any) -> None:
 def close_batch(redis: Any, bid: str) -> None:
     """End one open block; the last one lets the batch fire."""
     close_call(bid).run(redis)
+    push_handed_off(redis)
 
 
 def close_call(bid: str) -> ScriptCall:
@@ -94,7 +95,15 @@ def remove_jobs(redis: Any, bid: str, jids: Sequence[str]) -> int:
 def job_settled(redis: Any, bid: str, jid: str, result: str, error: str = "") -> int:
     """Record one run's ``result`` (success, failure or death). Returns 1 when it
     changed the batch, 0 for a repeat, -1 for an unknown batch."""
-    return int(job_settled_call(bid, jid, result, error).run(redis))
+    result_code = int(job_settled_call(bid, jid, result, error).run(redis))
+    push_handed_off(redis)
+    return result_code
+
+
+def push_handed_off(redis: Any) -> None:
+    """Cluster mode: push the callbacks the script just handed off (``limitd.handoff``)."""
+    if keys.is_cluster_layout():
+        handoff.push_waiting(redis, clock.now())
 
 
 def job_settled_call(

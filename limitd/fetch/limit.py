@@ -28,7 +28,7 @@ from typing import Any, ClassVar, cast
 import redis as redis_py
 from redis.exceptions import NoScriptError
 
-from limitd import clock, keys, replication
+from limitd import clock, handoff, keys, replication
 from limitd.fetch import recoveries
 from limitd.fetch.basic import UnitOfWork
 from limitd.fetch.order import QueueOrder
@@ -268,8 +268,15 @@ class LimitFetch:
         once per queue, in the order drawn for this call (the first job's: weighted and
         random orders are drawn once per call here, not once per job), asking each queue
         for what the ones before it did not give, and settling each queue's finished
-        jobs in its own call. Limits stay exact: each queue's check, pop and count are
-        one script on its shard. Returns the reply of one call for all."""
+        jobs in its own call. The finished jobs' bookkeeping (batches, unique locks) is
+        made first, on its own shard, and the callbacks it fires pushed, so they can be
+        taken by this very call, as in one call. Limits stay exact: each queue's check,
+        pop and count are one script on its shard. Returns the reply of one call for all."""
+        calls = _calls_before_ack(settle) if mode == ACK else []
+        if calls:  # first, as in one call: what they fire (batch callbacks) is fetchable
+            run_calls(self.redis, calls)
+            _forget_calls(settle)
+            handoff.push_waiting(self.redis, clock.now())
         by_queue: dict[str, list[UnitOfWork]] = {}
         for unit in settle:
             by_queue.setdefault(unit.queue, []).append(unit)
@@ -299,9 +306,7 @@ class LimitFetch:
     ) -> list[Any]:
         script_keys, args = self._script_input(settle, mode, orders, want)
         calls = _calls_before_ack(settle) if mode == ACK else []
-        if self.per_queue:  # the calls' keys are on other shards: made one by one
-            run_calls(conn, calls)
-            _forget_calls(settle)
+        if self.per_queue:  # its calls were made first (_call_per_queue)
             return cast("list[Any]", LIMIT_FETCH(conn, script_keys, args))
         if not calls and self._wait is None:
             return cast("list[Any]", LIMIT_FETCH(conn, script_keys, args))

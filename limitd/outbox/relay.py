@@ -33,7 +33,7 @@ from typing import Any
 
 import redis as redis_py
 
-from limitd import clock, keys
+from limitd import clock, handoff, keys
 from limitd.client import Client
 from limitd.outbox.section import DEFAULT_CHUNK, DEFAULT_POLL_INTERVAL
 from limitd.outbox.table import DEFAULT_TABLE, PUSHED_MARKER_TTL, outbox_table, pushed_marker
@@ -60,11 +60,6 @@ class Relay:
     ) -> None:
         if chunk < 1:
             raise ValueError("chunk must be at least 1")
-        if keys.is_cluster_layout():
-            raise NotImplementedError(
-                "the outbox relay is not available in cluster mode yet: its push script "
-                "writes the row's marker and the job's queue, which are on different shards"
-            )
         self.engine = engine
         self.client = client
         self.table = table
@@ -133,7 +128,10 @@ class Relay:
         """The end of the chain: ``outbox_push.lua``, as ``Client._write`` would write
         the job, unless this row was pushed already."""
         at = payload.get("at")
-        if at is None:
+        handed_off = at is None and keys.is_cluster_layout()
+        if handed_off:  # the queue is on another shard: through the hand-off set
+            target, due, channel = keys.MOVING, repr(handoff.UNCLAIMED), keys.DUE_CHANNEL
+        elif at is None:
             payload["enqueued_at"] = clock.now()
             target, due, channel = keys.queue(payload["queue"]), "", keys.WAKE_CHANNEL
         else:
@@ -145,6 +143,8 @@ class Relay:
         redis = self.client.redis
         if not retry_on_failover(redis, lambda: PUSH_ONCE(redis, script_keys, args)):
             log.info("outbox row %s jid=%s: pushed before, not again", row_id, payload["jid"])
+        elif handed_off:
+            handoff.push_waiting(redis, clock.now())
         return payload
 
     def _bury(self, row: Any, queue: str, error_class: str, reason: str) -> None:

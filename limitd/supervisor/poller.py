@@ -34,12 +34,12 @@ from typing import TypeVar, cast
 
 import redis as redis_py
 
-from limitd import clock, keys
+from limitd import clock, handoff, keys
 from limitd.backoff import Backoff
 from limitd.batch.store import prune_index
 from limitd.payload import MalformedPayload, dead_entry_for_malformed, parse
 from limitd.retry import DeadSetPolicy, trim_dead
-from limitd.retry.moves import bury_member, enqueue_member, finish_stalled_moves
+from limitd.retry.moves import bury_member, enqueue_member
 
 log = logging.getLogger("limitd.poller")
 T = TypeVar("T")
@@ -112,6 +112,8 @@ class ScheduledPoller:
     def enqueue_due(self, now: float | None = None) -> int:
         """Move every job due at ``now`` (default: the clock) and return how many."""
         moved = 0
+        if keys.is_cluster_layout():  # batch callbacks and stalled moves (limitd.handoff)
+            moved += handoff.push_waiting(self.redis, clock.now() if now is None else now)
         for zset in sorted_sets():
             moved += self._drain_set(zset, clock.now() if now is None else now)
         return moved
@@ -130,6 +132,8 @@ class ScheduledPoller:
         Returns the earliest due time left (None: both sets are empty)."""
         while not self._done.is_set():
             now = clock.now()
+            if keys.is_cluster_layout():  # batch callbacks and stalled moves
+                handoff.push_waiting(self.redis, now)
             heads = self.heads()
             due = [zset for zset, score in heads.items() if score <= now]
             if not due:
@@ -217,8 +221,6 @@ class ScheduledPoller:
             self._cleaned = True
             self._safely(self.cleanup_processes)
         self._safely(self.prune_batch_index)
-        if keys.is_cluster_layout():
-            self._safely(lambda: finish_stalled_moves(self.redis, clock.now()))
 
     def _initial_wait(self) -> float:
         """Give heartbeats time to register (they size the interval), plus jitter so

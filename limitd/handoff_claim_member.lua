@@ -1,5 +1,5 @@
--- claim_member: take one job out of a sorted set (schedule or retry) into the hand-off
--- set, for a move to a queue on another shard (cluster mode; see moves.py).
+-- handoff_claim_member: take one job out of a sorted set (schedule or retry) into the hand-off
+-- set, for a move to a queue on another shard (cluster mode; see limitd/handoff.py).
 --
 -- KEYS[1]  the sorted set the job waits in (schedule | retry)
 -- KEYS[2]  the hand-off set (limitd:moving): member -> when it was claimed
