@@ -78,6 +78,20 @@ def is_cluster(client: Any) -> bool:
     return isinstance(client, redis.cluster.RedisCluster)
 
 
+def one_node(client: Any) -> redis.Redis:
+    """A plain client on one node of the cluster, chosen at random (for pub/sub: a
+    message published on any node is delivered on every node)."""
+    node = client.get_random_node()
+    kwargs = node.redis_connection.connection_pool.connection_kwargs
+    return redis.Redis(
+        host=node.host,
+        port=node.port,
+        password=kwargs.get("password"),
+        socket_timeout=kwargs.get("socket_timeout"),
+        socket_connect_timeout=kwargs.get("socket_connect_timeout"),
+    )
+
+
 def unreachable(url: str, timeout: float) -> str | None:
     """None when the cluster ``url`` names answers and serves every slot; else why not,
     naming the nodes tried. One try each: this runs before anything starts."""

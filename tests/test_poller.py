@@ -189,7 +189,6 @@ def stop(poller: ScheduledPoller, listener: WakeupListener | None = None) -> Non
         listener.stop()
 
 
-@pytest.mark.standalone_only("wake-up subscriptions are standalone only")
 def test_a_job_due_soon_moves_when_due_not_at_the_next_poll(redis: redis_py.Redis) -> None:
     # The first upkeep, which caps the sleep, is 10-15 s away; the job is due in 0.3 s.
     poller = ScheduledPoller(redis)
@@ -201,7 +200,7 @@ def test_a_job_due_soon_moves_when_due_not_at_the_next_poll(redis: redis_py.Redi
         stop(poller)
 
 
-@pytest.mark.standalone_only("wake-up subscriptions are standalone only")
+@pytest.mark.standalone_only("counts the subscriptions of one server")
 def test_a_job_sooner_than_the_planned_wake_up_wakes_the_poller(redis: redis_py.Redis) -> None:
     later.perform_in(600, "far")
     poller = ProbePoller(redis)
@@ -218,7 +217,6 @@ def test_a_job_sooner_than_the_planned_wake_up_wakes_the_poller(redis: redis_py.
         stop(poller, listener)
 
 
-@pytest.mark.standalone_only("wake-up subscriptions are standalone only")
 def test_an_announcement_wakes_the_poller_without_reading_redis(redis: redis_py.Redis) -> None:
     poller = ScheduledPoller(redis)
     with freeze_time("2026-11-21 12:00:00"):
@@ -288,7 +286,6 @@ def test_many_pollers_waking_together_move_each_job_once(redis: redis_py.Redis) 
             stop(poller, listener)
 
 
-@pytest.mark.standalone_only("wake-up subscriptions are standalone only")
 def test_scheduled_pushes_and_retries_announce_their_due_time(redis: redis_py.Redis) -> None:
     pubsub = redis.pubsub(ignore_subscribe_messages=True)
     pubsub.subscribe(keys.DUE_CHANNEL)
@@ -317,7 +314,7 @@ def next_message(pubsub: redis_py.client.PubSub) -> float:
     raise AssertionError("no announcement")
 
 
-@pytest.mark.standalone_only("wake-up subscriptions are standalone only")
+@pytest.mark.standalone_only("counts the subscriptions of one server")
 def test_a_capsule_shares_one_subscription_with_its_poller(redis: redis_py.Redis) -> None:
     ran.clear()
     capsule = Capsule(CapsuleConfig(queues=["on_time"], concurrency=2), redis=redis)
@@ -338,7 +335,6 @@ def test_a_capsule_shares_one_subscription_with_its_poller(redis: redis_py.Redis
         capsule.stop(timeout=5)
 
 
-@pytest.mark.standalone_only("wake-up subscriptions are standalone only")
 def test_interval_mode_polls_blindly_and_subscribes_to_nothing(redis: redis_py.Redis) -> None:
     assert ScheduledPoller(redis, mode="interval").channels() == {}
     config = CapsuleConfig(queues=["on_time"], fetch="basic", scheduled_poll="interval")

@@ -101,11 +101,6 @@ class WakeupListener:
         self._thread = threading.Thread(target=self._run, name="limitd-wakeup", daemon=True)
 
     def start(self) -> None:
-        if cluster.is_cluster(self.redis):
-            # redis-py's cluster pub/sub cannot be waited on beside other sockets: in
-            # cluster mode idle capsules and pollers find work by polling (poll_range).
-            log.info("cluster mode: no wake-up subscription; idle capsules poll")
-            return
         self._thread.start()
 
     def stop(self) -> None:
@@ -114,6 +109,14 @@ class WakeupListener:
         self._done.set()
         if self._thread.ident is not None:
             self._thread.join(2)
+
+    def _subscriber(self) -> redis_py.Redis:
+        """Where to subscribe. In a cluster a message published on any node reaches
+        every node, so one node will do: a random one, chosen again after each loss (it
+        may have failed over)."""
+        if not cluster.is_cluster(self.redis):
+            return self.redis
+        return cluster.one_node(self.redis)
 
     def _run(self) -> None:
         while not self._done.is_set():
@@ -126,7 +129,8 @@ class WakeupListener:
                 self._done.wait(RECONNECT_PAUSE)
 
     def _listen(self) -> None:
-        pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+        subscriber = self._subscriber()
+        pubsub = subscriber.pubsub(ignore_subscribe_messages=True)
         try:
             pubsub.subscribe(*self.handlers)
             for handler in self.handlers.values():
@@ -138,3 +142,5 @@ class WakeupListener:
                     handler(message["data"].decode("utf-8", "replace"))
         finally:
             pubsub.close()
+            if subscriber is not self.redis:
+                subscriber.close()
