@@ -22,6 +22,8 @@ from limitd import Limiter, cluster, keys
 from limitd.config import ConfigError, load_config
 from limitd.embedded import RedisServer
 from limitd.fetch import limits as queue_limits
+from limitd.fetch.limit import LimitFetch
+from limitd.fetch.order import QueueOrder
 from limitd.redis import LuaScript, async_twin, connect
 from limitd.supervisor import Capsule, CapsuleConfig, liveness
 from tests.helpers import LimitdProcesses, wait_for
@@ -62,6 +64,7 @@ def clustered(redis_cluster: ClusterGroup) -> Iterator[redis_py.Redis]:
     yield conn
     limitd.set_default_client(None)
     keys.use_cluster_layout(False)
+    conn.close()
 
 
 def test_the_url_and_the_config_name_the_nodes(tmp_path: Path) -> None:
@@ -327,3 +330,19 @@ def _wait_replicated(group: ClusterGroup) -> None:
 def test_an_asyncio_twin_says_it_is_not_available_yet(clustered: redis_py.Redis) -> None:
     with pytest.raises(NotImplementedError, match="cluster mode"):
         async_twin(clustered)
+
+
+def test_a_queue_that_gave_nothing_is_skipped_until_a_wake_up_names_it(
+    clustered: redis_py.Redis,
+) -> None:
+    """Each queue asked is a round trip to its shard: with wake-ups, a queue that just
+    gave nothing is left alone for a moment (a long one here), unless one names it."""
+    fetch = LimitFetch(clustered, QueueOrder(["alpha", "beta"]), "c1")
+    fetch.quiet_seconds = 3600
+    clustered.lpush(keys.queue("beta"), '{"class":"X","args":[1],"queue":"beta"}')
+    assert fetch.try_retrieve().queue == "beta"  # alpha was asked, and gave nothing
+    clustered.lpush(keys.queue("alpha"), '{"class":"X","args":[2],"queue":"alpha"}')
+    clustered.lpush(keys.queue("beta"), '{"class":"X","args":[3],"queue":"beta"}')
+    assert fetch.try_retrieve().queue == "beta", "alpha is quiet: not asked"
+    fetch.woken("alpha")
+    assert fetch.try_retrieve().queue == "alpha"

@@ -49,7 +49,10 @@ log = logging.getLogger("limitd.fetch")
 
 LIMIT_FETCH = LuaScript(__package__ or "limitd.fetch", "limit_fetch.lua")
 DYNAMIC_REFRESH_SECONDS = 5.0
-SHORTFALL_LOG_EVERY = 60.0  # seconds between warnings of fetches replicas did not confirm
+SHORTFALL_LOG_EVERY = 60.0
+# Cluster mode, with wake-ups: a queue that gave nothing when asked is not asked again
+# for this long, unless a wake-up names it (each ask is a round trip to its shard).
+QUIET_SECONDS = 0.1  # seconds between warnings of fetches replicas did not confirm
 ACK, REQUEUE = b"ack", b"requeue"
 
 
@@ -135,6 +138,10 @@ class LimitFetch:
                 pack_command(b"WAIT", self._wait.replicas, self._wait.timeout_ms),
             )
         self._last_shortfall_log = float("-inf")
+        self._quiet_until: dict[str, float] = {}  # cluster mode, see QUIET_SECONDS
+        # Set by a capsule that hears wake-ups (without them, a push into a quiet queue
+        # would wait out the quiet time): see QUIET_SECONDS.
+        self.quiet_seconds = 0.0
 
     @property
     def block_seconds(self) -> float:
@@ -229,6 +236,15 @@ class LimitFetch:
             log.warning("requeued %d jobs this capsule held in Redis but no thread ran", requeued)
         return requeued
 
+    def woken(self, queue: str) -> None:
+        """A wake-up named ``queue`` ("": any): ask it again at the next call."""
+        if not self._quiet_until:
+            return
+        if queue:
+            self._quiet_until.pop(queue, None)
+        else:
+            self._quiet_until.clear()
+
     def refresh_dynamic(self) -> None:
         """Forget the cached queue list (a wake-up named a queue we do not know yet)."""
         with self._lock:
@@ -282,8 +298,11 @@ class LimitFetch:
             by_queue.setdefault(unit.queue, []).append(unit)
         order = orders[0] if orders else []
         settled, room_in, jobs = 0, 0, cast("list[Any]", [])
+        now = clock.monotonic()
         for name in dict.fromkeys([*order, *by_queue]):
             missing = want - len(jobs) // 3 if name in order else 0
+            if missing > 0 and self._quiet_until.get(name, 0.0) > now:
+                missing = 0  # it gave nothing a moment ago and no wake-up named it since
             units = by_queue.get(name, [])
             if not units and missing <= 0:
                 continue
@@ -293,6 +312,8 @@ class LimitFetch:
             settled += int(reply[0])
             if reply[1] and (not room_in or int(reply[1]) < room_in):
                 room_in = int(reply[1])
+            if missing > 0 and len(reply) == 2 and self.quiet_seconds:
+                self._quiet_until[name] = now + self.quiet_seconds
             jobs += reply[2:]
         return [settled, room_in, *jobs]
 

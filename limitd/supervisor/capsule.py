@@ -31,7 +31,7 @@ from limitd import clock, keys
 from limitd.config import CapsuleConfig
 from limitd.fetch.basic import BasicFetch, UnitOfWork
 from limitd.fetch.dispatcher import Dispatcher
-from limitd.fetch.limit import LimitFetch
+from limitd.fetch.limit import QUIET_SECONDS, LimitFetch
 from limitd.fetch.order import QueueOrder
 from limitd.fetch.wakeup import IdleGate, WakeupListener
 from limitd.locate import app_location, connect_to
@@ -125,6 +125,8 @@ class Capsule:
             self.dispatcher.start()
         if self.wakeup.handlers:
             self.wakeup.start()
+            if isinstance(self.fetch, LimitFetch) and self.fetch.per_queue:
+                self.fetch.quiet_seconds = QUIET_SECONDS  # wake-ups name queues with news
         with self._lock:
             for index in range(self.config.concurrency):
                 self._spawn(index)
@@ -209,6 +211,8 @@ class Capsule:
         while True:
             if scheduled:
                 self.poller.enqueue_due()
+            if isinstance(self.fetch, LimitFetch):
+                self.fetch.woken("")  # no wake-ups here: every queue is looked at
             unit = self.fetch.try_retrieve(finished)  # also settles the finished one
             if unit is None:
                 break
@@ -322,6 +326,7 @@ class Capsule:
         if isinstance(fetch, LimitFetch) and fetch.wants(queue):
             if queue and queue not in self.order.weights:
                 fetch.refresh_dynamic()
+            fetch.woken(queue)
             self.gate.wake()
 
     def _spawn(self, index: int) -> None:
