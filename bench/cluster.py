@@ -12,8 +12,8 @@ then starts ``limitd start`` (P processes x T threads, fetch: limit with a limit
 queue names are picked so their keys fall 3 + 3 on 2 shards and 2 + 2 + 2 on 3 shards;
 the global ``{limitd}`` keys live on one shard. --order random (the default) gives every
 queue weight 1: each fetch draws a fresh order, so all shards work at once. --order
-strict lists them unweighted: the queues drain one after another, and each fetch first
-asks the emptied queues before it (on their shards) for nothing.
+strict lists them unweighted: the queues drain one after another (an emptied queue is
+asked again only after 100 ms or a wake-up naming it, see limitd.fetch.limit).
 
 Each job INCRs a counter in its queue's slot (``bench:{QUEUE}:done``), read every 20
 ms. Worker start-up is left out: the window runs from the first poll that sees a job
