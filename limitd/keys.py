@@ -174,11 +174,12 @@ def is_cluster_layout() -> bool:
     return _cluster
 
 
-# Names rebound by use_cluster_layout: the standalone value of each, kept here.
+# Names rebound by use_cluster_layout: the standalone value of each, kept here. (The
+# pub/sub channels keep their names: a channel has no slot.)
 _GLOBAL_NAMES = (
     "QUEUES", "SCHEDULE", "RETRY", "DEAD", "PROCESSES", "PROCESS_CLEANUP_LOCK",
     "STAT_PROCESSED", "STAT_FAILED", "LIMITD_PREFIX", "LIMITS", "PROCESS_LIMITS", "PAUSED",
-    "BUSY", "CAPSULES", "WAKE_CHANNEL", "DUE_CHANNEL", "RECOVERIES", "RATE_LIMITS",
+    "BUSY", "CAPSULES", "RECOVERIES", "RATE_LIMITS",
     "FAIR_TENANT_TENANTS", "FAIR_TENANT_REROUTES", "MOVING",
     "FAIR_TENANT_RULES", "UNIQUE_SKIPPED", "BATCHES", "BATCH_INDEX_PRUNE_LOCK", "LIMITERS",
 )  # fmt: skip

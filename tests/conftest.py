@@ -50,6 +50,11 @@ CLUSTER_MODULES = frozenset(
         "test_unique",
         "test_batch",
         "test_outbox",
+        "test_capacity",
+        "test_periodic",
+        "test_limiters",
+        "test_api_pages",
+        "test_poison",
         "test_poller",
     }
 )

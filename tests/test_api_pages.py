@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pytest
 import redis as redis_py
 
 from limitd import keys
@@ -27,6 +28,7 @@ def calls(redis: redis_py.Redis, command: str) -> int:
     return int(stats.get("calls", 0))
 
 
+@pytest.mark.standalone_only("counts one server's commands")
 def test_page_by_offset_newest_or_oldest_first_in_one_call(redis: redis_py.Redis) -> None:
     fill(redis, keys.DEAD, 60)
     dead = DeadSet(redis)
@@ -74,6 +76,7 @@ def test_filter_text_is_literal_not_a_glob(redis: redis_py.Redis) -> None:
     assert [entry.jid for entry in found.entries] == ["a" * 24]
 
 
+@pytest.mark.standalone_only("counts one server's commands")
 def test_filtered_page_stops_at_its_bound_and_says_so(redis: redis_py.Redis) -> None:
     fill(redis, keys.DEAD, 5 * SCAN_COUNT)
     dead = DeadSet(redis)

@@ -15,6 +15,7 @@ import redis as redis_py
 from freezegun import freeze_time
 
 import limitd
+from limitd import keys
 from limitd.capacity.commands import add_capacity_command
 from limitd.capacity.job import capacity_job
 from limitd.capacity.leases import LeaseKeeper
@@ -81,7 +82,7 @@ def store(redis: redis_py.Redis, timing: Timing | None = None) -> CapacityStore:
 
 
 def queued_copies(redis: redis_py.Redis) -> int:
-    return int(redis.llen(f"queue:{QUEUE}"))
+    return int(redis.llen(keys.queue(QUEUE)))
 
 
 def drain(redis: redis_py.Redis) -> None:
@@ -106,7 +107,7 @@ def test_refill_pushes_no_more_copies_than_work_left(
     backlog.rows = [1]
     assert len(Import.perform_with_capacity()) == 1
     backlog.rows = []
-    redis.delete(f"queue:{QUEUE}", queued_key(Import.spec.name))
+    redis.delete(keys.queue(QUEUE), queued_key(Import.spec.name))
     assert Import.perform_with_capacity() == []
     assert queued_copies(redis) == 0
 
@@ -143,7 +144,7 @@ def test_a_failing_copy_goes_dead_unretried_and_pushes_no_successor(
     Import.fail_on = {7}
     [jid] = Import.perform_with_capacity()
     drain(redis)
-    assert redis.zcard("retry") == 0
+    assert redis.zcard(keys.RETRY) == 0
     [dead] = limitd.api.DeadSet()
     assert dead.jid == jid and dead.error_class == "RuntimeError"
     assert queued_copies(redis) == 0

@@ -135,6 +135,7 @@ def test_a_full_limiter_waits_until_room_appears(redis: redis_py.Redis, make) ->
     assert status.average_wait > 0
 
 
+@pytest.mark.standalone_only("watches one server's blocked clients")
 def test_a_concurrent_waiter_wakes_when_a_slot_is_released(
     redis: redis_py.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -46,6 +46,11 @@ def dead_entries(redis: redis_py.Redis) -> list[Payload]:
     return [json.loads(entry) for entry in redis.zrange(keys.DEAD, 0, -1)]
 
 
+def counts_key() -> str:
+    """The recovery counts of the jobs of "default" (named at call time: the layout)."""
+    return keys.recoveries_of("default")
+
+
 def push_raw(redis: redis_py.Redis, body: str, queue: str = "default") -> None:
     redis.sadd(keys.QUEUES, queue)
     redis.lpush(keys.queue(queue), body)
@@ -78,7 +83,7 @@ def test_a_payload_nested_too_deep_is_dead_at_once_and_work_goes_on(
     assert entry["error_class"] == "limitd.MalformedPayload"
     assert "RecursionError" in entry["error_message"]
     assert entry["raw"] == body, "the raw text is kept for the operator"
-    assert not redis.exists(keys.RECOVERIES), "buried at the first fetch, never requeued"
+    assert not redis.exists(counts_key()), "buried at the first fetch, never requeued"
     assert redis.llen(keys.queue("default")) == 0
     note.perform_async("after")
     wait_for(lambda: ran == ["after"], message="the capsule to run the next job")
@@ -137,7 +142,7 @@ def test_a_job_whose_outcome_cannot_be_recorded_is_dead_after_max_recoveries(
     assert payload["jid"] == jid
     assert "recovered 2 times" in str(exc)
     assert redis.llen(keys.queue("default")) == 0
-    assert not redis.hgetall(keys.RECOVERIES), "counts of a buried job are forgotten"
+    assert not redis.hgetall(counts_key()), "counts of a buried job are forgotten"
 
 
 def test_a_recovered_job_that_completes_forgets_its_count(redis: redis_py.Redis) -> None:
@@ -145,18 +150,18 @@ def test_a_recovered_job_that_completes_forgets_its_count(redis: redis_py.Redis)
     count is gone."""
     capsule_id = "crashed"
     redis.sadd(keys.CAPSULES, capsule_id)
-    redis.sadd(keys.capsule_queues(capsule_id), "default")
+    redis.sadd(keys.capsule_queues(capsule_id, "default"), "default")
     job = json.dumps({"class": "poison_test.Note", "args": ["again"], "jid": new_jid()})
     redis.lpush(keys.in_progress(capsule_id, "default"), job)
-    redis.hset(keys.BUSY, "default", 1)
+    redis.hset(keys.busy_of("default"), "default", 1)
     assert liveness.reap(redis, capsule_id, "capsule crashed running it") == 1
     field = recoveries.job_id(job.encode())
-    assert redis.hget(keys.RECOVERIES, field) == b"1"
-    assert redis.hget(keys.RECOVERIES, field + ":error") == b"capsule crashed running it"
-    assert redis.ttl(keys.RECOVERIES) > 0, "counts of jobs deleted while queued expire"
+    assert redis.hget(counts_key(), field) == b"1"
+    assert redis.hget(counts_key(), field + ":error") == b"capsule crashed running it"
+    assert redis.ttl(counts_key()) > 0, "counts of jobs deleted while queued expire"
     Capsule(CapsuleConfig(), redis=redis).drain()
     assert ran == ["again"]
-    assert not redis.exists(keys.RECOVERIES)
+    assert not redis.exists(counts_key())
 
 
 def test_the_limit_fetch_reports_each_jobs_recoveries(redis: redis_py.Redis) -> None:
@@ -164,7 +169,7 @@ def test_the_limit_fetch_reports_each_jobs_recoveries(redis: redis_py.Redis) -> 
     jobs = [json.dumps({"class": "poison_test.Note", "args": [n], "jid": new_jid()}) for n in "ab"]
     for job in jobs:
         redis.lpush(keys.queue("default"), job)
-    redis.hset(keys.RECOVERIES, recoveries.job_id(jobs[1].encode()), 2)
+    redis.hset(counts_key(), recoveries.job_id(jobs[1].encode()), 2)
     taken = capsule.fetch.try_retrieve(), capsule.fetch.try_retrieve()
     assert [(unit.job.decode(), unit.recoveries) for unit in taken if unit] == [
         (jobs[0], 0),
@@ -183,8 +188,8 @@ def test_give_back_requeues_once_even_racing_the_reaper(redis: redis_py.Redis) -
     assert liveness.reap(redis, capsule.id, "reaped") == 1
     unit.give_back("too late")
     assert redis.llen(keys.queue("default")) == 1
-    assert redis.hget(keys.RECOVERIES, recoveries.job_id(unit.job)) == b"1"
-    assert int(redis.hget(keys.BUSY, "default") or 0) == 0
+    assert redis.hget(counts_key(), recoveries.job_id(unit.job)) == b"1"
+    assert int(redis.hget(keys.busy_of("default"), "default") or 0) == 0
 
 
 def test_mark_recovered_keeps_undecodable_bytes() -> None:
@@ -223,6 +228,7 @@ def app_dir(tmp_path: Path, redis_server: RedisServer, redis: redis_py.Redis) ->
     yield tmp_path
 
 
+@pytest.mark.standalone_only("limitd start on the session's server")
 def test_a_job_that_kills_its_process_is_dead_after_max_recoveries(
     app_dir: Path, redis_server: RedisServer, redis: redis_py.Redis
 ) -> None:

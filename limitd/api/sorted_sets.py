@@ -140,9 +140,13 @@ class SortedSet(Generic[EntryT]):
     """A sorted set of payloads scored by epoch seconds. ``dead_policy`` bounds the dead
     set after a kill (default: the one the retry handler uses)."""
 
-    key: ClassVar[str]
     entry_class: ClassVar[type[SortedEntry]]
     page_size: int = PAGE_SIZE
+
+    @property
+    def key(self) -> str:
+        """The set's name, read when used (the key layout may change)."""
+        raise NotImplementedError
 
     def __init__(
         self, redis: redis_py.Redis | None = None, *, dead_policy: DeadSetPolicy | None = None
@@ -297,18 +301,25 @@ class PendingSet(SortedSet[PendingEntry]):
 class ScheduledSet(PendingSet):
     """Jobs pushed with ``perform_in`` / ``perform_at``, scored by when they run."""
 
-    key = keys.SCHEDULE
+    @property
+    def key(self) -> str:
+        return keys.SCHEDULE
 
 
 class RetrySet(PendingSet):
     """Failed jobs waiting for their next attempt, scored by when it is due."""
 
-    key = keys.RETRY
+    @property
+    def key(self) -> str:
+        return keys.RETRY
 
 
 class DeadSet(SortedSet[SortedEntry]):
     """Jobs that ran out of retries or were killed, scored by when they died. Entries
     can be retried or deleted; they offer no ``kill``, they are dead already."""
 
-    key = keys.DEAD
+    @property
+    def key(self) -> str:
+        return keys.DEAD
+
     entry_class = SortedEntry

@@ -116,11 +116,11 @@ def job_settled_call(
     """The same, as a call to make with the job's acknowledgement; calls for one batch
     made together are merged into one script run."""
     return JOB_SETTLED.later(
-        _settled_keys(bid), (jid, result, error, repr(clock.now())), on_reply, _SHARED
+        _settled_keys(bid),
+        (jid, result, error, repr(clock.now())),
+        on_reply,
+        (keys.WAKE_CHANNEL,),  # the arguments every update of every batch begins with
     )
-
-
-_SHARED = (keys.WAKE_CHANNEL,)  # the arguments every update of every batch begins with
 
 
 @functools.lru_cache(maxsize=1024)

@@ -39,7 +39,12 @@ CLAIM = LuaScript(PACKAGE, "capacity_claim.lua", prelude=_LIB)
 FINISH = LuaScript(PACKAGE, "capacity_finish.lua", prelude=_LIB)
 RENEW = LuaScript(PACKAGE, "capacity_renew.lua")
 
-NAMES = keys.LIMITD_PREFIX + "capacity:names"
+
+def names_key() -> str:
+    """Zset of refilled classes (named at call time: the key layout may change)."""
+    return keys.LIMITD_PREFIX + "capacity:names"
+
+
 NAMES_TTL = 30 * 86400.0  # a class not refilled this long leaves the listing and the gauges
 NO_SUCCESSOR = -1
 
@@ -115,7 +120,7 @@ class CapacityStore:
         gauges know every class that is refilled."""
         reply = script(self.redis, self.keys, args)
         if index:
-            self.redis.zadd(NAMES, {self.name: clock.now()})
+            self.redis.zadd(names_key(), {self.name: clock.now()})
         return reply
 
 
@@ -141,8 +146,8 @@ def read_states(redis: Any) -> list[CapacityState]:
     number. Expired leases and reservations are not counted, pruned or not."""
     now = clock.now()
     pipe = redis.pipeline(transaction=False)
-    pipe.zremrangebyscore(NAMES, "-inf", now - NAMES_TTL)
-    pipe.zrange(NAMES, 0, -1)
+    pipe.zremrangebyscore(names_key(), "-inf", now - NAMES_TTL)
+    pipe.zrange(names_key(), 0, -1)
     names = [member.decode() for member in pipe.execute()[1]]
     if not names:
         return []

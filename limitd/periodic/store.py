@@ -20,10 +20,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from limitd import keys
 from limitd.redis import LuaScript, set_members
 
-NAMES = "limitd:periodic:names"
-ENTRY_PREFIX = "limitd:periodic:entry:"
+
+def names_key() -> str:
+    """Set of the entries' names (named at call time: the key layout may change)."""
+    return keys.LIMITD_PREFIX + "periodic:names"
+
+
 META_FIELDS = ("cron", "tz", "job")
 
 CLAIM = LuaScript(__package__ or "limitd.periodic", "periodic_claim.lua")
@@ -32,7 +37,7 @@ SETTLE = LuaScript(__package__ or "limitd.periodic", "periodic_settle.lua")
 
 
 def entry_key(name: str) -> str:
-    return ENTRY_PREFIX + name
+    return keys.LIMITD_PREFIX + "periodic:entry:" + name
 
 
 @dataclass(frozen=True)
@@ -70,7 +75,7 @@ class PeriodicStore:
         if not entries:
             return
         pipe = self.redis.pipeline(transaction=False)
-        pipe.sadd(NAMES, *entries)
+        pipe.sadd(names_key(), *entries)
         for name, meta in entries.items():
             pipe.hset(entry_key(name), mapping={key: meta[key] for key in META_FIELDS})
         pipe.execute()
@@ -92,7 +97,7 @@ class PeriodicStore:
         return bool(SETTLE(self.redis, [entry_key(claim.name)], [claim.jid, " ".join(jids)]))
 
     def names(self) -> list[str]:
-        return sorted(set_members(self.redis, NAMES))
+        return sorted(set_members(self.redis, names_key()))
 
     def records(self, names: Iterable[str]) -> dict[str, Record]:
         """Each named entry's record, in one round trip."""
