@@ -346,3 +346,45 @@ def test_a_queue_that_gave_nothing_is_skipped_until_a_wake_up_names_it(
     assert fetch.try_retrieve().queue == "beta", "alpha is quiet: not asked"
     fetch.woken("alpha")
     assert fetch.try_retrieve().queue == "alpha"
+
+
+# Names in ``keys`` that are the same in both layouts: a template whose key gets its
+# tag when formatted, and the marker of a child batch in its parent's sets.
+LAYOUT_FREE = {"FAIR_TENANT_DEFAULT_KEY", "FAIR_TENANT_PLACEHOLDERS", "BATCH_CHILD_PREFIX"}
+
+
+def test_no_module_or_class_names_a_key_at_import() -> None:
+    """Key names depend on the layout, chosen when a process connects: a name built at
+    import (a module or class constant from ``keys``) would stay in the standalone
+    layout. Every such name must be read when used."""
+    import ast
+
+    root = Path(limitd.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path.name == "keys.py" or path == root / "cluster.py":  # cluster.py: the
+            continue  # standalone names it looks for, on purpose
+        tree = ast.parse(path.read_text())
+        scopes = [tree, *(node for node in ast.walk(tree) if isinstance(node, ast.ClassDef))]
+        for scope in scopes:
+            for statement in scope.body:
+                if not isinstance(statement, ast.Assign | ast.AnnAssign):
+                    continue
+                for node in ast.walk(statement):
+                    if (
+                        isinstance(node, ast.Attribute)
+                        and isinstance(node.value, ast.Name)
+                        and node.value.id == "keys"
+                        and node.attr.isupper()
+                        and not node.attr.endswith(("_CHANNEL", "_TTL", "_PARTS", "_PREFIX"))
+                        and node.attr not in LAYOUT_FREE
+                    ) or (
+                        (isinstance(node, ast.Attribute) and node.attr == "LIMITD_PREFIX")
+                        or (
+                            isinstance(node, ast.Constant)
+                            and isinstance(node.value, str)
+                            and node.value.startswith("limitd:")
+                        )
+                    ):
+                        found.append(f"{path.relative_to(root)}:{statement.lineno}")
+    assert found == []
