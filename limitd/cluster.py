@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import redis
+import redis.asyncio.cluster
 import redis.cluster
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -76,6 +77,30 @@ def connect(
 
 def is_cluster(client: Any) -> bool:
     return isinstance(client, redis.cluster.RedisCluster)
+
+
+def is_async_cluster(client: Any) -> bool:
+    return isinstance(client, redis.asyncio.cluster.RedisCluster)
+
+
+# redis-py's asyncio cluster client raises rather than wait when a node's connections
+# are all in use: it may open one per concurrent call (a loop running a thousand jobs
+# that each call Redis opens up to a thousand sockets per node).
+ASYNC_MAX_CONNECTIONS = 2**31 - 1
+
+
+def async_twin(client: Any) -> Any:
+    """An asyncio cluster client on the same cluster, with ``client``'s settings."""
+    nodes = client.get_nodes()
+    settings = nodes[0].redis_connection.connection_pool.connection_kwargs
+    return redis.asyncio.cluster.RedisCluster(
+        startup_nodes=[redis.asyncio.cluster.ClusterNode(node.host, node.port) for node in nodes],
+        password=settings.get("password"),
+        socket_timeout=settings.get("socket_timeout"),
+        socket_connect_timeout=settings.get("socket_connect_timeout"),
+        max_connections=ASYNC_MAX_CONNECTIONS,
+        require_full_coverage=True,
+    )
 
 
 def one_node(client: Any) -> redis.Redis:

@@ -23,7 +23,7 @@ from typing import Any, cast
 
 from limitd import keys
 from limitd.payload import DEFAULT_QUEUE, MalformedPayload, dumps, parse
-from limitd.redis import LuaScript, pipeline
+from limitd.redis import LuaScript, apipeline, pipeline
 
 log = logging.getLogger("limitd.handoff")
 
@@ -46,18 +46,54 @@ def claim_from(redis: Any, zset: str, member: bytes, now: float) -> bool:
 def push_claimed(redis: Any, member: bytes, now: float) -> None:
     """Push a claimed entry (a job payload) to its queue with ``enqueued_at = now``,
     then release it. An unreadable entry is left in place and logged."""
+    queue, body = _destination(member, now)
+    if queue is None:
+        return
+    pipe = pipeline(redis)
+    pipe.sadd(keys.QUEUES, queue)
+    pipe.lpush(keys.queue(queue), body)
+    pipe.publish(keys.WAKE_CHANNEL, queue)
+    pipe.execute()
+    redis.zrem(keys.MOVING, member)
+
+
+def _destination(member: bytes, now: float) -> tuple[str | None, str]:
+    """The queue an entry goes to and its body as pushed; (None, "") for an unreadable
+    entry, which is left in place and logged."""
     try:
         payload = parse(member)
     except MalformedPayload as exc:
         log.error("unreadable entry in %s left as is (%s): %r", keys.MOVING, exc, member[:200])
-        return
+        return None, ""
     queue = str(payload.get("queue") or DEFAULT_QUEUE)
-    pipe = pipeline(redis)
+    return queue, dumps({**payload, "enqueued_at": now})
+
+
+async def apush_waiting(redis: Any, now: float) -> int:
+    """:func:`push_waiting` on an asyncio cluster client."""
+    pushed = 0
+    while True:
+        claimed = await CLAIM_WAITING.acall(
+            redis, [keys.MOVING], [now, now - STALLED_SECONDS, CLAIM_BATCH]
+        )
+        for member in claimed:
+            await apush_claimed(redis, member, now)
+        pushed += len(claimed)
+        if len(claimed) < CLAIM_BATCH:
+            return pushed
+
+
+async def apush_claimed(redis: Any, member: bytes, now: float) -> None:
+    """:func:`push_claimed` on an asyncio cluster client."""
+    queue, body = _destination(member, now)
+    if queue is None:
+        return
+    pipe = apipeline(redis)
     pipe.sadd(keys.QUEUES, queue)
-    pipe.lpush(keys.queue(queue), dumps({**payload, "enqueued_at": now}))
+    pipe.lpush(keys.queue(queue), body)
     pipe.publish(keys.WAKE_CHANNEL, queue)
-    pipe.execute()
-    redis.zrem(keys.MOVING, member)
+    await pipe.execute()
+    await redis.zrem(keys.MOVING, member)
 
 
 def push_waiting(redis: Any, now: float) -> int:

@@ -138,7 +138,7 @@ def async_twin(client: redis.Redis, max_connections: int = 100) -> redis.asyncio
 
 def _bare_async_twin(client: redis.Redis, max_connections: int) -> redis.asyncio.Redis:
     if cluster.is_cluster(client):
-        raise NotImplementedError("asyncio clients are not available in cluster mode yet")
+        return cast(redis.asyncio.Redis, cluster.async_twin(client))
     if sentinel.is_sentinel_client(client):
         return cast(
             redis.asyncio.Redis, sentinel.async_twin(client, max_connections, _SYNC_ONLY, TWIN_WAIT)
@@ -484,6 +484,35 @@ def pipeline(client: redis.Redis, *, transaction: bool = False) -> Any:
     are published after the pipeline's commands, in order."""
     pipe = client.pipeline(transaction=transaction)
     return _PublishAfter(client, pipe) if cluster.is_cluster(client) else pipe
+
+
+def apipeline(client: redis.asyncio.Redis) -> Any:
+    """:func:`pipeline` for an asyncio client."""
+    pipe = client.pipeline(transaction=False)
+    return _AsyncPublishAfter(client, pipe) if cluster.is_async_cluster(client) else pipe
+
+
+class _AsyncPublishAfter:
+    """An asyncio cluster pipeline whose PUBLISH calls wait for its ``execute``."""
+
+    def __init__(self, client: Any, pipe: Any) -> None:
+        self._client = client
+        self._pipe = pipe
+        self._messages: list[tuple[Any, Any]] = []
+
+    def publish(self, channel: Any, message: Any) -> _AsyncPublishAfter:
+        self._messages.append((channel, message))
+        return self
+
+    async def execute(self, raise_on_error: bool = True) -> list[Any]:
+        replies = list(await self._pipe.execute(raise_on_error=raise_on_error))
+        for channel, message in self._messages:
+            replies.append(await self._client.publish(channel, message))
+        self._messages.clear()
+        return replies
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pipe, name)
 
 
 class _PublishAfter:

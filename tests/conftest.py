@@ -55,6 +55,9 @@ CLUSTER_MODULES = frozenset(
         "test_limiters",
         "test_api_pages",
         "test_poison",
+        "test_aio_client",
+        "test_async_jobs",
+        "test_limiters_aio",
         "test_poller",
     }
 )

@@ -83,21 +83,22 @@ def queued(redis: redis_py.Redis, queue: str) -> list[dict[str, Any]]:
 
 def scheduled(redis: redis_py.Redis) -> list[tuple[dict[str, Any], float]]:
     return [
-        (json.loads(raw), score) for raw, score in redis.zrange("schedule", 0, -1, withscores=True)
+        (json.loads(raw), score)
+        for raw, score in redis.zrange(keys.SCHEDULE, 0, -1, withscores=True)
     ]
 
 
 def everything(redis: redis_py.Redis) -> dict[str, Any]:
     """What the enqueues left in Redis, minus what differs from push to push."""
     return {
-        "queues": redis.smembers("queues"),
+        "queues": redis.smembers(keys.QUEUES),
         **{
             q: [stripped(r) for r in redis.lrange(keys.queue(q), 0, -1)]
             for q in ("webhooks", "low", "critical")
         },
         "schedule": sorted(
             (json.dumps(stripped(raw), sort_keys=True), round(score))
-            for raw, score in redis.zrange("schedule", 0, -1, withscores=True)
+            for raw, score in redis.zrange(keys.SCHEDULE, 0, -1, withscores=True)
         ),
     }
 
@@ -135,7 +136,7 @@ def all_jids(redis: redis_py.Redis) -> set[str]:
     bodies = [
         raw for q in ("webhooks", "low", "critical") for raw in redis.lrange(keys.queue(q), 0, -1)
     ]
-    bodies += redis.zrange("schedule", 0, -1)
+    bodies += redis.zrange(keys.SCHEDULE, 0, -1)
     return {json.loads(raw)["jid"] for raw in bodies}
 
 
@@ -254,7 +255,9 @@ def test_a_batch_built_in_async_code_counts_its_jobs_and_fires(redis: redis_py.R
     assert sorted(in_batch) == [1, 2, 3, 4, 5]
 
     assert capsule.drain() == {"done": 6}
-    fired = [json.loads(raw)["args"] for raw in reversed(redis.lrange("queue:callbacks", 0, -1))]
+    fired = [
+        json.loads(raw)["args"] for raw in reversed(redis.lrange(keys.queue("callbacks"), 0, -1))
+    ]
     assert [(status["event"], status["total"], options) for status, options in fired] == [
         ("complete", 5, {"was": "complete"}),
         ("success", 5, {"was": "success"}),
@@ -370,6 +373,7 @@ class BulkHooks:
         return call_next(payload)
 
 
+@pytest.mark.standalone_only("checks the bridged client is a plain redis.Redis")
 def test_a_middleware_without_acall_runs_in_a_thread_and_may_change_or_halt(
     redis: redis_py.Redis,
 ) -> None:
@@ -406,6 +410,7 @@ def test_a_middleware_without_acall_runs_in_a_thread_and_may_change_or_halt(
     assert hooks.calls[-2:] == [("prepare", 1, True), ("abandon", 1, True)]
 
 
+@pytest.mark.standalone_only("builds clients on one server's pool")
 def test_an_explicit_async_client_bridges_with_a_sync_twin(redis: redis_py.Redis) -> None:
     seen: list[tuple[str, Any, int]] = []
 
@@ -472,6 +477,7 @@ def replica(redis_server: RedisServer) -> Iterator[RedisServer]:
     server.stop()
 
 
+@pytest.mark.standalone_only("a proxy between one client and one server")
 def test_failover_reconnects_and_retries_once(
     redis: redis_py.Redis, redis_server: RedisServer, replica: RedisServer
 ) -> None:
@@ -519,6 +525,7 @@ class RefusingPool(redis_py.ConnectionPool):
         raise AssertionError("the async path used the sync client's Redis")
 
 
+@pytest.mark.standalone_only("builds clients on one server's pool")
 def test_a_plain_push_never_touches_the_sync_clients_redis(redis: redis_py.Redis) -> None:
     kwargs = redis.connection_pool.connection_kwargs
     refusing = redis_py.Redis(connection_pool=RefusingPool(**kwargs))
@@ -562,12 +569,13 @@ def test_a_starlette_endpoint_enqueues_with_await(redis: redis_py.Redis) -> None
 
 def test_a_thousand_tasks_share_the_loops_pool_without_failing(redis: redis_py.Redis) -> None:
     """More tasks than connections wait for one: redis-py's plain asyncio pool would
-    raise MaxConnectionsError past its cap."""
+    raise MaxConnectionsError past its cap. (On a cluster, redis-py's asyncio client
+    opens more connections instead: see limitd.cluster.ASYNC_MAX_CONNECTIONS.)"""
 
     async def many() -> list[str | None]:
         jids = await asyncio.gather(*(send.aio.perform_async(i, "x") for i in range(1000)))
-        await loop_twin(redis).connection_pool.disconnect()
+        await loop_twin(redis).aclose()
         return list(jids)
 
     jids = asyncio.run(many())
-    assert all(jids) and redis.llen("queue:webhooks") == 1000
+    assert all(jids) and redis.llen(keys.queue("webhooks")) == 1000

@@ -230,7 +230,7 @@ def capsules(redis: redis_py.Redis) -> Iterator[Capsules]:
 
 
 def in_progress(redis: redis_py.Redis) -> int:
-    return sum(int(redis.llen(k)) for k in redis.scan_iter("limitd:capsule:*:inprogress:*"))
+    return sum(int(redis.llen(k)) for k in redis.scan_iter(keys.in_progress("*", "*")))
 
 
 def settled(redis: redis_py.Redis) -> Callable[[], bool]:
@@ -394,7 +394,7 @@ def test_unique_until_executing_frees_the_lock_when_the_async_job_starts(
 
 
 def callback_events(redis: redis_py.Redis) -> list[str]:
-    bodies = [json.loads(raw) for raw in reversed(redis.lrange("queue:callbacks", 0, -1))]
+    bodies = [json.loads(raw) for raw in reversed(redis.lrange(keys.queue("callbacks"), 0, -1))]
     return [body["args"][0]["event"] for body in bodies]
 
 
@@ -440,7 +440,9 @@ def test_a_stop_past_the_timeout_requeues_and_cancels_async_jobs(capsules: Capsu
     wait_for(lambda: meter.now == 5, message="five jobs on the loop")
     assert capsules.stop(capsule, timeout=0.5) == 5
     assert redis.llen(keys.queue("default")) == 5
-    requeued = sorted(json.loads(raw)["args"][0] for raw in redis.lrange("queue:default", 0, -1))
+    requeued = sorted(
+        json.loads(raw)["args"][0] for raw in redis.lrange(keys.queue("default"), 0, -1)
+    )
     assert requeued == [0, 1, 2, 3, 4]
     assert in_progress(redis) == 0
     wait_for(lambda: len(meter.cancelled) == 5, message="every task cancelled")

@@ -24,7 +24,7 @@ from limitd.embedded import RedisServer
 from limitd.fetch import limits as queue_limits
 from limitd.fetch.limit import LimitFetch
 from limitd.fetch.order import QueueOrder
-from limitd.redis import LuaScript, async_twin, connect
+from limitd.redis import LuaScript, connect
 from limitd.supervisor import Capsule, CapsuleConfig, liveness
 from tests.helpers import LimitdProcesses, wait_for
 from tests.topologies import ClusterGroup, cluster_port
@@ -325,11 +325,6 @@ def _wait_replicated(group: ClusterGroup) -> None:
         return True
 
     wait_for(caught_up, timeout=30, message="replicas caught up")
-
-
-def test_an_asyncio_twin_says_it_is_not_available_yet(clustered: redis_py.Redis) -> None:
-    with pytest.raises(NotImplementedError, match="cluster mode"):
-        async_twin(clustered)
 
 
 def test_a_queue_that_gave_nothing_is_skipped_until_a_wake_up_names_it(

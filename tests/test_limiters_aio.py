@@ -38,7 +38,7 @@ def run(main: Callable[[], Coroutine[Any, Any, T]], *clients: redis_py.Redis) ->
             return await main()
         finally:
             for client in clients or (limitd.client.default_client().redis,):
-                await loop_twin(client).connection_pool.disconnect()
+                await loop_twin(client).aclose()
 
     return asyncio.run(wrapped())
 
@@ -193,6 +193,7 @@ def test_a_full_limiter_waits_until_room_appears(redis: redis_py.Redis, make) ->
     assert status.average_wait > 0
 
 
+@pytest.mark.standalone_only("watches one server's blocked clients")
 def test_an_async_waiter_is_woken_by_a_release_from_another_task(
     redis: redis_py.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -256,6 +257,7 @@ def test_over_limit_after_wait_timeout(redis: redis_py.Redis, make) -> None:
 # The loop runs while a check waits.
 
 
+@pytest.mark.standalone_only("watches one server's blocked clients")
 def test_the_loop_runs_while_a_waiter_blocks_on_the_wake_list(redis: redis_py.Redis) -> None:
     # Were the BLPOP blocking the loop, this coroutine would not run again before the
     # waiter gave up (3 s): it would not see the waiter blocked, and could not release.
@@ -319,6 +321,7 @@ def test_sync_and_async_holders_share_the_same_slots(redis: redis_py.Redis) -> N
     assert (status.calls, status.immediate, status.over_limit, status.held) == (8, 5, 3, 0)
 
 
+@pytest.mark.standalone_only("a cluster has only database 0")
 def test_the_async_form_uses_the_limiters_own_redis(redis: redis_py.Redis) -> None:
     pool = redis.connection_pool  # the same server, database 1
     other = redis_py.Redis(

@@ -35,7 +35,7 @@ from limitd.client import (
 from limitd.middleware.chain import ClientChain
 from limitd.middleware.defaults import default_client_chain
 from limitd.payload import STRICT_ARGS_MODES, Payload
-from limitd.redis import is_failover_error, loop_twin
+from limitd.redis import apipeline, is_failover_error, loop_twin
 from limitd.registry import registry
 from limitd.spec import JobSpec
 from limitd.transactions import hold as transactions
@@ -166,7 +166,7 @@ class AsyncClient:
 
 
 async def _write(redis: redis.asyncio.Redis, payloads: list[Payload]) -> None:
-    pipe = redis.pipeline(transaction=False)
+    pipe = apipeline(redis)
     queue_write(pipe, payloads)
     wait = replication.of(redis)
     if wait is not None:

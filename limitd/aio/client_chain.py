@@ -34,6 +34,7 @@ import redis as redis_py
 import redis.asyncio
 from redis.exceptions import NoScriptError
 
+from limitd import cluster
 from limitd.middleware.chain import ClientChain, log_abandon_failure
 from limitd.payload import Payload
 from limitd.redis import ScriptCall
@@ -151,6 +152,8 @@ async def arun_all(conn: redis.asyncio.Redis, calls: Sequence[ScriptCall]) -> li
     """Several script calls in one round trip (a pipeline), their replies in order. A
     call the server did not run for want of its script (NOSCRIPT, after a restart) is
     made again on its own once the script is loaded; another error is raised."""
+    if cluster.is_async_cluster(conn):  # their keys may be on several shards
+        return [await call.script.acall(conn, call.keys, call.all_args()) for call in calls]
     pipe = conn.pipeline(transaction=False)
     for call in calls:
         pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.all_args())

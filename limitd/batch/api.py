@@ -45,7 +45,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
-from limitd import keys
+from limitd import clock, handoff, keys
 from limitd.batch.building import building_bid, building_inside
 from limitd.batch.store import (
     EVENTS,
@@ -224,6 +224,8 @@ class AsyncBatchJobs:
                 yield batch
         finally:
             await close_call(batch.bid).arun(redis)
+            if keys.is_cluster_layout():  # callbacks it fired were handed off
+                await handoff.apush_waiting(redis, clock.now())
 
 
 def _spec_of(callback: Any) -> JobSpec | None:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from limitd import clock
 from limitd.limiters import store
 from limitd.limiters.store import Definition, OverLimit
-from limitd.redis import loop_twin
+from limitd.redis import apipeline, loop_twin
 
 if TYPE_CHECKING:  # the limiter module imports this one
     from limitd.limiters.limiter import Limiter
@@ -84,6 +84,6 @@ class AsyncLimiter:
 
 
 async def _record_over_limit(redis: Any, definition: Definition) -> None:
-    pipe = redis.pipeline(transaction=False)
+    pipe = apipeline(redis)
     store.queue_over_limit(pipe, definition)
     await pipe.execute()
