@@ -101,7 +101,6 @@ def test_strict_order_skips_a_queue_at_its_limit(redis: redis_py.Redis) -> None:
     assert taken == ["high", "high", "low", "low", "low", "low", "low"]
 
 
-@pytest.mark.standalone_only("blocking queues are standalone only")
 def test_blocking_queue_holds_back_lower_queues(redis: redis_py.Redis) -> None:
     push(redis, "high", 5)
     push(redis, "low", 5)

@@ -117,11 +117,6 @@ class LimitFetch:
         self.dynamic = dynamic
         # One call for all queues, or in cluster mode one per queue (see _call_per_queue).
         self.per_queue = keys.is_cluster_layout()
-        if self.per_queue and self.blocking:
-            raise ValueError(
-                f"blocking queues ({', '.join(sorted(self.blocking))}) are not available in "
-                "cluster mode: the fetch asks each queue's shard on its own"
-            )
         self._fixed_keys, self._recoveries_key = self._shared_keys("")
         self._id = capsule_id.encode()
         self._channel = keys.WAKE_CHANNEL.encode()
@@ -284,7 +279,9 @@ class LimitFetch:
         once per queue, in the order drawn for this call (the first job's: weighted and
         random orders are drawn once per call here, not once per job), asking each queue
         for what the ones before it did not give, and settling each queue's finished
-        jobs in its own call. The finished jobs' bookkeeping (batches, unique locks) is
+        jobs in its own call. A blocking queue that gives fewer jobs than asked while
+        jobs wait in it (at its limit or rate) stops the asking, as in one call. The
+        finished jobs' bookkeeping (batches, unique locks) is
         made first, on its own shard, and the callbacks it fires pushed, so they can be
         taken by this very call, as in one call. Limits stay exact: each queue's check,
         pop and count are one script on its shard. Returns the reply of one call for all."""
@@ -299,8 +296,9 @@ class LimitFetch:
         order = orders[0] if orders else []
         settled, room_in, jobs = 0, 0, cast("list[Any]", [])
         now = clock.monotonic()
+        held_back = False  # a blocking queue at its limit holds back the ones after it
         for name in dict.fromkeys([*order, *by_queue]):
-            missing = want - len(jobs) // 3 if name in order else 0
+            missing = want - len(jobs) // 3 if name in order and not held_back else 0
             if missing > 0 and self._quiet_until.get(name, 0.0) > now:
                 missing = 0  # it gave nothing a moment ago and no wake-up named it since
             units = by_queue.get(name, [])
@@ -314,8 +312,22 @@ class LimitFetch:
                 room_in = int(reply[1])
             if missing > 0 and len(reply) == 2 and self.quiet_seconds:
                 self._quiet_until[name] = now + self.quiet_seconds
+            if name in self.blocking and len(reply[2:]) // 3 < missing:
+                held_back = self._holds_back(name)
             jobs += reply[2:]
         return [settled, room_in, *jobs]
+
+    def _holds_back(self, name: str) -> bool:
+        """Cluster mode: whether a blocking queue that gave fewer jobs than asked has
+        jobs waiting and is not paused: then it is at its limit (or rate), and the
+        queues after it must not jump ahead (as in one call). One round trip, to its
+        shard; a push or a freed slot in between only makes the fetch wait for the next
+        call."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.llen(keys.queue(name))
+        pipe.sismember(keys.paused_of(name), name)
+        waiting, paused = pipe.execute()
+        return bool(waiting) and not paused
 
     def _one_call(
         self,
