@@ -58,6 +58,8 @@ CLUSTER_MODULES = frozenset(
         "test_aio_client",
         "test_async_jobs",
         "test_limiters_aio",
+        "test_api",
+        "test_metrics_exporter",
         "test_poller",
     }
 )

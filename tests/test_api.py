@@ -444,6 +444,7 @@ def test_redis_info_reads_version_memory_and_clients(redis: redis_py.Redis) -> N
 # Running jobs (the process records' work hashes)
 
 
+@pytest.mark.standalone_only("process identities without the cluster tag")
 def test_running_jobs_of_live_processes_longest_running_first(redis: redis_py.Redis) -> None:
     first = raw_payload("a" * 24, args=["<b>x</b>"], queue="mail").encode()
     second = raw_payload("b" * 24, args=[2]).encode()

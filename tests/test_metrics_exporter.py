@@ -77,7 +77,7 @@ def test_a_scrape_carries_the_cluster_state(redis: redis_py.Redis) -> None:
     Queue("a", redis).limit = 4
     Queue("a", redis).process_limit = 2
     Queue("b", redis).pause()
-    redis.hset(keys.BUSY, "a", 2)
+    redis.hset(keys.busy_of("a"), "a", 2)
     redis.set(keys.STAT_PROCESSED, 40)
     redis.set(keys.STAT_FAILED, 3)
     redis.zadd(keys.RETRY, {"r1": 1.0, "r2": 2.0})

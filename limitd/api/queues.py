@@ -91,9 +91,10 @@ class Queue:
         return None
 
     def clear(self) -> int:
-        """Drop the queue and its name from ``queues`` in one MULTI; returns how many
-        jobs were removed. Its limits and pause flag stay: they steer jobs pushed later."""
-        pipe = self.redis.pipeline(transaction=True)
+        """Drop the queue and its name from ``queues`` in one MULTI (in cluster mode, where
+        they are on different shards, one round trip); returns how many jobs were
+        removed. Its limits and pause flag stay: they steer jobs pushed later."""
+        pipe = self.redis.pipeline(transaction=not keys.is_cluster_layout())
         pipe.llen(self.key)
         pipe.delete(self.key)
         pipe.srem(keys.QUEUES, self.name)
