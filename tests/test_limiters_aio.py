@@ -181,6 +181,7 @@ def test_the_async_form_admits_exactly_what_the_sync_form_admits(
     ],
     ids=["window", "bucket", "leaky"],
 )
+@pytest.mark.standalone_only("real-clock timings; a cluster's round trips are slower")
 def test_a_full_limiter_waits_until_room_appears(redis: redis_py.Redis, make) -> None:
     limiter = make()
 
