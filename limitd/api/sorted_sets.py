@@ -143,10 +143,12 @@ class SortedSet(Generic[EntryT]):
     entry_class: ClassVar[type[SortedEntry]]
     page_size: int = PAGE_SIZE
 
+    key_name: ClassVar[str]  # the name in limitd.keys: SCHEDULE, RETRY or DEAD
+
     @property
     def key(self) -> str:
         """The set's name, read when used (the key layout may change)."""
-        raise NotImplementedError
+        return str(getattr(keys, self.key_name))
 
     def __init__(
         self, redis: redis_py.Redis | None = None, *, dead_policy: DeadSetPolicy | None = None
@@ -301,25 +303,19 @@ class PendingSet(SortedSet[PendingEntry]):
 class ScheduledSet(PendingSet):
     """Jobs pushed with ``perform_in`` / ``perform_at``, scored by when they run."""
 
-    @property
-    def key(self) -> str:
-        return keys.SCHEDULE
+    key_name = "SCHEDULE"
 
 
 class RetrySet(PendingSet):
     """Failed jobs waiting for their next attempt, scored by when it is due."""
 
-    @property
-    def key(self) -> str:
-        return keys.RETRY
+    key_name = "RETRY"
 
 
 class DeadSet(SortedSet[SortedEntry]):
     """Jobs that ran out of retries or were killed, scored by when they died. Entries
     can be retried or deleted; they offer no ``kill``, they are dead already."""
 
-    @property
-    def key(self) -> str:
-        return keys.DEAD
+    key_name = "DEAD"
 
     entry_class = SortedEntry
