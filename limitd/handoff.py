@@ -50,11 +50,16 @@ def push_claimed(redis: Any, member: bytes, now: float) -> None:
     if queue is None:
         return
     pipe = pipeline(redis)
+    _queue_push(pipe, queue, body)
+    pipe.execute()
+    redis.zrem(keys.MOVING, member)
+
+
+def _queue_push(pipe: Any, queue: str, body: str) -> None:
+    """The push of one entry, queued on a sync or asyncio pipeline (as a client's)."""
     pipe.sadd(keys.QUEUES, queue)
     pipe.lpush(keys.queue(queue), body)
     pipe.publish(keys.WAKE_CHANNEL, queue)
-    pipe.execute()
-    redis.zrem(keys.MOVING, member)
 
 
 def _destination(member: bytes, now: float) -> tuple[str | None, str]:
@@ -89,9 +94,7 @@ async def apush_claimed(redis: Any, member: bytes, now: float) -> None:
     if queue is None:
         return
     pipe = apipeline(redis)
-    pipe.sadd(keys.QUEUES, queue)
-    pipe.lpush(keys.queue(queue), body)
-    pipe.publish(keys.WAKE_CHANNEL, queue)
+    _queue_push(pipe, queue, body)
     await pipe.execute()
     await redis.zrem(keys.MOVING, member)
 

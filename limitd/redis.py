@@ -492,30 +492,7 @@ def apipeline(client: redis.asyncio.Redis) -> Any:
     return _AsyncPublishAfter(client, pipe) if cluster.is_async_cluster(client) else pipe
 
 
-class _AsyncPublishAfter:
-    """An asyncio cluster pipeline whose PUBLISH calls wait for its ``execute``."""
-
-    def __init__(self, client: Any, pipe: Any) -> None:
-        self._client = client
-        self._pipe = pipe
-        self._messages: list[tuple[Any, Any]] = []
-
-    def publish(self, channel: Any, message: Any) -> _AsyncPublishAfter:
-        self._messages.append((channel, message))
-        return self
-
-    async def execute(self, raise_on_error: bool = True) -> list[Any]:
-        replies = list(await self._pipe.execute(raise_on_error=raise_on_error))
-        for channel, message in self._messages:
-            replies.append(await self._client.publish(channel, message))
-        self._messages.clear()
-        return replies
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._pipe, name)
-
-
-class _PublishAfter:
+class _PublishLater:
     """A cluster pipeline whose PUBLISH calls wait for its ``execute``."""
 
     def __init__(self, client: Any, pipe: Any) -> None:
@@ -523,15 +500,9 @@ class _PublishAfter:
         self._pipe = pipe
         self._messages: list[tuple[Any, Any]] = []
 
-    def publish(self, channel: Any, message: Any) -> _PublishAfter:
+    def publish(self, channel: Any, message: Any) -> _PublishLater:
         self._messages.append((channel, message))
         return self
-
-    def execute(self) -> list[Any]:
-        replies = list(self._pipe.execute())
-        replies += [self._client.publish(channel, message) for channel, message in self._messages]
-        self._messages.clear()
-        return replies
 
     @property
     def wrapped(self) -> Any:
@@ -539,6 +510,23 @@ class _PublishAfter:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._pipe, name)
+
+
+class _PublishAfter(_PublishLater):
+    def execute(self) -> list[Any]:
+        replies = list(self._pipe.execute())
+        replies += [self._client.publish(channel, message) for channel, message in self._messages]
+        self._messages.clear()
+        return replies
+
+
+class _AsyncPublishAfter(_PublishLater):
+    async def execute(self, raise_on_error: bool = True) -> list[Any]:
+        replies = list(await self._pipe.execute(raise_on_error=raise_on_error))
+        for channel, message in self._messages:
+            replies.append(await self._client.publish(channel, message))
+        self._messages.clear()
+        return replies
 
 
 def set_members(conn: redis.Redis, key: str) -> list[str]:

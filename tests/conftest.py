@@ -96,10 +96,18 @@ def redis(request: pytest.FixtureRequest, redis_server: RedisServer) -> Iterator
     modules above, parametrised) the session's cluster, through ``connect``, which
     switches the key layout."""
     if getattr(request, "param", "standalone") == "cluster":
-        group: ClusterGroup = request.getfixturevalue("redis_cluster")
-        conn = connect(group.url)
-    else:
-        conn = redis_server.client()
+        yield request.getfixturevalue("clustered")
+        return
+    yield from _as_default(redis_server.client())
+
+
+@pytest.fixture
+def clustered(redis_cluster: ClusterGroup) -> Iterator[redis_py.Redis]:
+    """The session's cluster, flushed, as the default client's Redis."""
+    yield from _as_default(connect(redis_cluster.url))
+
+
+def _as_default(conn: redis_py.Redis) -> Iterator[redis_py.Redis]:
     conn.flushall()
     limitd.set_default_client(limitd.Client(conn))
     yield conn

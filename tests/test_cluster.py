@@ -9,7 +9,6 @@ cluster (``CLUSTER_MODULES`` in conftest.py)."""
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,17 +53,6 @@ def fails() -> None:
 )
 def tenant_job(n: int) -> None:
     ran.append(("tenant", n))
-
-
-@pytest.fixture
-def clustered(redis_cluster: ClusterGroup) -> Iterator[redis_py.Redis]:
-    conn = connect(redis_cluster.url)
-    conn.flushall()
-    limitd.set_default_client(limitd.Client(conn))
-    yield conn
-    limitd.set_default_client(None)
-    keys.use_cluster_layout(False)
-    conn.close()
 
 
 def test_the_url_and_the_config_name_the_nodes(tmp_path: Path) -> None:
