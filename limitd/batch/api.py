@@ -189,7 +189,7 @@ class Batch:
             "tail": text[cut + len(mark) : -1],
         }
         if keys.is_cluster_layout():  # the queue is on another shard (limitd.handoff)
-            template.update(queue_key=keys.MOVING, handoff=True)
+            template["handoff"] = True
         return template
 
     def __repr__(self) -> str:

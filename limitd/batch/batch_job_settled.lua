@@ -2,7 +2,8 @@
 -- sent as one call), then fire what became true. Idempotent per jid: a job that runs
 -- twice (crash recovery) is counted once, because only a jid still in a set moves a
 -- counter.
--- KEYS[1..4] the batch; KEYS[5] the set of queue names
+-- KEYS[1..4] the batch; KEYS[5] the set of queue names (in cluster mode, the hand-off
+--          set, where callbacks go: see batch_lib.lua's push_callbacks)
 -- ARGV[1] the wake-up channel
 -- then, per run, 4 arguments: jid; "success", "failure" (will retry) or "death" (will
 -- not run again); error text ("" on success); the time it ended

@@ -9,8 +9,9 @@
 --   k[3] unfinished set: jids and child batches that have neither succeeded nor failed
 --   k[4] failures hash: jid -> error of jobs whose last run failed
 -- Key names come from Python: a parent's four names are stored as JSON in the child's
--- meta (parent_keys), a callback's queue key in its template (in cluster mode, the
--- hand-off set's: see push_callbacks). Nothing here builds one.
+-- meta (parent_keys), a callback's queue key in its template (in cluster mode the
+-- callback goes to the hand-off set instead: see push_callbacks). Nothing here builds
+-- one.
 
 -- Every change to a batch restarts its lifetime: its data expires `seconds` (the batch's
 -- expires_in) after the last thing that happened to it. A batch nobody finishes (its
@@ -71,10 +72,11 @@ local function push_callbacks(k, event, now, queues_key, wake_channel)
   for _, cb in ipairs(cjson.decode(raw)) do
     local body = cb.head .. status .. cb.tail .. ',"enqueued_at":' .. now .. '}'
     if cb.handoff then
-      -- Cluster mode: the queue is on another shard; the hand-off set (queue_key here)
-      -- is in this one, and whoever ran this script pushes it next (limitd/handoff.py).
+      -- Cluster mode: the queue is on another shard; the hand-off set (queues_key, the
+      -- caller's KEYS[5] there) is in this one, and whoever ran this script pushes the
+      -- callback next (limitd/handoff.py).
       handed_off = handed_off + 1
-      redis.call('ZADD', cb.queue_key, unclaimed_score(now, handed_off), body)
+      redis.call('ZADD', queues_key, unclaimed_score(now, handed_off), body)
     else
       redis.call('LPUSH', cb.queue_key, body)
       redis.call('SADD', queues_key, cb.queue)

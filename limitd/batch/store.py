@@ -81,7 +81,9 @@ def close_batch(redis: Any, bid: str) -> None:
 
 
 def close_call(bid: str) -> ScriptCall:
-    return CLOSE.later([*keys.batch_keys(bid), keys.QUEUES], [repr(clock.now()), keys.WAKE_CHANNEL])
+    return CLOSE.later(
+        [*keys.batch_keys(bid), _callbacks_to()], [repr(clock.now()), keys.WAKE_CHANNEL]
+    )
 
 
 def add_jobs(redis: Any, bid: str, jids: Sequence[str]) -> int:
@@ -125,7 +127,13 @@ def job_settled_call(
 
 @functools.lru_cache(maxsize=1024)
 def _settled_keys(bid: str) -> tuple[str, ...]:
-    return (*keys.batch_keys(bid), keys.QUEUES)
+    return (*keys.batch_keys(bid), _callbacks_to())
+
+
+def _callbacks_to() -> str:
+    """KEYS[5] of the scripts that may fire callbacks: the set of queue names, or in
+    cluster mode the hand-off set the callbacks go to (``limitd.handoff``)."""
+    return keys.MOVING if keys.is_cluster_layout() else keys.QUEUES
 
 
 def prune_index(redis: Any, page: int = 500) -> int:
