@@ -117,6 +117,7 @@ class LimitFetch:
         self.dynamic = dynamic
         # One call for all queues, or in cluster mode one per queue (see _call_per_queue).
         self.per_queue = keys.is_cluster_layout()
+        self._shared_of: dict[str, tuple[list[bytes], bytes]] = {}
         self._fixed_keys, self._recoveries_key = self._shared_keys("")
         self._id = capsule_id.encode()
         self._channel = keys.WAKE_CHANNEL.encode()
@@ -247,7 +248,10 @@ class LimitFetch:
 
     def _shared_keys(self, queue: str) -> tuple[list[bytes], bytes]:
         """The keys every call passes first, and its last one (the recoveries hash):
-        shared by all queues, or in cluster mode ``queue``'s own."""
+        shared by all queues, or in cluster mode ``queue``'s own (built once a queue)."""
+        cached = self._shared_of.get(queue)
+        if cached is not None:
+            return cached
         fixed = [
             keys.limits_of(queue),
             keys.process_limits_of(queue),
@@ -257,7 +261,9 @@ class LimitFetch:
             keys.capsules_of(queue),
             keys.rate_limits_of(queue),
         ]
-        return [key.encode() for key in fixed], keys.recoveries_of(queue).encode()
+        cached = [key.encode() for key in fixed], keys.recoveries_of(queue).encode()
+        self._shared_of[queue] = cached
+        return cached
 
     def _call(
         self,
@@ -281,10 +287,10 @@ class LimitFetch:
         for what the ones before it did not give, and settling each queue's finished
         jobs in its own call. A blocking queue that gives fewer jobs than asked while
         jobs wait in it (at its limit or rate) stops the asking, as in one call. The
-        finished jobs' bookkeeping (batches, unique locks) is
-        made first, on its own shard, and the callbacks it fires pushed, so they can be
-        taken by this very call, as in one call. Limits stay exact: each queue's check,
-        pop and count are one script on its shard. Returns the reply of one call for all."""
+        finished jobs' bookkeeping (batches, unique locks) is made first, on its own
+        shard, and the callbacks it fires are pushed, so this very call can take them,
+        as in one call. Limits stay exact: each queue's check, pop and count are one
+        script on its shard. Returns the reply of one call for all."""
         calls = _calls_before_ack(settle) if mode == ACK else []
         if calls:  # first, as in one call: what they fire (batch callbacks) is fetchable
             run_calls(self.redis, calls)
@@ -338,9 +344,9 @@ class LimitFetch:
         conn: Conn,
     ) -> list[Any]:
         script_keys, args = self._script_input(settle, mode, orders, want)
-        calls = _calls_before_ack(settle) if mode == ACK else []
         if self.per_queue:  # its calls were made first (_call_per_queue)
             return cast("list[Any]", LIMIT_FETCH(conn, script_keys, args))
+        calls = _calls_before_ack(settle) if mode == ACK else []
         if not calls and self._wait is None:
             return cast("list[Any]", LIMIT_FETCH(conn, script_keys, args))
         try:
