@@ -48,6 +48,7 @@ def lonely(redis_server: RedisServer) -> Iterator[redis_py.Redis]:
 @pytest.fixture
 def replica(redis_server: RedisServer, tmp_path: Path) -> Iterator[redis_py.Redis]:
     """A replica of ``redis_server``, linked."""
+    redis_server.client().config_set("repl-diskless-sync-delay", 0)  # sync at once
     server = RedisServer(
         data_dir=str(tmp_path), extra_args=["--replicaof", "127.0.0.1", str(redis_server.port)]
     )

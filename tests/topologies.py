@@ -27,9 +27,14 @@ class SentinelGroup:
     ) -> None:
         self.base = base
         self.down_after_ms = down_after_ms
-        self.primary = self._server("primary")
+        # Replicas sync at once (Redis waits 5 s by default for more replicas to join).
+        self.primary = self._server("primary", "--repl-diskless-sync-delay", "0")
         self.replicas = [
-            self._server(f"replica{n}", "--replicaof", "127.0.0.1", str(self.primary.port))
+            self._server(
+                f"replica{n}",
+                *("--replicaof", "127.0.0.1", str(self.primary.port)),
+                *("--repl-diskless-sync-delay", "0"),  # the same once promoted
+            )
             for n in range(replicas)
         ]
         self.sentinel_ports = [free_port() for _ in range(sentinels)]
@@ -143,6 +148,7 @@ class ClusterGroup:
                         *("--cluster-enabled", "yes"),
                         *("--cluster-config-file", str(data / "nodes.conf")),
                         *("--cluster-node-timeout", str(node_timeout_ms)),
+                        *("--repl-diskless-sync-delay", "0"),
                     ],
                 )
             )
