@@ -6,8 +6,8 @@ slot beside the schedule, retry and batch keys that send it), in the same script
 decides it goes (a due job leaves ``schedule``, a batch fires its callbacks); the push
 follows, then the entry is removed. An entry's score says who may push it:
 
-- a time far in the past (``now - 10^9``, rising with the order of the entries): nobody
-  has claimed it yet (a batch callback just handed off);
+- a score far in the past (``UNCLAIMED``, or for batch callbacks ``now - 10^9`` rising
+  with the order they fired in): nobody has claimed it yet;
 - a time: claimed then by one process, which is pushing it.
 
 :func:`push_waiting` claims entries that are unclaimed or whose claim is older than
