@@ -34,7 +34,8 @@ def test_stop_from_afar_stops_an_in_process_capsule(redis: redis_py.Redis) -> No
     capsule.start()
     wait_for(lambda: len(Processes(redis)) == 1, message="the process record")
     assert Processes(redis).stop(capsule.identity)
-    wait_for(lambda: len(Processes(redis)) == 0, message="the record cleared by the stop")
+    assert capsule.stopped.wait(10), "the stop asked from afar ran to its end"
+    assert len(Processes(redis)) == 0, "the record cleared by the stop"
     assert capsule.processor_count() == 0
 
 

@@ -330,6 +330,7 @@ def test_stop_a_process_by_clicking(
     )
     wait_until(browser, lambda b: not texts(b, f'tr[data-identity="{gone.identity}"]'))
     assert keep.processor_count() == 2
+    assert gone.stopped.wait(10), "the stop asked from afar ran to its end"
 
 
 def test_busy_actions_need_the_csrf_token_and_an_identity(

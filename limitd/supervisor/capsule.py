@@ -110,6 +110,9 @@ class Capsule:
         self._processors: set[Processor] = set()
         self._lock = threading.Lock()
         self._stopping = False
+        # Set when ``stop`` has retired the capsule: a stop asked from afar runs on a
+        # thread of its own, and whoever embeds the capsule may need to know it is over.
+        self.stopped = threading.Event()
         self._busy_listeners: list[Callable[[], None]] = []
         self.on_remote_stop: Callable[[], None] = self._stop_in_background
 
@@ -200,6 +203,7 @@ class Capsule:
         self.heartbeat.stop()
         self._retire()
         log.info("capsule %s stopped (%d jobs requeued)", self.config.name, requeued)
+        self.stopped.set()
         return requeued
 
     def drain(self, *, scheduled: bool = False) -> Counter[str]:
