@@ -15,7 +15,7 @@ from limitd import features as _features  # noqa: F401
 from limitd import retry as _retry  # noqa: F401  (declares the retry job options)
 from limitd.batch.api import Batch, BatchNotOpen, BatchStatus
 from limitd.capacity.job import LimitedCapacityJob
-from limitd.client import Client, configure, default_client, set_default_client
+from limitd.client import Client, configure, default_client, redis_client, set_default_client
 from limitd.fetch.recoveries import RecoveredTooOften
 from limitd.job import Enqueuer, Job, job
 from limitd.limiters.limiter import Limiter, OverLimit
@@ -46,6 +46,7 @@ __all__ = [
     "current_payload",
     "default_client",
     "job",
+    "redis_client",
     "registry",
     "set_default_client",
     "transaction_aware",

@@ -32,6 +32,7 @@ from limitd.payload import (
     dumps,
     new_jid,
 )
+from limitd.pinned import pinned
 from limitd.redis import pipeline, retry_on_failover
 from limitd.registry import registry
 from limitd.spec import JobSpec
@@ -53,6 +54,12 @@ class Client:
         self.redis = redis if redis is not None else connect_to(app_location())
         self.middleware = middleware if middleware is not None else default_client_chain()
         self.strict_args = strict_args
+
+    @functools.cached_property
+    def job_redis(self) -> redis_py.Redis:
+        """``redis`` for jobs' own commands: one connection per thread, without the
+        pool's per-command costs (see :mod:`limitd.pinned`)."""
+        return pinned(self.redis)
 
     def push(self, item: Payload, spec: JobSpec | None = None) -> str | None:
         """Enqueue one job described by ``item`` (``class``, ``args``, options, and ``at``
@@ -238,6 +245,21 @@ def client_for(where: Location) -> Client:
     """A client with the default middleware for a located Redis and its config."""
     sections = where.config.sections if where.config is not None else None
     return Client(connect_to(where), middleware=default_client_chain(sections))
+
+
+def redis_client() -> redis_py.Redis:
+    """The Redis this process's jobs run against, for a job's own work (counters,
+    caches, locks), as ``Sidekiq.redis`` is in Ruby: in a ``limitd start`` capsule, the
+    capsule's server; elsewhere, the default client's. Each thread sends over a
+    connection of its own, made on first use (see :mod:`limitd.pinned`); pipelines and
+    pub/sub use the default client's pool. A full ``redis.Redis`` (a cluster client in
+    cluster mode)::
+
+        @limitd.job
+        def count_visit(page: str) -> None:
+            limitd.redis_client().incr(f"visits:{page}")
+    """
+    return default_client().job_redis
 
 
 def set_default_client(client: Client | None) -> None:

@@ -26,6 +26,7 @@ LAYERS: dict[str, tuple[int, str]] = {
     "limitd.keys": (BOTTOM, ""),
     "limitd.payload": (BOTTOM, ""),
     "limitd.redis": (BOTTOM, ""),
+    "limitd.pinned": (BOTTOM, ""),
     "limitd.sentinel": (BOTTOM, ""),
     "limitd.handoff": (BOTTOM, ""),
     "limitd.hosts": (BOTTOM, ""),
