@@ -38,10 +38,8 @@ def test_results_are_redis_pys(redis: redis_py.Redis) -> None:
 
 
 def test_decoded_responses_and_other_encodings_are_kept(redis: redis_py.Redis) -> None:
-    kwargs = redis.connection_pool.connection_kwargs
-    decoded = pinned(
-        redis_py.Redis(host=kwargs["host"], port=kwargs["port"], decode_responses=True)
-    )
+    kwargs = _address(redis)
+    decoded = pinned(redis_py.Redis(**kwargs, decode_responses=True))  # type: ignore[arg-type]
     decoded.set("s", "é")
     assert decoded.get("s") == "é" and decoded.hgetall("missing") == {}
     plain = redis_py.Redis(**kwargs, encoding="latin-1")  # type: ignore[arg-type]
