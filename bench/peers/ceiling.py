@@ -76,10 +76,15 @@ def parallel(url: str, clients: int, calls: int) -> float:
     return clients * calls / (max(end for _, end in spans) - min(start for start, _ in spans))
 
 
-def incr_round_trip_us(url: str, calls: int) -> float:
+def incr_round_trip_us(url: str, calls: int, *, pinned: bool = False) -> float:
     """Microseconds per INCR from one thread, one round trip each: the client's cost
-    per call plus the loopback, which every job here pays once for its counter."""
+    per call plus the loopback, which every job here pays once for its counter. With
+    ``pinned``, through the client limitd gives jobs (``limitd.redis_client()``)."""
     conn = redis.Redis.from_url(url)
+    if pinned:
+        from limitd.pinned import pinned as pin  # the project venv only
+
+        conn = pin(conn)
     conn.incr(KEYS[1])
     started = time.monotonic()
     for _ in range(calls):
@@ -98,11 +103,13 @@ def main() -> None:
     parser.add_argument("url")
     parser.add_argument("--calls", type=int, default=200_000)
     parser.add_argument("--incr-only", action="store_true", help="only time INCR round trips")
+    parser.add_argument("--pinned", action="store_true", help="... through limitd.pinned")
     args = parser.parse_args()
     conn = redis.Redis.from_url(args.url)
     if args.incr_only:
-        us = incr_round_trip_us(args.url, args.calls // 10)
-        print(json.dumps({"incr_us": us, "client": client_name()}))
+        us = incr_round_trip_us(args.url, args.calls // 10, pinned=args.pinned)
+        name = client_name() + (", limitd.redis_client()" if args.pinned else "")
+        print(json.dumps({"incr_us": us, "client": name}))
         conn.flushdb()
         return
     rates = {}

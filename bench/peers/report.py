@@ -65,12 +65,14 @@ How it is measured:
   ceiling below.
 - limitd and the floor worker run from the project venv, the peers from
   bench/peers/.venv, whose redis-py is older and uses hiredis (arq needs redis-py < 6).
-  The job's own INCR goes through each venv's client; the cost of one round trip through
-  each is timed below.
+  The job's own INCR goes through each system's client: for limitd,
+  `limitd.redis_client()` (its counterpart of `Sidekiq.redis`, which the Ruby job uses:
+  redis-py over one connection per thread); for `limitd-plain` and the Python peers, a
+  plain `redis.Redis`. The cost of one round trip through each is timed below.
 - The floor rows are not a job system: threads that BRPOP limitd's queue list,
   json.loads the payload and call the function its class names (no acknowledgement, no
   retries), on the same payloads as limitd (enqueued by limitd). They show what one
-  Python process can reach on this machine with the same Redis client."""
+  Python process can reach on this machine with the client limitd's job uses."""
 
 CEILING_LABELS = {
     "pipelined_1_client": "1 client, pipelines of 100",

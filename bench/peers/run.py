@@ -104,8 +104,13 @@ def measure_baseline(server: RedisServer, calls: int) -> Baseline:
     venv's client, on database 0."""
     ceiling = _ceiling_script(PEERS_BIN / "python", server, "--calls", str(calls))
     incr_us = {}
-    for venv, python in (("project venv", sys.executable), ("peers' venv", PEERS_BIN / "python")):
-        timed = _ceiling_script(python, server, "--calls", str(calls), "--incr-only")
+    clients = (
+        ("project venv", sys.executable, ()),
+        ("project venv", sys.executable, ("--pinned",)),
+        ("peers' venv", PEERS_BIN / "python", ()),
+    )
+    for venv, python, pinned in clients:
+        timed = _ceiling_script(python, server, "--calls", str(calls), "--incr-only", *pinned)
         incr_us[f"{venv} ({timed['client']})"] = timed["incr_us"]
     return Baseline(ceiling, incr_us)
 

@@ -6,8 +6,10 @@ retries, no framework: a job taken is lost if the process dies. Exits on SIGTERM
 
     python floor_app.py [--threads 10]
 
-Runs in the project venv (redis-py 8 + hiredis, as limitd), with BENCH_REDIS_URL set and
-apps/ on PYTHONPATH.
+Runs in the project venv, with BENCH_REDIS_URL set and apps/ on PYTHONPATH. Its BRPOP and
+its job's INCR go through the client limitd's bench job counts with
+(``limitd.pinned``: redis-py, one connection per thread), so the floor pays what limitd's
+job pays for a command and no more.
 """
 
 from __future__ import annotations
@@ -22,14 +24,19 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
-from bench_counter import QUEUE, incr, redis_url
+from bench_counter import COUNTER_KEY, QUEUE, redis_url
+
+from limitd.pinned import pinned
 
 QUEUE_KEY = f"queue:{QUEUE}"  # limitd.keys.queue(QUEUE): where perform_bulk LPUSHes
 BRPOP_SECONDS = 1  # how long a thread waits before it looks at the stop flag again
 
 
+CLIENT = pinned(redis.Redis.from_url(redis_url()))
+
+
 def noop(i: int) -> None:
-    incr()
+    CLIENT.incr(COUNTER_KEY)
 
 
 JOBS: dict[str, Callable[..., Any]] = {"bench.Noop": noop}  # limitd_app's job name
@@ -58,10 +65,9 @@ def main() -> None:
     threads = parser.parse_args().threads
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
-    # One pool for the BRPOPs: each waiting thread holds its own connection from it.
-    conn = redis.Redis.from_url(redis_url(), max_connections=threads)
+    # Each thread BRPOPs and INCRs on the one connection it keeps.
     workers = [
-        threading.Thread(target=loop, args=(conn, stop), name=f"floor-{n}", daemon=True)
+        threading.Thread(target=loop, args=(CLIENT, stop), name=f"floor-{n}", daemon=True)
         for n in range(threads)
     ]
     for worker in workers:

@@ -2,7 +2,9 @@
 threads, logging at WARNING (no per-job INFO line). ``limitd-N`` uses the limit fetch
 with a limit of 1,000 on the queue (never binding, so the limit-aware fetch is what is
 measured); ``limitd-basic-N`` the basic fetch, no limits, to show what the limit fetch
-costs on top of it."""
+costs on top of it. Their job counts through ``limitd.redis_client()``;
+``limitd-plain-N`` is ``limitd-N`` with a job that counts through a plain ``redis.Redis``
+(apps/limitd_plain_app.py), as the Python peers' jobs do."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ redis:
   url: {url}
 logging:
   level: WARNING
-require: [limitd_app]
+require: [{app}]
 queues: [{queue}]
 concurrency: {threads}
 processes: {processes}
@@ -45,14 +47,21 @@ def _url() -> str:
     return redis_url()
 
 
-def workers(processes: int, fetch: str) -> Callable[[Context], list[list[str]]]:
+def workers(
+    processes: int, fetch: str, app: str = "limitd_app"
+) -> Callable[[Context], list[list[str]]]:
     """``limitd start`` on a YAML config written for this run (flags cannot set the log
     level); the limit fetch gets its (never binding) limit."""
 
     def commands(ctx: Context) -> list[list[str]]:
-        config = ctx.tmp / f"limitd-{fetch}-{processes}.yml"
+        config = ctx.tmp / f"{app}-{fetch}-{processes}.yml"
         text = CONFIG.format(
-            url=ctx.url, queue=QUEUE, threads=THREADS, processes=processes, fetch=fetch
+            url=ctx.url,
+            app=app,
+            queue=QUEUE,
+            threads=THREADS,
+            processes=processes,
+            fetch=fetch,
         )
         if fetch == "limit":
             text += LIMITS_LINE.format(queue=QUEUE, limit=LIMIT)
@@ -93,5 +102,17 @@ SYSTEMS = [
         missing=missing,
     )
     for fetch in ("limit", "basic")
+    for processes in (1, 2)
+] + [
+    System(
+        name=f"limitd-plain-{processes}",
+        settings=_settings(processes, "limit") + ", the job's INCR through a plain redis.Redis",
+        enqueue_api=f"perform_bulk, {BULK} per LPUSH",
+        workers=workers(processes, "limit", app="limitd_plain_app"),
+        app="limitd_app",
+        enqueue=enqueue,
+        python=project_python(),
+        missing=missing,
+    )
     for processes in (1, 2)
 ]
