@@ -259,7 +259,8 @@ def redis_client() -> redis_py.Redis:
         def count_visit(page: str) -> None:
             limitd.redis_client().incr(f"visits:{page}")
     """
-    return default_client().job_redis
+    client = _default  # read without the lock: jobs call this once or more each
+    return (client if client is not None else default_client()).job_redis
 
 
 def set_default_client(client: Client | None) -> None:
