@@ -6,19 +6,19 @@ behaves when idle.
         [--skip-in-process] [--redis URL]
 
 1. Drain through ``limitd start``: the project venv's ``limitd start`` runs as a
-   subprocess (P capsule processes x T threads, logging at WARNING), once with
-   ``fetch: basic`` and once with ``fetch: limit`` and ``limits: {bench: 1000}`` (above
-   P x T, so the limit is checked and never binds; no process limit is set). N jobs are
-   enqueued first (``perform_bulk``, 1,000 per LPUSH); each does one Redis INCR, the
-   job of the peer benchmark (bench/peers/apps/limitd_app.py). The two fetches are
-   alternated for several rounds (basic, limit, basic, limit, ...) because the machine
-   is noisy. The drain machinery is bench/peers/measure.py: the job counter is read
-   every 10 ms and the figures are taken over the steady window, from 10% to 90% of
-   the jobs (start-up and tail left out): jobs/s, the CPU of every process of the
-   ``limitd start`` session per job, redis-server CPU per job, and Redis commands per
-   job (commands run inside Lua included, with the Lua calls per job). Prints each
-   round, then the median (min-max) of each fetch and the ratio limit/basic of the
-   medians.
+   subprocess (P capsule processes x T threads, logging at WARNING), once with ``fetch:
+   basic`` and once with ``fetch: limit`` and ``limits: {bench: 1000}`` (above P x T, so
+   the limit is checked and never binds; no process limit is set). N jobs are enqueued
+   first (``perform_bulk``, 1,000 per LPUSH); each does one Redis INCR through
+   ``limitd.redis_client()``, the job of the peer benchmark
+   (bench/peers/apps/limitd_app.py). The two fetches are alternated for several rounds
+   (basic, limit, basic, limit, ...) because the machine is noisy. The drain machinery
+   is bench/peers/measure.py: the job counter is read every 10 ms and the figures are
+   taken over the steady window, from 10% to 90% of the jobs (start-up and tail left
+   out): jobs/s, the CPU of every process of the ``limitd start`` session per job,
+   redis-server CPU per job, and Redis commands per job (commands run inside Lua
+   included, with the Lua calls per job). Prints each round, then the median (min-max)
+   of each fetch and the ratio limit/basic of the medians.
 1b. In-process capsule, no-Redis job (not how users run it): the same comparison with one
    ``Capsule`` object in this process draining jobs that only release a semaphore (the
    limit fetch with a limit and a process limit of 1,000 here). It isolates the fetch
@@ -112,7 +112,12 @@ def start_commands(
     def commands(ctx: Context) -> list[list[str]]:
         config = ctx.tmp / f"limit-fetch-{fetch}-{processes}x{threads}.yml"
         text = limitd_system.CONFIG.format(
-            url=ctx.url, queue=START_QUEUE, threads=threads, processes=processes, fetch=fetch
+            url=ctx.url,
+            app="limitd_app",
+            queue=START_QUEUE,
+            threads=threads,
+            processes=processes,
+            fetch=fetch,
         )
         if fetch == "limit":
             text += limitd_system.LIMITS_LINE.format(queue=START_QUEUE, limit=UNBINDING_LIMIT)
