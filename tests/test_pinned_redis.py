@@ -13,10 +13,11 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 import limitd
+from limitd.embedded import RedisServer
 from limitd.pinned import PinnedRedis, pinned
 from limitd.redis import connect
 from limitd.supervisor import Capsule, CapsuleConfig
-from tests.helpers import wait_for
+from tests.helpers import LimitdProcesses, wait_for
 from tests.topologies import SentinelGroup
 
 
@@ -168,3 +169,41 @@ def _incr_works(client: redis_py.Redis) -> bool:
         return True
     except (redis_py.ConnectionError, redis_py.ReadOnlyError):
         return False
+
+
+APP = """
+import os
+import threading
+
+import limitd
+
+
+@limitd.job(name="pinned_app.Touch")
+def touch(i):
+    client = limitd.redis_client()
+    where = f"{os.getpid()}:{threading.get_ident()}"
+    client.sadd("threads", where)
+    client.sadd(f"connections:{where}", client.client_id())
+    client.incr("done")
+"""
+
+
+def test_under_limitd_start_each_processor_thread_keeps_one_connection(
+    tmp_path: Path, own_redis_server: RedisServer
+) -> None:
+    (tmp_path / "pinned_app.py").write_text(APP)
+    redis = own_redis_server.client()
+    client = limitd.Client(redis)
+    for i in range(200):
+        client.push({"class": "pinned_app.Touch", "args": [i]})
+    processes = LimitdProcesses(tmp_path, own_redis_server.url)
+    processes.start("-r", "pinned_app", "-p", "2", "-c", "3")
+    try:
+        wait_for(lambda: redis.get("done") == b"200", timeout=30, message="200 jobs")
+    finally:
+        processes.kill_all()
+    threads = [where.decode() for where in redis.smembers("threads")]
+    assert 1 <= len(threads) <= 6, "no more threads than 2 x 3 processors"
+    connections = [redis.smembers(f"connections:{where}") for where in threads]
+    assert all(len(ids) == 1 for ids in connections), "one connection per thread, kept"
+    assert len(set.union(*connections)) == len(threads), "none shared between threads"
