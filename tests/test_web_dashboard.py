@@ -108,7 +108,9 @@ def busy_cluster(redis: redis_py.Redis, capsules: Capsules) -> list[Capsule]:
     mail.perform_async("welcome", "new@example.com")
     mail.perform_async("digest", "all@example.com")
     report.perform_in(3600, {"month": 12})
-    redis.zadd(keys.RETRY, {b'{"class":"x","args":[],"jid":"r1","queue":"reports"}': 1.0})
+    # Due in an hour: the capsules' pollers would move a due retry to its queue.
+    retry_at = clock.now() + 3600
+    redis.zadd(keys.RETRY, {b'{"class":"x","args":[],"jid":"r1","queue":"reports"}': retry_at})
     redis.zadd(keys.DEAD, {b'{"class":"x","args":[],"jid":"d1","queue":"reports"}': 1.0})
     wait_for(
         lambda: (
