@@ -9,9 +9,10 @@ are short that is half the CPU the process spends per job (py-spy, bench/peers).
 :class:`PinnedRedis` is a ``redis.Redis`` that sends each command over one connection kept
 by the calling thread (made on first use, outside the pool) and reads the reply with
 redis-py's own parsers, retry policy and response callbacks, so a command's result and
-errors are redis-py's. What needs a pool (pipelines, pub/sub, locks' scripts, blocking
-pools) still gets the shared one. A thread holds its connection until it ends; a forked
-child makes its own. About 35 us of CPU per command instead of 100.
+errors are redis-py's. What needs a connection of its own for a while (pipelines,
+transactions, pub/sub) still takes one from the shared pool. A thread holds its
+connection until it ends; a forked child makes its own. About 35 us of CPU per command
+instead of 100.
 
 The pool looks at a connection before each use (a poll of its socket) to find one the
 server closed: idle past its ``timeout``, or restarted. A busy thread's connection was
