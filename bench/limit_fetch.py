@@ -410,6 +410,8 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     if args.processes * args.threads >= UNBINDING_LIMIT:
         parser.error(f"processes x threads must stay under the limit {UNBINDING_LIMIT}")
+    if args.pushes < 2:
+        parser.error("--pushes must be at least 2 (the latency is given as p50 and p99)")
     return args
 
 
