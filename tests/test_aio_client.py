@@ -26,7 +26,7 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 import limitd
-from limitd import keys
+from limitd import clock, keys
 from limitd.aio import client as aio_client
 from limitd.aio.client import AsyncClient
 from limitd.batch.api import AsyncBatchJobs
@@ -147,6 +147,10 @@ def flat(returned: list[object]) -> list[object]:
 def test_every_enqueue_form_writes_what_its_sync_twin_writes(
     redis: redis_py.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # One instant for both twins: perform_in's scores must not straddle a second (they
+    # did once in CI, the cluster's flush between the two taking the time).
+    now = time.time()
+    monkeypatch.setattr(clock, "now", lambda: now)
     sync_jids = flat(enqueue_sync())
     sync_state = everything(redis)
     assert set(sync_jids) == all_jids(redis)
