@@ -70,10 +70,11 @@ sys.path[:0] = [str(PEERS_DIR), str(PEERS_DIR / "apps")]
 import limitd_app  # noqa: E402
 import measure  # noqa: E402
 from systems import limitd_system  # noqa: E402
-from systems.base import PROJECT_BIN, Context, System, project_python  # noqa: E402
+from systems.base import Context, System, project_python  # noqa: E402
 
 QUEUE = "bench_limit"
-UNBINDING_LIMIT = 1000  # above any --threads used here: the limit checks run, never bind
+# The peers' never-binding limit: above any --threads used here, the checks run, never bind.
+UNBINDING_LIMIT = limitd_system.LIMIT
 FETCHES = ("basic", "limit")
 SETTLE_SECONDS = 0.02  # pause after a job is acked, before the next push: part of protocol
 WAIT_TIMEOUT = 10.0
@@ -103,30 +104,6 @@ class DrainRound:
 # Part 1: `limitd start` subprocesses, a job that does one INCR.
 
 
-def start_commands(
-    fetch: str, processes: int, threads: int
-) -> Callable[[Context], list[list[str]]]:
-    """``limitd start`` on a YAML config written for the run, from the peers' template;
-    the limit fetch gets its never-binding limit."""
-
-    def commands(ctx: Context) -> list[list[str]]:
-        config = ctx.tmp / f"limit-fetch-{fetch}-{processes}x{threads}.yml"
-        text = limitd_system.CONFIG.format(
-            url=ctx.url,
-            app="limitd_app",
-            queue=START_QUEUE,
-            threads=threads,
-            processes=processes,
-            fetch=fetch,
-        )
-        if fetch == "limit":
-            text += limitd_system.LIMITS_LINE.format(queue=START_QUEUE, limit=UNBINDING_LIMIT)
-        config.write_text(text)
-        return [[str(PROJECT_BIN / "limitd"), "start", str(config)]]
-
-    return commands
-
-
 def start_system(fetch: str, processes: int, threads: int) -> System:
     """The peers' limitd system for any process and thread count (theirs are 1 or 2
     processes x 10 threads)."""
@@ -135,7 +112,7 @@ def start_system(fetch: str, processes: int, threads: int) -> System:
         name=f"limitd-{fetch}-{processes}x{threads}",
         settings=f"limitd start, {processes} x {threads} threads, fetch: {fetch}{limits}",
         enqueue_api=f"perform_bulk, {limitd_system.BULK} per LPUSH",
-        workers=start_commands(fetch, processes, threads),
+        workers=limitd_system.workers(processes, fetch, threads=threads),
         app="limitd_app",
         python=project_python(),
         missing=limitd_system.missing,

@@ -48,18 +48,18 @@ def _url() -> str:
 
 
 def workers(
-    processes: int, fetch: str, app: str = "limitd_app"
+    processes: int, fetch: str, app: str = "limitd_app", threads: int = THREADS
 ) -> Callable[[Context], list[list[str]]]:
     """``limitd start`` on a YAML config written for this run (flags cannot set the log
     level); the limit fetch gets its (never binding) limit."""
 
     def commands(ctx: Context) -> list[list[str]]:
-        config = ctx.tmp / f"{app}-{fetch}-{processes}.yml"
+        config = ctx.tmp / f"{app}-{fetch}-{processes}x{threads}.yml"
         text = CONFIG.format(
             url=ctx.url,
             app=app,
             queue=QUEUE,
-            threads=THREADS,
+            threads=threads,
             processes=processes,
             fetch=fetch,
         )
