@@ -188,7 +188,11 @@ def start_embedded(base_dir: str | Path) -> RedisServer:
         appendonly=True,
     )
     server.start()
-    (data_dir / URL_FILENAME).write_text(server.url + "\n")
+    # Written aside, then renamed: whoever finds the file (app code, a command, a test
+    # polling for it) reads the whole URL, never an empty file still being written.
+    staged = data_dir / (URL_FILENAME + ".tmp")
+    staged.write_text(server.url + "\n")
+    staged.replace(data_dir / URL_FILENAME)
     return server
 
 

@@ -8,7 +8,9 @@ rest of the suite is unaffected).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import redis as redis_py
@@ -17,6 +19,7 @@ import limitd
 from limitd import keys
 from limitd.embedded import RedisServer
 from limitd.redis import connect
+from tests.helpers import LimitdProcesses
 from tests.topologies import ClusterGroup
 
 # The postgres_table fixture; the dashboard and browser fixtures (tests/web.py).
@@ -45,6 +48,7 @@ CLUSTER_MODULES = frozenset(
     {
         "test_client",
         "test_limit_fetch",
+        "test_poison_suspects",
         "test_capsule",
         "test_fair_tenant",
         "test_unique",
@@ -119,3 +123,14 @@ def _as_default(conn: redis_py.Redis) -> Iterator[redis_py.Redis]:
 @pytest.fixture(autouse=True)
 def _quiet_job_log(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="limitd")
+
+
+@pytest.fixture
+def supervisor(
+    app_dir: Path, redis_server: RedisServer, redis: redis_py.Redis
+) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    """Starts ``limitd start`` (with the given arguments) in the module's ``app_dir``, on
+    the session's Redis; whatever still runs at the end is killed."""
+    processes = LimitdProcesses(app_dir, redis_server.url)
+    yield processes.start
+    processes.kill_all()

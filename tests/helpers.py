@@ -70,6 +70,16 @@ class LimitdProcesses:
 
 
 def children(pid: int) -> list[int]:
-    """Pids of the processes ``pid`` forked and still has."""
+    """Pids of the Python processes ``pid`` forked and still has: its capsule processes.
+    Other programs it runs are left out: importing limitd imports croniter, which runs
+    ``file`` on the interpreter (``platform.architecture``), and a test that took that
+    short-lived child for a capsule signalled a supervisor still starting up."""
     out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False)
-    return sorted(int(child) for child in out.stdout.split())
+    return sorted(int(child) for child in out.stdout.split() if _same_program(pid, int(child)))
+
+
+def _same_program(parent: int, child: int) -> bool:
+    try:
+        return os.readlink(f"/proc/{child}/exe") == os.readlink(f"/proc/{parent}/exe")
+    except OSError:  # exited meanwhile (or a zombie, whose exe cannot be read)
+        return False

@@ -210,7 +210,7 @@ def test_start_builds_clients_with_the_config_settings(
     seen: list[FairTenantSettings] = []
 
     class Launched:
-        def __init__(self, capsule: object, titles: bool) -> None:
+        def __init__(self, capsule: object, titles: bool, ready: object = None) -> None:
             seen.append(settings_of(default_client()))
 
         def run(self) -> int:

@@ -22,7 +22,7 @@ import redis as redis_py
 import limitd
 from limitd.embedded import RedisServer
 from limitd.supervisor import Capsule, CapsuleConfig
-from tests.helpers import wait_for
+from tests.helpers import LimitdProcesses, children, wait_for
 
 HAVE_SIDEKIQ = bool(shutil.which("ruby") and shutil.which("sidekiq"))
 if not HAVE_SIDEKIQ and os.environ.get("LIMITD_REQUIRE_SIDEKIQ") == "1":
@@ -191,3 +191,59 @@ def test_ruby_sidekiq_6_lists_running_limitd_jobs(
         capsule.stop(timeout=5)
     row = f"{capsule.identity} busy_page interop.WaitsForRuby {jid}"
     assert out.split("\n")[:2] == [row, "1"]
+
+
+PYTHON_APP = textwrap.dedent("""
+    import limitd
+    from limitd.client import default_client
+
+    @limitd.job(name="interop_app.Done", queue="work")
+    def done(n):
+        default_client().redis.sadd("done", n)
+""")
+
+
+def test_ruby_stats_and_process_set_are_current_after_jobs_and_a_crash(
+    ruby_app: Path, redis_server: RedisServer, redis: redis_py.Redis
+) -> None:
+    """Ruby reads the counters right after the jobs (not a heartbeat later), and a
+    SIGKILLed child leaves ``ProcessSet`` at once while its replacement joins it."""
+    (ruby_app / "interop_app.py").write_text(PYTHON_APP)
+    processes = LimitdProcesses(ruby_app, redis_server.url)
+    flags = ("-r", "interop_app", "-q", "work", "-p", "2", "--heartbeat-period", "30")
+    supervisor = processes.start(*flags)
+    listed = (
+        'require "sidekiq/api"\nputs Sidekiq::ProcessSet.new.map { |p| p["pid"] }.sort.join(",")'
+    )
+    try:
+        wait_for(lambda: len(children(supervisor.pid)) == 2, timeout=20, message="2 children")
+        pids = children(supervisor.pid)
+        wait_for(
+            lambda: ruby(ruby_app, listed, redis_server).split() == [",".join(map(str, pids))],
+            timeout=30,
+            message="both processes in Ruby's ProcessSet",
+        )
+        limitd.Client(redis).push_bulk(
+            {"class": "interop_app.Done", "queue": "work"}, [[n] for n in range(30)]
+        )
+        wait_for(lambda: redis.scard("done") == 30, timeout=30, message="30 jobs")
+        stats = 'require "sidekiq/api"\nputs Sidekiq::Stats.new.processed'
+        wait_for(
+            lambda: ruby(ruby_app, stats, redis_server).strip() == "30",
+            timeout=5,
+            message="Sidekiq::Stats at 30",
+        )
+        victim = pids[0]
+        os.kill(victim, signal.SIGKILL)
+        wait_for(
+            lambda: str(victim) not in ruby(ruby_app, listed, redis_server).strip().split(","),
+            timeout=15,
+            message="the dead child gone from Ruby's ProcessSet",
+        )
+        wait_for(
+            lambda: len(ruby(ruby_app, listed, redis_server).strip().split(",")) == 2,
+            timeout=30,
+            message="the replacement in Ruby's ProcessSet",
+        )
+    finally:
+        processes.kill_all()

@@ -7,13 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from limitd.commands.start import (
-    POOL_EXTRA,
-    _add_override_flags,
-    _add_timing_flags,
-    apply_flags,
-    connect_for,
-)
+from limitd.commands.start import POOL_EXTRA, connect_for
+from limitd.commands.start_flags import add_override_flags, add_timing_flags, apply_flags
 from limitd.config import CapsuleConfig, ConfigError, RedisSettings, load_config
 
 TWO_CAPSULES = """
@@ -29,8 +24,8 @@ capsules:
 
 def flags(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    _add_override_flags(parser)
-    _add_timing_flags(parser)
+    add_override_flags(parser)
+    add_timing_flags(parser)
     return parser.parse_args(list(argv))
 
 

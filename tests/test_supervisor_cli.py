@@ -10,15 +10,16 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import redis as redis_py
 
 from limitd import keys
+from limitd.api import Processes
 from limitd.embedded import RedisServer
-from tests.helpers import LimitdProcesses, children, limitd_start, running, wait_for
+from tests.helpers import children, limitd_start, running, wait_for
 
 APP = textwrap.dedent("""
     import threading, limitd
@@ -52,15 +53,6 @@ def app_dir(tmp_path: Path) -> Path:
     (tmp_path / "supervisor_app.py").write_text(APP)
     (tmp_path / "two.yml").write_text(TWO_CAPSULES)
     return tmp_path
-
-
-@pytest.fixture
-def supervisor(
-    app_dir: Path, redis_server: RedisServer, redis: redis_py.Redis
-) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
-    processes = LimitdProcesses(app_dir, redis_server.url)
-    yield processes.start
-    processes.kill_all()
 
 
 def test_two_capsules_make_the_expected_process_tree(
@@ -228,6 +220,9 @@ GREEDY_APP = textwrap.dedent("""
 def test_a_child_above_max_memory_is_recycled(
     app_dir: Path, redis_server: RedisServer, redis: redis_py.Redis
 ) -> None:
+    """It once failed under load: ``children`` counted the ``file`` process that
+    importing croniter runs while the supervisor starts, and the TERM sent at the end
+    reached a supervisor still loading, whose default action then ended it (-15)."""
     (app_dir / "greedy_app.py").write_text(GREEDY_APP)
     (app_dir / "greedy.yml").write_text(
         "require: [greedy_app]\nqueues: [work]\nheartbeat_period: 0.2\nmax_memory_mb: 150\n"
@@ -235,15 +230,21 @@ def test_a_child_above_max_memory_is_recycled(
     env = {**os.environ, "LIMITD_REDIS_URL": redis_server.url}
     proc = limitd_start(app_dir, "greedy.yml", env=env)
     try:
-        wait_for(lambda: len(children(proc.pid)) == 1, message="the child")
-        [first] = children(proc.pid)
+        wait_for(lambda: len(Processes(redis)) == 1, timeout=30, message="the capsule's record")
+        first = Processes(redis).processes[0].pid
+        assert children(proc.pid) == [first]
         redis.lpush(keys.queue("work"), json.dumps({"class": "greedy_app.Grow", "args": [200]}))
         wait_for(
-            lambda: children(proc.pid) not in ([], [first]),
-            timeout=20,
+            lambda: "recycling it" in (app_dir / "limitd.log").read_text(),
+            timeout=30,
+            message="the greedy child recycled",
+        )
+        wait_for(
+            lambda: [p.pid for p in Processes(redis)] not in ([], [first]),
+            timeout=30,
             message="a fresh child in place of the greedy one",
         )
-        assert "recycling it" in (app_dir / "limitd.log").read_text()
+        assert not running(first)
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
@@ -285,3 +286,49 @@ def test_term_right_after_a_fork_still_stops_the_child(
         started = time.monotonic()
         assert proc.wait(timeout=1 + 5) == 0
         assert time.monotonic() - started < 1 + 5
+
+
+def term_caught(pid: int) -> bool:
+    """Whether ``pid`` has a handler for TERM (the interpreter itself sets none)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    caught = next(line for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(int(caught.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+
+
+def session(pid: int) -> list[int]:
+    """Every process still in the session ``limitd start`` leads (its children, the
+    programs they ran), zombies left out."""
+    out = subprocess.run(["pgrep", "-s", str(pid)], capture_output=True, text=True, check=False)
+    return [int(member) for member in out.stdout.split() if running(int(member))]
+
+
+@pytest.mark.parametrize("delay", [0, 0.002, 0.01, 0.03, 0.1, 0.2, 0.4, 0.8, 1.5])
+def test_term_at_any_moment_of_start_up_stops_cleanly(
+    supervisor: Callable[..., subprocess.Popen[bytes]], redis: redis_py.Redis, delay: float
+) -> None:
+    """From its first statement ``limitd start`` records signals for the supervisor:
+    a TERM while it loads the config, imports the app, connects or forks is a graceful
+    stop (status 0, no process left behind), never the default action. The delay runs
+    from the moment its TERM handler is visible in /proc; before that only the
+    interpreter and ``import limitd`` run, and nothing exists to leave behind."""
+    proc = supervisor("two.yml")
+    wait_for(lambda: proc.poll() is not None or term_caught(proc.pid), message="handlers")
+    time.sleep(delay)  # not a hope: the point of start-up this TERM is sent at
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=1 + 5 + 10) == 0
+    wait_for(lambda: not session(proc.pid), message="no process left")
+    assert len(Processes(redis)) == 0
+    assert redis.scard(keys.CAPSULES) == 0
+
+
+def test_term_before_limitd_runs_leaves_nothing(
+    supervisor: Callable[..., subprocess.Popen[bytes]], redis: redis_py.Redis
+) -> None:
+    """A TERM sent the instant the process exists may reach the interpreter before any
+    of limitd's code: the default action then ends it (-15), which must leave nothing."""
+    for _ in range(5):
+        proc = supervisor("two.yml")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=1 + 5 + 10) in (0, -signal.SIGTERM)
+        wait_for(lambda proc=proc: not session(proc.pid), message="no process left")
+        assert redis.scard(keys.CAPSULES) == 0

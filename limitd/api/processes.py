@@ -107,6 +107,13 @@ class Processes:
         runs (one child alone would be restarted). False if no live process has it."""
         return self._signal(identity, "TERM")
 
+    def restart(self, identity: str) -> bool:
+        """Ask for a rolling restart of the supervisor that runs this process (USR2, as
+        Sidekiq Enterprise's): it replaces each of its processes, one at a time, with one
+        that imports the app anew. One request per supervisor: a request that reaches it
+        during a roll is ignored. False if no live process has that identity."""
+        return self._signal(identity, "USR2")
+
     def _signal(self, identity: str, name: str) -> bool:
         if not self.redis.exists(identity):
             return False

@@ -1,6 +1,6 @@
 """The ``limitd`` commands that inspect and steer a running system.
 
-``limitd status``, ``limitd queues``, ``limitd limit set|clear|reset``, ``limitd
+``limitd status``, ``limitd restart``, ``limitd queues``, ``limitd limit set|clear|reset``, ``limitd
 pause|resume``, ``limitd retries|dead|scheduled list|retry|delete``, and each registered
 feature's own (``limitd tenants``, ``limitd batches``, see ``limitd.plugins``): a thin
 layer over ``limitd.api``, which does every read and write, so the command line and a Python
@@ -17,6 +17,7 @@ from __future__ import annotations
 from limitd.commands.common import ResolveRedis, Subparsers
 from limitd.commands.limits import add_limit_commands, add_pause_commands
 from limitd.commands.queues import add_queues_command
+from limitd.commands.restart import add_restart_command
 from limitd.commands.sets import add_set_commands
 from limitd.commands.status import add_status_command
 from limitd.plugins import registered
@@ -31,6 +32,7 @@ def add_admin_commands(subparsers: Subparsers, resolve_redis: ResolveRedis) -> N
     found; it is called only once input is checked, so bad input exits 64 without
     looking for Redis."""
     add_status_command(subparsers, resolve_redis)
+    add_restart_command(subparsers, resolve_redis)
     add_queues_command(subparsers, resolve_redis)
     add_limit_commands(subparsers, resolve_redis)
     add_pause_commands(subparsers, resolve_redis)

@@ -4,7 +4,9 @@
 top: queue flags shape the default capsule, timing flags every capsule), imports the
 app once and checks it against the configuration (``limitd.config.app_checks``), starts an embedded
 Redis beside the config when none is configured, and runs the supervisor until it is
-stopped. Any configuration mistake exits 78 before anything starts, with one line naming
+stopped. Its signal handlers are the first thing ``start`` sets up: a TERM that arrives
+while it loads is never the default action, and makes it exit 0 with nothing started.
+Any configuration mistake exits 78 before anything starts, with one line naming
 the file (or flag), the key and what was expected. ``check`` does the same checks, then
 prints the effective configuration instead of starting.
 """
@@ -13,11 +15,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
+import json
 import logging
 import os
 import shlex
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +31,14 @@ import yaml
 from limitd import cluster, logs
 from limitd.client import Client, set_default_client
 from limitd.commands.common import EX_UNAVAILABLE, EX_USAGE, Subparsers
+from limitd.commands.start_flags import (
+    CONFIG_FLAGS,
+    add_override_flags,
+    add_timing_flags,
+    apply_flags,
+)
 from limitd.config import (
     CapsuleConfig,
-    CapsuleSpec,
     Config,
     ConfigError,
     RedisSettings,
@@ -53,20 +62,23 @@ from limitd.plugins import ProcessContext, start_process_services, stop_process_
 from limitd.redis import URL_ENV_VARS, connect, masked, unreachable
 from limitd.supervisor.capsule import Capsule, import_app
 from limitd.supervisor.launcher import Launcher
-from limitd.supervisor.supervisor import Supervisor
+from limitd.supervisor.signals import SignalQueue
+from limitd.supervisor.spawn import FreshStart, python_command
+from limitd.supervisor.supervisor import HANDLED, Supervisor
 
 EX_CONFIG = 78
 POOL_EXTRA = 6  # heartbeat, poller, wake-up listener, feature services, spares
-COMMAND_LINE = "command line"
 
 log = logging.getLogger("limitd.cli")
 
 START_DESCRIPTION = (
     "Run jobs: read the config files (later files win, flags on top), import the app's "
     "job modules, check both, then run one worker process per capsule copy and restart "
-    "any that dies. TERM or INT stops gracefully, TSTP stops fetching, TTIN dumps "
-    "threads, HUP reopens the log file. A config mistake exits with status 78 and one "
-    "line naming the file, the key and what was expected."
+    "any that dies. TERM, INT or QUIT stops gracefully, TSTP (or USR1) stops fetching, "
+    "TTIN dumps threads, HUP reopens the log file, USR2 replaces the worker processes "
+    "one at a time with ones that import the app anew (a rolling restart). A config "
+    "mistake exits with status 78 and one line naming the file, the key and what was "
+    "expected."
 )
 CHECK_DESCRIPTION = (
     "Read and check the config files and the app's jobs as 'limitd start' would, then "
@@ -86,8 +98,8 @@ def add_start_commands(subparsers: Subparsers) -> None:
         "start", help="run the supervisor and its capsules", description=START_DESCRIPTION
     )
     start.add_argument("files", nargs="*", metavar="CONFIG", help=FILES_HELP)
-    _add_override_flags(start)
-    _add_timing_flags(start)
+    add_override_flags(start)
+    add_timing_flags(start)
     start.set_defaults(command=cmd_start)
     check = subparsers.add_parser(
         "check",
@@ -96,69 +108,6 @@ def add_start_commands(subparsers: Subparsers) -> None:
     )
     check.add_argument("files", nargs="*", metavar="CONFIG", help=FILES_HELP)
     check.set_defaults(command=cmd_check)
-
-
-def _add_override_flags(parser: argparse.ArgumentParser) -> None:
-    """Flags that shape the default capsule."""
-    add = parser.add_argument
-    add(
-        "-r",
-        "--require",
-        action="append",
-        default=[],
-        metavar="MODULE",
-        help="module defining jobs (repeatable; added to the config's require)",
-    )
-    add(
-        "-q",
-        "--queue",
-        action="append",
-        metavar="NAME[,WEIGHT]",
-        help="queue of the default capsule, in order, optionally weighted (repeatable)",
-    )
-    add("-c", "--concurrency", type=int, help="threads per process of the default capsule")
-    add("-p", "--processes", type=int, help="processes of the default capsule")
-    add(
-        "--limit",
-        action="append",
-        default=[],
-        metavar="QUEUE=N",
-        help="jobs of QUEUE running at once in all processes (repeatable)",
-    )
-    add(
-        "--process-limit",
-        action="append",
-        default=[],
-        metavar="QUEUE=N",
-        help="jobs of QUEUE running at once in each process (repeatable)",
-    )
-    add(
-        "--blocking",
-        action="append",
-        default=[],
-        metavar="QUEUE",
-        help="QUEUE at its limit with jobs waiting holds back later queues",
-    )
-    add(
-        "--dynamic",
-        action="store_true",
-        default=None,
-        help="also fetch queues that exist in Redis but are not listed",
-    )
-
-
-def _add_timing_flags(parser: argparse.ArgumentParser) -> None:
-    """Flags that apply to every capsule."""
-    add = parser.add_argument
-    add("-t", "--timeout", type=float, help="seconds to finish jobs on TERM (every capsule)")
-    add(
-        "--heartbeat-period",
-        type=float,
-        metavar="SECONDS",
-        help="liveness beat; a silent capsule is reaped after 4 periods (every capsule)",
-    )
-    add("--fetch", choices=("limit", "basic"), help="fetch strategy (every capsule)")
-    add("--tag", help="label shown in process lists and titles")
 
 
 def given_files(args: argparse.Namespace) -> list[str]:
@@ -192,6 +141,10 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
+    # First of all: from here on a signal is recorded for the supervisor's loop, never
+    # the default action (which for TERM would leave whatever start-up made behind).
+    signals = SignalQueue()
+    signals.install(HANDLED)
     sys.path.insert(0, os.getcwd())
     try:
         config = apply_flags(load_config(given_files(args)), args)
@@ -201,6 +154,9 @@ def cmd_start(args: argparse.Namespace) -> int:
         print(f"limitd start: {exc}", file=sys.stderr)
         return EX_CONFIG
     configure_logging(config, verbose=args.verbose)
+    if signals.stop_requested:
+        log.info("stopped while starting: nothing started")
+        return 0
     where, server = locate_for_start(config, args.redis)
     url = str(where.url)
     share_location(where, config.files)
@@ -221,11 +177,34 @@ def cmd_start(args: argparse.Namespace) -> int:
             redis,
             lambda child: run_capsule(child, config.redis, url, config.sections),
             tag=config.tag,
+            signals=signals,
+            fresh=fresh_start(config, args, url),
         )
         return supervisor.run()
     finally:
         if server is not None:
             stop_embedded(server, config.base_dir)
+
+
+def fresh_start(config: Config, args: argparse.Namespace, url: str) -> FreshStart:
+    """How the supervisor starts a process that imports the app anew (rolling restart):
+    it reads the same files and flags, and must find the same configuration."""
+    return FreshStart(
+        python_command("limitd.commands.fresh"),
+        {
+            "files": given_files(args),
+            "flags": {flag: getattr(args, flag) for flag in CONFIG_FLAGS},
+            "verbose": bool(args.verbose),
+            "url": url,
+            "digest": config_digest(config),
+        },
+    )
+
+
+def config_digest(config: Config) -> str:
+    """What tells the supervisor's configuration from one read later from the files."""
+    text = json.dumps(config_as_dict(config), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def locate_for_start(config: Config, url: str | None) -> tuple[Location, RedisServer | None]:
@@ -261,17 +240,19 @@ def run_capsule(
     settings: RedisSettings,
     url: str,
     sections: Mapping[str, Any] | None = None,
+    ready: Callable[[], None] | None = None,
 ) -> int:
     """A supervisor's child: its own connections (never the parent's), one capsule, and
     the features' services for this process (``limitd.plugins.ProcessContext``). Jobs
     that enqueue jobs use the same Redis and the config's feature settings
-    (``sections``, e.g. ``fair_tenant``)."""
+    (``sections``, e.g. ``fair_tenant``). ``ready`` is called once the capsule runs."""
     redis = connect_for(settings, url, pool_for=config)
     set_default_client(Client(redis, middleware=default_client_chain(sections)))
     context = ProcessContext(redis, sections or {}, config, default_server_chain(redis))
     start_process_services(context)
     try:
-        return Launcher(Capsule(config, redis=redis, middleware=context.chain), titles=True).run()
+        capsule = Capsule(config, redis=redis, middleware=context.chain)
+        return Launcher(capsule, titles=True, ready=ready).run()
     finally:
         stop_process_services(context)
 
@@ -301,90 +282,6 @@ def connect_for(
         connect_timeout=settings.connect_timeout,
         wait=settings.replica_wait,
     )
-
-
-def apply_flags(config: Config, args: argparse.Namespace) -> Config:
-    """Command-line flags on top of the files."""
-    config.require = [*config.require, *args.require]
-    if args.tag is not None:
-        config.tag = args.tag
-    specs = _default_capsule_first(config, args)
-    queue_changes = _queue_flags(args)
-    has_default = bool(specs) and specs[0].config.name == "default"
-    if (queue_changes or args.processes is not None) and not has_default:
-        raise ConfigError(
-            COMMAND_LINE,
-            "",
-            "queue flags (-c, -p, --limit, ...) shape the "
-            "default capsule, and this config has none: add -q QUEUE",
-        )
-    for index, spec in enumerate(specs):
-        changes = _timing_flags(args, tag=config.tag)
-        if index == 0 and has_default:
-            changes.update(queue_changes)
-            if args.processes is not None:
-                spec.processes = _positive(args.processes, "--processes")
-        spec.config = _replace(spec.config, changes)
-    config.capsules = specs
-    return config
-
-
-def _default_capsule_first(config: Config, args: argparse.Namespace) -> list[CapsuleSpec]:
-    specs = list(config.capsules)
-    if args.queue and not any(spec.config.name == "default" for spec in specs):
-        specs.insert(0, CapsuleSpec(CapsuleConfig(queues=args.queue)))
-    specs.sort(key=lambda spec: spec.config.name != "default")
-    return specs
-
-
-def _timing_flags(args: argparse.Namespace, *, tag: str) -> dict[str, object]:
-    changes: dict[str, object] = {"tag": tag}
-    for flag in ("timeout", "heartbeat_period", "fetch"):
-        if getattr(args, flag) is not None:
-            changes[flag] = getattr(args, flag)
-    return changes
-
-
-def _queue_flags(args: argparse.Namespace) -> dict[str, object]:
-    changes: dict[str, object] = {}
-    if args.queue:
-        changes["queues"] = args.queue
-    if args.concurrency is not None:
-        changes["concurrency"] = args.concurrency
-    if args.dynamic:
-        changes["dynamic"] = True
-    if args.blocking:
-        changes["blocking"] = args.blocking
-    if args.limit:
-        changes["limits"] = parse_limits(args.limit, "--limit")
-    if args.process_limit:
-        changes["process_limits"] = parse_limits(args.process_limit, "--process-limit")
-    return changes
-
-
-def _replace(config: CapsuleConfig, changes: dict[str, object]) -> CapsuleConfig:
-    try:
-        return dataclasses.replace(config, **changes)  # type: ignore[arg-type]
-    except ValueError as exc:
-        raise ConfigError(COMMAND_LINE, "", str(exc)) from exc
-
-
-def _positive(value: int, flag: str) -> int:
-    if value < 1:
-        raise ConfigError(COMMAND_LINE, flag, f"expected an integer >= 1, got {value}")
-    return value
-
-
-def parse_limits(values: list[str], flag: str) -> dict[str, int]:
-    limits: dict[str, int] = {}
-    for value in values:
-        queue, sep, number = value.partition("=")
-        if not sep or not queue or not number.strip().isdigit():
-            raise ConfigError(
-                COMMAND_LINE, flag, f"{value!r}: expected QUEUE=N with N an integer >= 0"
-            )
-        limits[queue] = int(number)
-    return limits
 
 
 def configure_logging(config: Config, *, verbose: bool = False) -> None:

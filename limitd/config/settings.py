@@ -52,7 +52,7 @@ class CapsuleConfig:
     poll_range: tuple[float, float] = (0.4, 0.5)
     dead_set: DeadSetPolicy = field(default_factory=DeadSetPolicy)
     death_handlers: Sequence[DeathHandler] = ()
-    max_recoveries: int = 3  # given back unfinished this often: dead (fetch/recoveries.py)
+    max_recoveries: int = 3  # crashes charged to a job before it is dead (fetch/recoveries.py)
     poll_interval_average: float | None = None
     average_scheduled_poll_interval: float = 5.0
     scheduled_poll: str = "due"  # "interval": Sidekiq's blind polling, for comparison

@@ -30,13 +30,15 @@ class UnitOfWork:
     handled, whatever its outcome), ``requeue`` (give it back untouched) or
     ``give_back`` (give it back, counting a recovery: see ``fetch/recoveries.py``).
 
-    ``recoveries``: how many times the job was given back without completing, as the
-    fetch found it (the basic fetch keeps the count in the payload instead)."""
+    ``recoveries``: the crashes charged to the job, as the fetch found it, and ``alone``
+    how many of them it was alone in (see ``fetch/recoveries.py``; the basic fetch keeps
+    its count in the payload instead). A unit with crashes is its capsule's suspect."""
 
     queue: str
     job: bytes
     fetch: BasicFetch
     recoveries: int = 0
+    alone: int = 0
     # ``defer`` makes its calls at once (a round trip) rather than keeping them.
     defer_is_io: ClassVar[bool] = True
 
@@ -53,6 +55,9 @@ class UnitOfWork:
 
     def forget_recoveries(self) -> None:
         """Nothing kept outside the payload."""
+
+    def suspect_started(self) -> None:
+        """Nothing to say: a process killed running a basic-fetch job loses it anyway."""
 
     def defer(self, calls: Sequence[ScriptCall]) -> None:
         """Make ``calls`` (a job's bookkeeping, see ``ScriptCall``) before the job is

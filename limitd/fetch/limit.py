@@ -54,6 +54,7 @@ SHORTFALL_LOG_EVERY = 60.0
 # for this long, unless a wake-up names it (each ask is a round trip to its shard).
 QUIET_SECONDS = 0.1  # seconds between warnings of fetches replicas did not confirm
 ACK, REQUEUE = b"ack", b"requeue"
+JOB_FIELDS = 4  # each job in a fetch reply: queue, job, crashes, crashes alone
 
 
 @dataclass
@@ -86,7 +87,12 @@ class LimitUnitOfWork(UnitOfWork):
 
     def forget_recoveries(self) -> None:
         if self.recoveries:
-            recoveries.forget(self.fetch.redis, self.job, self.queue)
+            recoveries.forget(self.fetch.redis, self.fetch.capsule_id, self.job, self.queue)
+
+    def suspect_started(self) -> None:
+        """Say in Redis that this suspect runs now, so that a crash is charged to it."""
+        if self.recoveries:
+            recoveries.started(self.fetch.redis, self.fetch.capsule_id, self.job, self.queue)
 
 
 class LimitFetch:
@@ -166,8 +172,8 @@ class LimitFetch:
         reply = self._call(finished, ACK, self._orders(want), want, conn or self.redis)
         self.room_in = int(reply[1]) / 1000 if reply[1] else None
         return [
-            LimitUnitOfWork(reply[i].decode(), reply[i + 1], self, reply[i + 2])
-            for i in range(2, len(reply), 3)
+            LimitUnitOfWork(reply[i].decode(), reply[i + 1], self, reply[i + 2], reply[i + 3])
+            for i in range(2, len(reply), JOB_FIELDS)
         ]
 
     def _orders(self, want: int) -> list[list[str]]:
@@ -304,7 +310,7 @@ class LimitFetch:
         now = clock.monotonic()
         held_back = False  # a blocking queue at its limit holds back the ones after it
         for name in dict.fromkeys([*order, *by_queue]):
-            missing = want - len(jobs) // 3 if name in order and not held_back else 0
+            missing = want - len(jobs) // JOB_FIELDS if name in order and not held_back else 0
             if missing > 0 and self._quiet_until.get(name, 0.0) > now:
                 missing = 0  # it gave nothing a moment ago and no wake-up named it since
             units = by_queue.get(name, [])
@@ -318,7 +324,7 @@ class LimitFetch:
                 room_in = int(reply[1])
             if missing > 0 and len(reply) == 2 and self.quiet_seconds:
                 self._quiet_until[name] = now + self.quiet_seconds
-            if name in self.blocking and len(reply[2:]) // 3 < missing:
+            if name in self.blocking and len(reply[2:]) // JOB_FIELDS < missing:
                 held_back = self._holds_back(name)
             jobs += reply[2:]
         return [settled, room_in, *jobs]

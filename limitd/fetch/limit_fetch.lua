@@ -23,18 +23,28 @@
 --          only tests pass one
 -- ARGV[6 + 2j], ARGV[7 + 2j]  the j-th settled job exactly as fetched, and its queue name
 -- ARGV[6 + 2s + 2i], ARGV[7 + 2s + 2i]  the i-th queue: its name, "1" if it is blocking
--- KEYS[#KEYS]  limitd:recoveries  hash sha1(job) -> times the job was recovered
+-- KEYS[#KEYS]  limitd:recoveries  hash of suspects (see limitd/fetch/recoveries.py):
+--          sha1(job) -> crashes charged, sha1(job):alone -> of those, crashes while it
+--          ran as its process's only suspect, held:<capsule id> -> the suspect this
+--          capsule holds, running:<capsule id> -> the same once it started
 -- ARGV[7 + 2s + 2n + m]  optional: the order in which the m-th job tries the queues, as
 --          queue numbers ("2,1,3"; weighted and random orders differ per job); a job
 --          without one tries them in the order given
 --
--- Returns {settled, room in, name 1, job 1, recoveries 1, name 2, job 2, ...}: settled
--- counts the settled jobs that were in this capsule's in-progress lists (a job that was
--- not, was reaped and requeued already); room in is 0, or the milliseconds until the
--- first queue that had jobs waiting only for its rate limit may be fetched again (the
--- idle capsule sleeps that long rather than poll); then the jobs taken, oldest first,
--- each with how many times it was returned to its queue without completing (so the
--- caller can bury a poison job instead of running it again).
+-- Returns {settled, room in, name 1, job 1, crashes 1, alone 1, name 2, job 2, ...}:
+-- settled counts the settled jobs that were in this capsule's in-progress lists (a job
+-- that was not, was reaped and requeued already); room in is 0, or the milliseconds
+-- until the first queue that had jobs waiting only for its rate limit may be fetched
+-- again (the idle capsule sleeps that long rather than poll); then the jobs taken,
+-- oldest first, each with the crashes charged to it and how many of those it was alone
+-- in (so the caller can bury a poison job instead of running it again).
+--
+-- Suspects: a job with crashes charged is a suspect, and a capsule holds at most one
+-- suspect at a time, so that a crash while it runs can be charged to it and not to its
+-- neighbours. A suspect met while this capsule holds one already goes to the back of
+-- its queue (another capsule, or this one later, takes it) and the fetch goes on past
+-- it: suspects never hold up the rest of the work. At most MAX_DEFERRED are passed over
+-- in one call. Settling the held suspect (acknowledged or requeued) releases the hold.
 --
 -- Rate limits: with rate "N/T", any window of T seconds holds at most N fetches of the
 -- queue, wherever the window starts. A GCRA (one number per queue: its theoretical
@@ -70,9 +80,43 @@
 -- (LREM), whose length is bounded by the capsule's threads. Rate limits add one HGET per
 -- queue per call, none at all while no queue has one (one EXISTS per call), and a TIME,
 -- a GET and a SET per call for a rate-limited queue, whatever the jobs it gives.
+-- Suspects cost nothing while the recoveries hash does not exist (one EXISTS per call
+-- that settles or takes a job, none for an idle poll);
+-- while it does, each job is popped on its own and looked up (a SHA-1 and an HMGET).
 local limits, process_limits, paused, busy = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local held, capsules, capsule_id, channel = KEYS[5], KEYS[6], ARGV[1], ARGV[2]
 local rate_limits, recoveries = KEYS[7], KEYS[#KEYS]
+
+-- Suspects (see the header). Only looked at while the recoveries hash exists.
+local MAX_DEFERRED = 200
+local held_field, running_field = 'held:' .. capsule_id, 'running:' .. capsule_id
+local held_suspect = nil -- sha1 of the suspect this capsule holds, or false; read once
+
+-- Whether any job has crashes charged: looked up once, and only by a call that settles
+-- or takes a job (an idle poll never asks).
+local suspects_known = nil
+local function any_recovered()
+  if suspects_known == nil then
+    suspects_known = redis.call('EXISTS', recoveries) == 1
+  end
+  return suspects_known
+end
+
+local function holds_suspect()
+  if held_suspect == nil then
+    held_suspect = redis.call('HGET', recoveries, held_field) or false
+  end
+  return held_suspect
+end
+
+-- A settled job that was this capsule's suspect frees the capsule for another one.
+local function release_suspect(job)
+  if not any_recovered() or not holds_suspect() then return end
+  if held_suspect == redis.sha1hex(job) then
+    redis.call('HDEL', recoveries, held_field, running_field)
+    held_suspect = false
+  end
+end
 
 -- A queue's global limit and busy count, by name: read on first use in this call, then
 -- kept current here.
@@ -120,6 +164,7 @@ local function settle(in_progress_key, queue_key, job, name, mode)
   if redis.call('LREM', in_progress_key, 1, job) == 0 then
     return 0
   end
+  release_suspect(job)
   if mode == 'requeue' then
     release(name, 1)
     redis.call('RPUSH', queue_key, job)
@@ -287,8 +332,9 @@ local function at_limit(st)
 end
 
 -- Pick the queue the next job comes from: the first eligible one of ``order``. Returns
--- its state, "stop" when a blocking queue holds the rest back, or nil when no queue has
--- a job to give. The job itself moves later, with the others taken from that queue.
+-- its state (and its rate and arrival time, to move on once the job is kept), "stop"
+-- when a blocking queue holds the rest back, or nil when no queue has a job to give.
+-- The job itself moves later, with the others taken from that queue.
 local function take_one(order)
   for _, i in ipairs(order) do
     local st = queue_state(i)
@@ -298,8 +344,7 @@ local function take_one(order)
       if free then
         st.left, st.taken, st.held = st.left - 1, st.taken + 1, st.held + 1
         if busy_of[st.name] ~= nil then busy_of[st.name] = busy_of[st.name] + 1 end
-        if rate then use_rate(st.rate_key, rate, tat) end
-        return st
+        return st, rate, tat
       elseif st.blocking then
         -- A blocking queue with work waiting for a slot: lower queues must not jump ahead.
         return 'stop'
@@ -309,33 +354,67 @@ local function take_one(order)
   return nil
 end
 
--- Recoveries are rare: the hash usually does not exist, and then a job costs nothing more.
-local any_recovered = nil
-local function recovered(job)
-  if any_recovered == nil then
-    any_recovered = redis.call('EXISTS', recoveries) == 1
+-- The crashes charged to a job, and how many of them it was alone in (0, 0 for most).
+local function charges(job)
+  if not any_recovered() then return 0, 0, nil end
+  local id = redis.sha1hex(job)
+  local found = redis.call('HMGET', recoveries, id, id .. ':alone')
+  return tonumber(found[1]) or 0, tonumber(found[2]) or 0, id
+end
+
+-- While suspects may exist, each job is popped as it is picked, so that a suspect this
+-- capsule may not hold goes to the back of its queue instead (its pick undone: the slot,
+-- the rate and the count are as if it had never been looked at, except that it is not
+-- looked at again in this call). Returns the job kept, or nil.
+local deferred = 0
+local function pop_checked(st, job_charges)
+  local job = redis.call('RPOP', st.queue_key)
+  local crashes, alone, id = charges(job)
+  if crashes > 0 and holds_suspect() then
+    redis.call('LPUSH', st.queue_key, job)
+    st.taken, st.held = st.taken - 1, st.held - 1
+    if busy_of[st.name] ~= nil then busy_of[st.name] = busy_of[st.name] - 1 end
+    deferred = deferred + 1
+    return nil
   end
-  if not any_recovered then return 0 end
-  return tonumber(redis.call('HGET', recoveries, redis.sha1hex(job))) or 0
+  if crashes > 0 then
+    redis.call('HSET', recoveries, held_field, id)
+    held_suspect = id
+  end
+  job_charges[job] = {crashes, alone}
+  return job
 end
 
 -- Each job starts again from the first queue of its order, so a strict order stays
 -- strict, weights apply per job, and every job sees the busy counts the previous one
 -- updated (and the rate schedules it moved).
-local picks = {}
-while #picks < want do
-  local st = take_one(order_of(#picks + 1))
+local picks, jobs_of, job_charges = {}, {}, {}
+while #picks < want and deferred < MAX_DEFERRED do
+  local st, rate, tat = take_one(order_of(#picks + 1))
   if st == nil or st == 'stop' then break end
-  picks[#picks + 1] = st
+  local kept = true
+  if any_recovered() then
+    local job = pop_checked(st, job_charges)
+    kept = job ~= nil
+    if kept then
+      jobs_of[st] = jobs_of[st] or {}
+      jobs_of[st][#jobs_of[st] + 1] = job
+    end
+  end
+  if kept then
+    if rate then use_rate(st.rate_key, rate, tat) end
+    picks[#picks + 1] = st
+  end
 end
 
 -- Move each queue's jobs in one go: the oldest (right end) first, each to the left of
--- the in-progress list, as one LMOVE per job would.
-local jobs_of, holding = {}, {}
+-- the in-progress list, as one LMOVE per job would. (Popped one by one above while
+-- suspects may exist.)
+local holding = {}
 for i = 1, queues do
   local st = state[i]
   if st ~= nil and st.taken > 0 then
-    jobs_of[st] = redis.call('RPOP', st.queue_key, st.taken)
+    jobs_of[st] = jobs_of[st] or redis.call('RPOP', st.queue_key, st.taken)
     redis.call('LPUSH', st.in_progress_key, unpack(jobs_of[st]))
     redis.call('HINCRBY', busy, st.name, st.taken)
     holding[#holding + 1] = st.name
@@ -350,9 +429,11 @@ local taken, given = {settled, 0}, {}
 for _, st in ipairs(picks) do
   given[st] = (given[st] or 0) + 1
   local job = jobs_of[st][given[st]]
+  local found = job_charges[job] or {0, 0}
   taken[#taken + 1] = st.name
   taken[#taken + 1] = job
-  taken[#taken + 1] = recovered(job)
+  taken[#taken + 1] = found[1]
+  taken[#taken + 1] = found[2]
 end
 save_arrivals()
 if room_at then

@@ -1,23 +1,43 @@
-"""Counting how often a job was given back without completing, to catch poison jobs.
+"""Catching poison jobs (jobs that take their process down) without blaming bystanders.
 
-A job is *recovered* when it goes back to its queue although its run never finished:
-its process died while running it (the reaper returns it), or the worker could not
-record its outcome (the processor gives it back rather than lose it). Either can repeat
-forever: a job that crashes its process every time, or a payload that breaks the
-worker's own bookkeeping, would take a thread (or a process) again and again. So each
-recovery is counted, and the executor buries a job recovered ``max_recoveries`` times
-instead of running it once more (what Sidekiq Pro calls a poison pill).
+A job goes back to its queue without completing when its process dies while holding it
+(the reaper returns it) or when the worker cannot record its outcome (the processor gives
+it back). Either could repeat forever, so limitd charges such events to jobs and buries a
+job charged ``max_recoveries`` times instead of running it again (a poison pill). The
+hard part is *which* job to charge when a process running many jobs dies. The rule:
 
-Where the count lives depends on the fetch:
+- A job that was in a crashed process and was no suspect becomes a *suspect*, charged
+  one crash that it shares with everything else that process held.
+- A capsule holds at most one suspect at a time (the fetch passes over the others, to
+  the back of their queues, for other capsules or later), and says so in Redis just
+  before it runs it. A crash while a suspect runs is charged to that suspect alone.
+- A suspect that completes, with any outcome, is cleared.
+- A job is buried once ``max_recoveries`` crashes are charged to it *and* at least one
+  was charged to it alone. Its first crash, shared, never buries it by itself.
+- When the supervisor stopped the process itself (memory recycle, a stop that ran out
+  of time) nothing is charged: the jobs go back unmarked.
+- A job whose outcome could not be recorded is charged a crash alone (its own run
+  failed).
 
-- limit fetch: beside the job, in the ``limitd:recoveries`` hash under the SHA-1 of the
-  job's exact bytes (``<sha1>:error`` keeps the last reason). The reaper is a Lua script
-  and cannot rewrite JSON faithfully (Redis's cjson changes floats and empty lists), so
-  the payload is left untouched; the fetch script reads the count as it takes the job.
-  The hash expires ``RECOVERIES_TTL`` after its last change, so counts of jobs that were
-  deleted while queued do not pile up.
-- basic fetch: the job is out of Redis while it runs, so the count travels in the payload
-  (``recoveries`` and ``recovery_error`` fields) when it is pushed back.
+So a poison job reaches the dead set after ``max_recoveries`` crashes (the first shared,
+the others alone), while an innocent job is buried only if it was the one suspect running
+in its process at ``max_recoveries - 1`` crashes that something else caused: an operator
+or the OOM killer killing the process (the supervisor cannot tell who sent a SIGKILL), or
+a fresh poison job that had not been caught yet, running beside it.
+
+Where the charges live depends on the fetch:
+
+- limit fetch: beside the job, in the ``limitd:recoveries`` hash, under the SHA-1 of the
+  job's exact bytes: ``<sha1>`` crashes, ``<sha1>:alone`` crashes alone, ``<sha1>:error``
+  the last reason; ``held:<capsule>`` and ``running:<capsule>`` name the suspect each
+  capsule holds and has started. The reaper is a Lua script and cannot rewrite JSON
+  faithfully (Redis's cjson changes floats and empty lists), so the payload is left
+  untouched; the fetch script reads the charges as it takes the job. The hash expires
+  ``RECOVERIES_TTL`` after its last change, so charges of jobs deleted while queued do
+  not pile up.
+- basic fetch: the job is out of Redis while it runs (a killed process loses it), so the
+  only charges are give-backs, and they travel in the payload (``recoveries`` and
+  ``recovery_error`` fields).
 """
 
 from __future__ import annotations
@@ -32,6 +52,8 @@ from limitd.payload import dumps
 from limitd.redis import LuaScript
 
 RECOVER_JOB = LuaScript(__package__ or "limitd.fetch", "recover_job.lua")
+SUSPECT_STARTED = LuaScript(__package__ or "limitd.fetch", "suspect_started.lua")
+SUSPECT_CLEARED = LuaScript(__package__ or "limitd.fetch", "suspect_cleared.lua")
 RECOVERIES_TTL = 30 * 86_400
 COUNT_FIELD = "recoveries"
 REASON_FIELD = "recovery_error"
@@ -56,16 +78,24 @@ def job_id(job: bytes) -> str:
 
 
 def recover(redis: redis_py.Redis, capsule_id: str, queue: str, job: bytes, reason: str) -> int:
-    """Return a job this capsule holds to the front of its queue, counting a recovery;
-    see ``recover_job.lua``. Returns the job's count, 0 if the capsule no longer held it."""
+    """Return a job this capsule holds to the front of its queue, charging it a crash
+    alone; see ``recover_job.lua``. Returns the job's crashes, 0 if the capsule no longer
+    held it."""
     script_keys = [
         keys.in_progress(capsule_id, queue),
         keys.queue(queue),
         keys.busy_of(queue),
         keys.recoveries_of(queue),
     ]
-    args = [job, queue, reason[:MAX_REASON], RECOVERIES_TTL, keys.WAKE_CHANNEL]
+    args = [job, queue, reason[:MAX_REASON], RECOVERIES_TTL, keys.WAKE_CHANNEL, capsule_id]
     return int(RECOVER_JOB(redis, script_keys, args))
+
+
+def started(redis: redis_py.Redis, capsule_id: str, job: bytes, queue: str) -> bool:
+    """The capsule is about to run the suspect it holds: a crash from now on is charged
+    to this job alone (``suspect_started.lua``). False if it no longer held it."""
+    args = [capsule_id, job_id(job)]
+    return bool(SUSPECT_STARTED(redis, [keys.recoveries_of(queue)], args))
 
 
 def last_reason(redis: redis_py.Redis, job: bytes, queue: str) -> str:
@@ -74,10 +104,12 @@ def last_reason(redis: redis_py.Redis, job: bytes, queue: str) -> str:
     return reason.decode("utf-8", "replace") if isinstance(reason, bytes) else "unknown"
 
 
-def forget(redis: redis_py.Redis, job: bytes, queue: str) -> None:
-    """The job completed (or was buried): its count is no longer needed."""
-    field = job_id(job)
-    redis.hdel(keys.recoveries_of(queue), field, field + ":error")
+def forget(redis: redis_py.Redis, capsule_id: str, job: bytes, queue: str) -> None:
+    """The job completed (or was buried): its charges are dropped and the capsule's hold
+    on it released, with a wake-up for the suspects it passed over
+    (``suspect_cleared.lua``)."""
+    args = [capsule_id, job_id(job), keys.WAKE_CHANNEL, queue]
+    SUSPECT_CLEARED(redis, [keys.recoveries_of(queue)], args)
 
 
 def mark_recovered(job: bytes, reason: str) -> bytes:

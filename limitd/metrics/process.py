@@ -9,21 +9,27 @@ Prometheus reads as a counter reset. The cost is one scrape target per process.
 
 The service adds :class:`limitd.metrics.jobs.JobMetrics` to the capsule's server chain
 when it starts (before the first job) and serves a registry of its own, holding the job
-families, the process's CPU and memory (``process_*``) and ``limitd_process_info``.
+families, the process's CPU and memory (``process_*``), ``limitd_process_info``, and
+what the process saw of Redis refusing its writes (out of memory, read-only:
+``limitd_redis_refusing_writes``, ``limitd_redis_refused_writes_total``), which a Redis
+that refuses writes could not store for the cluster-wide exporter.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Gauge, ProcessCollector, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from limitd.metrics.jobs import JobMetrics
 from limitd.metrics.section import KEY, MetricsSettings
 from limitd.plugins import ProcessContext, Service
+from limitd.supervisor.refusals import REFUSALS, WriteRefusals
 
 log = logging.getLogger("limitd.metrics")
 JOIN_TIMEOUT = 2.0
@@ -39,6 +45,7 @@ class ProcessMetrics:
         self.registry = CollectorRegistry()
         self.middleware = JobMetrics(self.registry)
         ProcessCollector(registry=self.registry)
+        self.registry.register(RefusalCollector(REFUSALS))
         self._describe_process()
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
@@ -79,6 +86,25 @@ class ProcessMetrics:
         )
         capsule = self.context.capsule
         info.labels(capsule.name, str(capsule.process_number)).set(1)
+
+
+class RefusalCollector(Collector):
+    """Redis refusing this process's writes, read from its ``WriteRefusals`` at scrape."""
+
+    def __init__(self, refusals: WriteRefusals) -> None:
+        self.refusals = refusals
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "limitd_redis_refusing_writes",
+            "1 while Redis refuses this process's writes (out of memory, read-only), else 0.",
+            value=1 if self.refusals.refusing else 0,
+        )
+        yield CounterMetricFamily(
+            "limitd_redis_refused_writes",
+            "Writes of this process's heartbeat, record and counters that Redis refused.",
+            value=self.refusals.total,
+        )
 
 
 def process_services(context: ProcessContext) -> Sequence[Service]:

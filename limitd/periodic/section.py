@@ -28,13 +28,14 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
-
-from croniter import croniter
 
 from limitd.config.files import dotted
 from limitd.config.values import Section, describe
+
+if TYPE_CHECKING:
+    from croniter import croniter as Croniter
 
 KEY = "periodic"
 ENTRY_KEYS = frozenset({"name", "cron", "job", "args", "capacity", "tz", "missed"})
@@ -42,6 +43,16 @@ MISSED = ("once", "skip")
 _NAME = re.compile(r"\S+")
 _CRON_FORMS = "a cron expression of 5 fields, or 6 with seconds first"
 _HOUR = 1  # croniter's index of the hour field, with or without seconds
+
+
+def croniter(*args: Any, **kwargs: Any) -> Croniter:
+    """croniter, imported when a cron expression is first read: at import it runs
+    ``platform.architecture()``, which starts a ``file`` process, and ``import limitd``
+    (the first thing ``limitd start`` does, before its signal handlers exist) should
+    start none."""
+    from croniter import croniter as make
+
+    return make(*args, **kwargs)
 
 
 @dataclass(frozen=True)

@@ -9,18 +9,17 @@ worse to lose a job than to run it twice); ``drain`` (run in the calling thread 
 the queues are empty: deterministic, for tests and one-off scripts).
 
 The Sidekiq process record is rewritten every ``record_period`` (5 s). Every heartbeat
-writes it too, marks the capsule alive, re-applies configured limits where Redis has none
-(after a flush, say), reaps capsules that stopped beating, requeues jobs this capsule
-holds in Redis but no thread runs (a fetch whose reply was lost), and flushes the job
-counters.
+marks the capsule alive, writes the record too, re-applies configured limits where Redis
+has none (after a flush, say), reaps capsules that stopped beating (unless its own beats
+failed lately: ``liveness.ReapGate``), requeues jobs this capsule holds in Redis but no
+thread runs (a fetch whose reply was lost), and flushes the job counters, which its
+``StatsFlusher`` otherwise writes a second after jobs end.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
-import os
-import socket
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -41,11 +40,16 @@ from limitd.retry import RetryHandler
 from limitd.supervisor import liveness
 from limitd.supervisor.async_lane import DEFAULT_ASYNC_CONCURRENCY, AsyncLane
 from limitd.supervisor.executor import JobExecutor
-from limitd.supervisor.heartbeat import Heartbeat, ProcessRecord, WorkItem, new_identity
+from limitd.supervisor.heartbeat import (
+    Heartbeat,
+    ProcessRecord,
+    WorkItem,
+    new_identity,
+    process_info,
+)
 from limitd.supervisor.poller import ScheduledPoller
 from limitd.supervisor.processor import Processor
-from limitd.supervisor.stats import JobStats
-from limitd.version import __version__
+from limitd.supervisor.stats import JobStats, StatsFlusher
 
 log = logging.getLogger("limitd.capsule")
 
@@ -89,10 +93,12 @@ class Capsule:
             average_scheduled_poll_interval=self.config.average_scheduled_poll_interval,
             mode=self.config.scheduled_poll,
         )
-        self.identity = new_identity()
+        self.identity = new_identity(self.id)
+        self.reap_gate = liveness.ReapGate(self.config.heartbeat_period)
+        self.flusher = StatsFlusher(self.stats, self.redis)
         self.record = ProcessRecord(
             self.identity,
-            self._info(),
+            process_info(self.config, self.order.weights, self.lane.size if self.lane else 0),
             self.work,
             ttl=liveness.EXPIRY_PERIODS * self.config.heartbeat_period,
         )
@@ -115,6 +121,10 @@ class Capsule:
         self.stopped = threading.Event()
         self._busy_listeners: list[Callable[[], None]] = []
         self.on_remote_stop: Callable[[], None] = self._stop_in_background
+        # A rolling restart asked from afar: only a supervisor can run one.
+        self.on_remote_restart: Callable[[], None] = lambda: log.error(
+            "rolling restart requested from afar (USR2), but no supervisor runs this capsule"
+        )
 
     @property
     def limited(self) -> bool:
@@ -124,6 +134,7 @@ class Capsule:
         if self.lane is not None:
             self.lane.start()
         self.heartbeat.start()
+        self.flusher.start()
         if self.dispatcher is not None:
             self.dispatcher.start()
         if self.wakeup.handlers:
@@ -145,19 +156,28 @@ class Capsule:
         )
 
     def beat(self) -> None:
-        """One heartbeat: see the module docstring."""
-        self._write_record()
+        """One heartbeat: see the module docstring. Liveness first: it is kept even when
+        Redis refuses the other writes, which then close the reap gate."""
+        try:
+            if self.limited:
+                liveness.vouch(self.redis, [self.id], self.config.heartbeat_period)
+            self._write_record()
+        except redis_py.RedisError:
+            self.reap_gate.failed()
+            raise
+        self.reap_gate.succeeded()
         if isinstance(self.fetch, LimitFetch):
-            liveness.vouch(self.redis, [self.id], self.config.heartbeat_period)
             self.config.limit_settings.apply_defaults(self.redis)
-            liveness.reap_dead(self.redis)
+            if self.reap_gate.open():
+                liveness.reap_dead(self.redis)
             self.fetch.recover_orphans(self._held())
         self.stats.flush(self.redis)
 
     def _write_record(self) -> None:
         """The process record, and a signal an operator sent from afar: ``TSTP`` quiets
         this capsule, ``TERM`` calls ``on_remote_stop`` (by default, a graceful stop of
-        this capsule; under a supervisor, the supervisor's TERM, as if sent by hand)."""
+        this capsule; under a supervisor, the supervisor's TERM, as if sent by hand);
+        ``USR2`` calls ``on_remote_restart`` (under a supervisor, its rolling restart)."""
         signal = self.record.write(self.redis)
         if signal == "TSTP":
             log.warning("quiet requested from afar (TSTP)")
@@ -165,6 +185,9 @@ class Capsule:
         elif signal == "TERM":
             log.warning("stop requested from afar (TERM)")
             self.on_remote_stop()
+        elif signal == "USR2":
+            log.warning("rolling restart requested from afar (USR2)")
+            self.on_remote_restart()
         elif signal is not None:
             log.error("ignored an unknown signal sent from afar: %r", signal)
 
@@ -201,6 +224,7 @@ class Capsule:
         self.wakeup.stop()
         self.poller.join(1.0)
         self.heartbeat.stop()
+        self.flusher.stop()
         self._retire()
         log.info("capsule %s stopped (%d jobs requeued)", self.config.name, requeued)
         self.stopped.set()
@@ -401,21 +425,6 @@ class Capsule:
                     log.warning("returned %d jobs left in progress", leftover)
         except redis_py.RedisError as exc:
             log.error("could not retire capsule %s cleanly: %s", self.id, exc)
-
-    def _info(self) -> dict[str, object]:
-        return {
-            "hostname": socket.gethostname(),
-            "pid": os.getpid(),
-            "tag": self.config.tag,
-            "capsule": self.config.name,
-            "capsule_id": self.id,
-            "concurrency": self.config.concurrency,
-            "async_concurrency": self.lane.size if self.lane is not None else 0,
-            "queues": self.order.names,
-            "weights": [self.order.weights],
-            "labels": [],
-            "version": __version__,
-        }
 
 
 def import_app(modules: Sequence[str]) -> None:

@@ -87,6 +87,8 @@ class JobExecutor:
             if spec is not None and spec.is_async and self.hand_off is not None and not inline:
                 self.hand_off(unit, payload, spec)
                 return HANDED_OFF
+            if unit.recoveries:
+                unit.suspect_started()
             outcome = self._execute(unit, payload, spec)
             if unit.recoveries:
                 unit.forget_recoveries()
@@ -99,6 +101,8 @@ class JobExecutor:
         failure, forgetting recoveries) goes to a worker thread, so no other job on the
         loop waits for it. Cancelled at a hard shutdown after its job was requeued: the
         CancelledError goes on, nothing is recorded."""
+        if unit.recoveries:
+            await asyncio.to_thread(unit.suspect_started)
         timed = log.isEnabledFor(logging.INFO)
         started = clock.monotonic() if timed else 0.0
         token = running(payload)
@@ -126,13 +130,18 @@ class JobExecutor:
         return outcome
 
     def _admit(self, unit: UnitOfWork) -> tuple[Payload, str | None]:
-        """Decode the job; bury it (and say so with its outcome) if it must not run."""
+        """Decode the job; bury it (and say so with its outcome) if it must not run: see
+        ``limitd/fetch/recoveries.py`` for when a crash counts against a job."""
         try:
             payload = parse(unit.job)
         except MalformedPayload as exc:
-            return {}, self._kill(unit, None, exc)
-        recovered = max(unit.recoveries, count_in(payload))
-        if recovered < self.max_recoveries:
+            outcome = self._kill(unit, None, exc)
+            if unit.recoveries:  # a suspect after all: its charges and hold go with it
+                unit.forget_recoveries()
+            return {}, outcome
+        given_back = count_in(payload)  # basic fetch: every count is the job's own
+        recovered = max(unit.recoveries, given_back)
+        if recovered < self.max_recoveries or max(unit.alone, given_back) == 0:
             return payload, None
         reason = unit.recovery_reason(payload)
         outcome = self._kill(unit, payload, RecoveredTooOften(recovered, reason))

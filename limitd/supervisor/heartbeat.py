@@ -5,8 +5,10 @@ Record keys (Sidekiq's format): ``processes`` (set of identities); ``<identity>`
 thread id -> JSON of the job that thread runs (``queue``, ``payload`` as the job's JSON
 text, ``run_at`` in integer epoch seconds), written twice: ``<identity>:work`` for
 Sidekiq 7+ and ``<identity>:workers`` for Sidekiq 6, whose ``Workers`` API and Busy page
-read only that name. A process that dies stops beating, its keys expire, and the poller's
-cleanup drops it from ``processes``.
+read only that name. A process that stops removes its record; one that dies has it
+removed by whoever reaps its capsule (``forget_process``: the supervisor that saw it die,
+or the reaper that saw its heartbeat expire); failing both, its keys expire and the
+poller's cleanup drops it from ``processes``.
 
 The capsule refreshes the record every ``CapsuleConfig.record_period`` (5 s, as Sidekiq
 does), so ``busy`` and the Busy page follow the jobs closely; its heavier heartbeat
@@ -18,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import secrets
 import socket
 import threading
 from collections.abc import Callable
@@ -27,6 +28,10 @@ from dataclasses import dataclass
 import redis as redis_py
 
 from limitd import clock, keys
+from limitd.config import CapsuleConfig
+from limitd.redis import set_members
+from limitd.supervisor.refusals import REFUSALS
+from limitd.version import __version__
 
 log = logging.getLogger("limitd.heartbeat")
 
@@ -43,12 +48,51 @@ class WorkItem:
     run_at: float
 
 
-def new_identity() -> str:
-    """``hostname:pid:random``, unique even when a pid is reused after a restart. The
-    identity is also the name of the process's keys: in cluster mode it starts with the
-    ``{limitd}`` tag, so they share the slot of the ``processes`` set."""
-    identity = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(6)}"
+def new_identity(capsule_id: str) -> str:
+    """``hostname:pid:capsule_id``: unique even when a pid is reused after a restart
+    (Sidekiq's last part is random; the capsule id is too, and it lets whoever reaps
+    the capsule, knowing only its id, find the record). The identity is also the name of
+    the process's keys: in cluster mode it starts with the ``{limitd}`` tag, so they
+    share the slot of the ``processes`` set."""
+    identity = f"{socket.gethostname()}:{os.getpid()}:{capsule_id}"
     return keys.CLUSTER_TAG + identity if keys.is_cluster_layout() else identity
+
+
+def forget_process(redis: redis_py.Redis, capsule_id: str) -> None:
+    """Remove the record of the dead process that ran ``capsule_id``, so that process
+    lists (``limitd status``, the Busy page, Sidekiq's ``ProcessSet``) stop showing it
+    as alive and busy. Found by the suffix of its identity among ``processes`` (one
+    read; reaping is rare). Only removals (SREM, DEL), which a Redis out of memory
+    still allows. A process that lives after all writes its record again."""
+    suffix = f":{capsule_id}"
+    dead = [m for m in set_members(redis, keys.PROCESSES) if m.endswith(suffix)]
+    if not dead:
+        return
+    pipe = redis.pipeline(transaction=True)
+    for identity in dead:
+        pipe.srem(keys.PROCESSES, identity)
+        pipe.delete(identity, *_record_keys(identity))
+    pipe.execute()
+
+
+def process_info(
+    config: CapsuleConfig, weights: dict[str, int], async_slots: int
+) -> dict[str, object]:
+    """The record's ``info``: Sidekiq's fields, and the capsule's (``capsule_id`` names
+    the capsule that reapers know)."""
+    return {
+        "hostname": socket.gethostname(),
+        "pid": os.getpid(),
+        "tag": config.tag,
+        "capsule": config.name,
+        "capsule_id": config.capsule_id,
+        "concurrency": config.concurrency,
+        "async_concurrency": async_slots,
+        "queues": list(weights),
+        "weights": [weights],
+        "labels": [],
+        "version": __version__,
+    }
 
 
 class ProcessRecord:
@@ -106,13 +150,23 @@ class ProcessRecord:
         return keys.process_work(self.identity), keys.process_workers(self.identity)
 
 
+def _record_keys(identity: str) -> tuple[str, str, str]:
+    """The keys beside the record's hash: its work (twice) and its signals from afar."""
+    return (
+        keys.process_work(identity),
+        keys.process_workers(identity),
+        keys.process_signals(identity),
+    )
+
+
 class Heartbeat:
     """Calls ``beat`` every ``period`` seconds on its own thread (and once at start), and
     again as soon as ``beat_soon`` asks. Between beats, ``refresh`` (a lighter write, such
     as the process record alone) runs every ``refresh_period`` seconds (default: never
     between beats); a beat is expected to include it, so a tick never writes it twice. A
     failing call is logged and retried at the next tick: the heartbeat never stops while
-    work drains."""
+    work drains. Both are expected to write (the record at least): one that succeeds
+    tells ``REFUSALS`` that Redis accepts writes."""
 
     def __init__(
         self,
@@ -165,10 +219,15 @@ class Heartbeat:
 
     @staticmethod
     def _safe(call: Callable[[], None], what: str) -> None:
+        """Redis refusing writes is told by ``REFUSALS`` (once a minute at most); any
+        other failure at each tick."""
         try:
             call()
         except redis_py.RedisError as exc:
-            log.warning("%s failed: %s", what, exc)
+            if not REFUSALS.note(exc, what):
+                log.warning("%s failed: %s", what, exc)
+        else:
+            REFUSALS.accepted()
 
 
 def _work_json(item: WorkItem) -> str:

@@ -1,10 +1,11 @@
 """Runs one capsule in the foreground of this process until a signal stops it.
 
-Signals as in Sidekiq: TERM and INT stop gracefully (quiet, wait up to the capsule's
-timeout, requeue what still runs); TSTP quiets; TTIN logs every thread's stack; HUP
-reopens log files. USR1 means the supervisor died: requeue everything now and exit,
-since nobody vouches for this process any more. Handlers only record the signal (see
-``signals.py``).
+Signals as in Sidekiq: TERM, INT (and QUIT) stop gracefully (quiet, wait up to the
+capsule's timeout, requeue what still runs); TSTP quiets; TTIN logs every thread's stack;
+HUP reopens log files. USR1 means the supervisor died: requeue everything now and exit,
+since nobody vouches for this process any more. USR2 (a rolling restart is the
+supervisor's to run) and the signals nobody means for limitd are ignored with a log
+line. Handlers only record the signal (see ``signals.py``).
 """
 
 from __future__ import annotations
@@ -16,14 +17,23 @@ import signal
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 
 from limitd.supervisor.capsule import Capsule
-from limitd.supervisor.signals import ORPHANED, STOP, SignalQueue, reopen_log_files
+from limitd.supervisor.signals import (
+    CAPSULE_HANDLED,
+    ORPHANED,
+    ROLL,
+    STOP,
+    SignalQueue,
+    log_ignored,
+    reopen_log_files,
+)
 from limitd.supervisor.titles import CapsuleTitle, capsule_title
 
 log = logging.getLogger("limitd.launcher")
 
-HANDLED_SIGNALS = (*STOP, ORPHANED, signal.SIGTSTP, signal.SIGTTIN, signal.SIGHUP)
+HANDLED_SIGNALS = CAPSULE_HANDLED
 # The kernel may deliver a signal to any thread; Python runs its handler in the main
 # thread only when that thread next runs bytecode, which an untimed wait on the signal
 # queue would postpone forever. Waking this often bounds the delay.
@@ -31,13 +41,23 @@ SERVE_SLICE = 0.5
 
 
 class Launcher:
-    def __init__(self, capsule: Capsule, *, titles: bool = False) -> None:
+    def __init__(
+        self,
+        capsule: Capsule,
+        *,
+        titles: bool = False,
+        ready: Callable[[], None] | None = None,
+    ) -> None:
         """With ``titles``, the process title follows the capsule's work (for a child
-        process of the supervisor; tests running capsules in-process leave it alone)."""
+        process of the supervisor; tests running capsules in-process leave it alone).
+        ``ready`` is called once the capsule runs (a rolling restart waits for it)."""
         self.capsule = capsule
+        self.ready = ready
         # A stop sent from afar (the dashboard) stops the supervisor, children and all,
-        # as TERM to it by hand would: this child alone would just be restarted.
+        # as TERM to it by hand would: this child alone would just be restarted. A
+        # rolling restart asked from afar is the supervisor's to run, as USR2 to it.
         capsule.on_remote_stop = lambda: os.kill(os.getppid(), signal.SIGTERM)
+        capsule.on_remote_restart = lambda: os.kill(os.getppid(), ROLL)
         self.title = CapsuleTitle(self._title) if titles else None
         self._signals = SignalQueue()
 
@@ -52,6 +72,8 @@ class Launcher:
         # again and again (with 1,000 async jobs in flight they run often).
         gc.freeze()
         self.capsule.start()
+        if self.ready is not None:
+            self.ready()
         try:
             return self._serve()
         finally:
@@ -82,6 +104,12 @@ class Launcher:
                 self.capsule.lane.log_task_stacks()
         elif signum == signal.SIGHUP:
             reopen_log_files()
+        elif signum == ROLL:
+            log_ignored(
+                signum, log, f"a rolling restart: send USR2 to the supervisor, {os.getppid()}"
+            )
+        else:
+            log_ignored(signum, log)
 
     def _title(self) -> str:
         config = self.capsule.config

@@ -8,7 +8,12 @@ expires ``4 x heartbeat_period`` after the last write.
 
 The reaper runs on every heartbeat of every capsule: it finds capsules whose key is
 gone and, in one Lua call each (``reap_capsule.lua``), returns their in-progress jobs to
-the front of their queues and frees their busy slots.
+the front of their queues and frees their busy slots, and removes their Sidekiq process
+record (``heartbeat.forget_process``), so process lists stop showing them at once.
+
+Whatever Redis refuses, a live process is not reaped: its key is kept by EXPIRE, which a
+Redis out of memory still allows (``vouch``), and a process whose own beat failed judges
+nobody until it has beaten for a full expiry period again (``ReapGate``).
 """
 
 from __future__ import annotations
@@ -18,9 +23,10 @@ import math
 
 import redis as redis_py
 
-from limitd import keys
+from limitd import clock, keys
 from limitd.fetch.recoveries import RECOVERIES_TTL
 from limitd.redis import LuaScript, set_members
+from limitd.supervisor.heartbeat import forget_process
 
 log = logging.getLogger("limitd.liveness")
 
@@ -31,29 +37,81 @@ QUEUES_CHANGED = -2
 
 
 def vouch(redis: redis_py.Redis, capsule_ids: list[str], heartbeat_period: float) -> None:
-    """Mark capsules alive for ``4 x heartbeat_period`` seconds, in one round trip."""
+    """Mark capsules alive for ``4 x heartbeat_period`` seconds.
+
+    Refreshing the expiry of a key that exists (EXPIRE) is one of the few writes a Redis
+    at ``maxmemory`` still allows; SET and SADD are refused there. So the expiry is
+    refreshed first, with a read of the registration, in one round trip, and only a
+    capsule whose key or registration is missing (new, or reaped) is written in full, in
+    a second one. A Redis out of memory thus cannot let a live capsule's key expire."""
     ttl = max(1, math.ceil(EXPIRY_PERIODS * heartbeat_period))
     pipe = redis.pipeline(transaction=False)
     for capsule_id in capsule_ids:
+        pipe.expire(keys.capsule_heartbeat(capsule_id), ttl)
+        pipe.sismember(keys.CAPSULES, capsule_id)
+    found = pipe.execute()
+    missing = [
+        capsule_id
+        for capsule_id, refreshed, registered in zip(
+            capsule_ids, found[::2], found[1::2], strict=True
+        )
+        if not (refreshed and registered)
+    ]
+    if not missing:
+        return
+    pipe = redis.pipeline(transaction=False)
+    for capsule_id in missing:
         pipe.sadd(keys.CAPSULES, capsule_id)
         pipe.set(keys.capsule_heartbeat(capsule_id), "1", ex=ttl)
     pipe.execute()
 
 
-def retire(redis: redis_py.Redis, capsule_id: str, reason: str = "") -> int:
+class ReapGate:
+    """Whether this process may judge others dead, from what it knows of its own beats.
+
+    A capsule's key expires when its beats fail, and beats fail for everyone at once
+    (Redis out of memory, unreachable, failing over). When Redis recovers, the first
+    process to beat would find every other key gone and reap live processes before they
+    beat again. So a process whose own beat failed reaps nobody until its beats have
+    succeeded for a full expiry period: by then every live process has had time to
+    write its key again. A process starts trusted (a fresh process reaps at once)."""
+
+    def __init__(self, heartbeat_period: float) -> None:
+        self.grace = EXPIRY_PERIODS * heartbeat_period
+        self._steady_since: float | None = -math.inf
+
+    def failed(self) -> None:
+        """A beat of this process failed: distrust its view until it has been steady."""
+        self._steady_since = None
+
+    def succeeded(self) -> None:
+        if self._steady_since is None:
+            self._steady_since = clock.monotonic()
+
+    def open(self) -> bool:
+        since = self._steady_since
+        return since is not None and clock.monotonic() - since >= self.grace
+
+
+def retire(redis: redis_py.Redis, capsule_id: str, reason: str = "", *, blame: bool = False) -> int:
     """A capsule that stopped: drop its heartbeat and reap it at once, which returns any
-    job it could not requeue itself. Returns how many jobs that was. ``reason`` (how
-    it stopped) is recorded with each job returned."""
+    job it could not requeue itself. Returns how many jobs that was. With ``blame`` (its
+    process died unasked) the crash is charged to its jobs as ``reap`` says, with
+    ``reason`` (how it stopped); a capsule stopped on purpose charges nothing."""
     redis.delete(keys.capsule_heartbeat(capsule_id))
-    return max(0, reap(redis, capsule_id, reason or f"capsule {capsule_id} stopped"))
+    forget_process(redis, capsule_id)
+    why = reason or f"capsule {capsule_id} stopped"
+    return max(0, reap(redis, capsule_id, why, blame=blame))
 
 
-def reap(redis: redis_py.Redis, capsule_id: str, reason: str = "") -> int:
-    """Requeue a dead capsule's jobs and free its slots, counting a recovery for each
-    job (see ``reap_capsule.lua`` and ``limitd/fetch/recoveries.py``)."""
+def reap(redis: redis_py.Redis, capsule_id: str, reason: str = "", *, blame: bool = True) -> int:
+    """Requeue a dead capsule's jobs and free its slots; with ``blame``, charge the crash
+    to the jobs that could have caused it (see ``reap_capsule.lua`` and
+    ``limitd/fetch/recoveries.py``)."""
     why = reason or f"capsule {capsule_id} stopped beating while running the job"
+    charge = b"1" if blame else b"0"
     if keys.is_cluster_layout():
-        return _reap_per_queue(redis, capsule_id, why)
+        return _reap_per_queue(redis, capsule_id, why, charge)
     for _ in range(3):
         names = set_members(redis, keys.capsule_queues(capsule_id))
         script_keys = [
@@ -65,14 +123,14 @@ def reap(redis: redis_py.Redis, capsule_id: str, reason: str = "") -> int:
         for name in names:
             script_keys += [keys.queue(name), keys.in_progress(capsule_id, name)]
         script_keys.append(keys.RECOVERIES)
-        args = [capsule_id, *names, why, RECOVERIES_TTL, keys.WAKE_CHANNEL]
+        args = [capsule_id, *names, charge, why, RECOVERIES_TTL, keys.WAKE_CHANNEL]
         moved = int(REAP_CAPSULE(redis, script_keys, args))
         if moved != QUEUES_CHANGED:
             return moved
     return QUEUES_CHANGED
 
 
-def _reap_per_queue(redis: redis_py.Redis, capsule_id: str, why: str) -> int:
+def _reap_per_queue(redis: redis_py.Redis, capsule_id: str, why: str, charge: bytes) -> int:
     """Cluster mode: the capsule's jobs of each queue are on that queue's shard, so it
     is reaped queue by queue, each atomically as above. Which queues: no set spans
     shards, so every shard is scanned for the capsule's in-progress lists (reaping is
@@ -94,7 +152,7 @@ def _reap_per_queue(redis: redis_py.Redis, capsule_id: str, why: str) -> int:
             keys.in_progress(capsule_id, name),
             keys.recoveries_of(name),
         ]
-        args = [capsule_id, name, why, RECOVERIES_TTL, keys.WAKE_CHANNEL]
+        args = [capsule_id, name, charge, why, RECOVERIES_TTL, keys.WAKE_CHANNEL]
         moved += max(0, int(REAP_CAPSULE(redis, script_keys, args)))
     redis.srem(keys.CAPSULES, capsule_id)
     return moved
@@ -116,5 +174,6 @@ def reap_dead(redis: redis_py.Redis) -> dict[str, int]:
             moved = reap(redis, capsule_id)
             if moved >= 0:
                 reaped[capsule_id] = moved
+                forget_process(redis, capsule_id)
                 log.warning("capsule %s stopped beating: requeued its %d jobs", capsule_id, moved)
     return reaped

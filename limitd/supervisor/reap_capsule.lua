@@ -1,7 +1,15 @@
 -- reap_capsule: return a dead capsule's in-progress jobs to the front of their queues and
--- free its busy slots, then forget the capsule. Each job returned counts one recovery (a
--- job that kills its process every time is caught after max_recoveries: see
--- limitd/fetch/recoveries.py).
+-- free its busy slots, then forget the capsule. With blame, the crash is charged to the
+-- jobs it could have been caused by (see limitd/fetch/recoveries.py):
+--   * the suspect the capsule was running (it held at most one, and ran no other
+--     suspect beside it): one more crash, and one more crash it was alone in. It goes
+--     to the back of its queue, not the front: the likeliest culprit should not be the
+--     first job the replacement process runs (a crash loop that does no work), and an
+--     innocent one killed from outside should not meet the next outside kill first;
+--   * every job that was not a suspect yet: it becomes one, with one crash (shared with
+--     its neighbours: never enough alone to bury it, see the executor);
+--   * a suspect it held but had not started: nothing.
+-- Without blame (the supervisor stopped the process itself) the jobs go back unmarked.
 --
 -- KEYS[1]  limitd:capsule:<id>:heartbeat  (checked: a capsule that beat again is alive)
 -- KEYS[2]  limitd:capsules   set of capsule ids
@@ -9,10 +17,13 @@
 -- KEYS[4]  limitd:capsule:<id>:queues
 -- KEYS[3 + 2i], KEYS[4 + 2i]  for the i-th queue: queue:<name>, and the capsule's
 --          in-progress list for it
--- KEYS[#KEYS]  limitd:recoveries  hash sha1(job) -> recoveries, sha1(job):error -> why
+-- KEYS[#KEYS]  limitd:recoveries  hash of suspects: sha1(job) -> crashes,
+--          sha1(job):alone -> crashes alone, sha1(job):error -> why, held:<id> and
+--          running:<id> -> the suspect the capsule held / had started
 -- ARGV[1]  the capsule id
 -- ARGV[1 + i]  the i-th queue name
--- ARGV[#ARGV - 2]  the reason recorded for each job returned
+-- ARGV[#ARGV - 3]  "1" to charge the crash (see above), "0" not to
+-- ARGV[#ARGV - 2]  the reason recorded for each job charged
 -- ARGV[#ARGV - 1]  how long (seconds) the recoveries hash outlives its last change
 -- ARGV[#ARGV]  the wake-up channel
 --
@@ -26,16 +37,39 @@
 --
 -- Why atomic: two reapers may find the same dead capsule. The first moves every job and
 -- frees the slots; the second finds empty lists and changes nothing, so no job is
--- requeued twice and no slot freed twice. The heartbeat is checked in the same call so
--- a capsule whose beat was only late is never reaped.
+-- requeued twice, charged twice, and no slot freed twice. The heartbeat is checked in
+-- the same call so a capsule whose beat was only late is never reaped.
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return -1
 end
-local queues = #ARGV - 4
+local queues = #ARGV - 5
 local recoveries, reason = KEYS[#KEYS], ARGV[#ARGV - 2]
+local blame = ARGV[#ARGV - 3] == '1'
 if redis.call('SCARD', KEYS[4]) > queues then
   return -2
 end
+local held_field, running_field = 'held:' .. ARGV[1], 'running:' .. ARGV[1]
+local suspect = redis.call('HMGET', recoveries, held_field, running_field)
+local held, running = suspect[1], suspect[2]
+local charged = false
+
+-- Charges the crash to ``job`` as the header says; true if it was charged alone.
+local function charge(job)
+  local id = redis.sha1hex(job)
+  local alone = id == running
+  if alone then
+    redis.call('HINCRBY', recoveries, id, 1)
+    redis.call('HINCRBY', recoveries, id .. ':alone', 1)
+  elseif id == held or redis.call('HEXISTS', recoveries, id) == 1 then
+    return false -- a suspect that was not running: not its doing
+  else
+    redis.call('HSET', recoveries, id, 1)
+  end
+  redis.call('HSET', recoveries, id .. ':error', reason)
+  charged = true
+  return alone
+end
+
 local moved = 0
 for i = 1, queues do
   local name = ARGV[1 + i]
@@ -43,11 +77,13 @@ for i = 1, queues do
   local count = 0
   -- Newest first to the right end: the oldest ends rightmost and is fetched first.
   while true do
-    local job = redis.call('LMOVE', in_progress_key, queue_key, 'LEFT', 'RIGHT')
+    local job = redis.call('LPOP', in_progress_key)
     if not job then break end
-    local id = redis.sha1hex(job)
-    redis.call('HINCRBY', recoveries, id, 1)
-    redis.call('HSET', recoveries, id .. ':error', reason)
+    if blame and charge(job) then
+      redis.call('LPUSH', queue_key, job)
+    else
+      redis.call('RPUSH', queue_key, job)
+    end
     count = count + 1
   end
   if count > 0 then
@@ -58,7 +94,10 @@ for i = 1, queues do
     moved = moved + count
   end
 end
-if moved > 0 then
+if held or running then
+  redis.call('HDEL', recoveries, held_field, running_field)
+end
+if charged then
   redis.call('EXPIRE', recoveries, ARGV[#ARGV - 1])
 end
 redis.call('DEL', KEYS[4])

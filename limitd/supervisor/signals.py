@@ -4,6 +4,11 @@ Handlers only put the signal number on a queue (``SimpleQueue.put`` is safe insi
 handler); the main thread takes it off and acts, so no lock is ever taken inside a
 handler. Signals stay blocked until the handlers are in place, so one arriving during
 start-up is delivered late, never lost or handled by the default action.
+
+Every signal an operator may send is handled or deliberately ignored with a log line,
+since the default action of most (USR1, USR2, QUIT, ALRM, TTOU...) ends or stops the
+process: a stray ``kill -USR2`` must not take the workers down. WINCH, URG and CONT are
+left alone: their default already leaves the process running.
 """
 
 from __future__ import annotations
@@ -17,10 +22,25 @@ import threading
 from collections.abc import Iterable
 from types import FrameType
 
-STOP = (signal.SIGTERM, signal.SIGINT)
+# Graceful stops. QUIT is not Sidekiq's, but how nginx, unicorn and puma are stopped.
+STOP = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
+# Sidekiq Enterprise's rolling restart: the supervisor replaces its processes.
+ROLL = signal.SIGUSR2
+# Nobody means these for limitd, and their default action would end (or stop) it.
+IGNORED = (signal.SIGALRM, signal.SIGTTOU, signal.SIGVTALRM, signal.SIGPROF, signal.SIGIO)
 # Sent to a child by the kernel when its supervisor dies (PR_SET_PDEATHSIG).
 ORPHANED = signal.SIGUSR1
 PR_SET_PDEATHSIG = 1
+# What a capsule process handles (``launcher.py``); its supervisor handles these too.
+CAPSULE_HANDLED = (
+    *STOP,
+    ORPHANED,
+    signal.SIGTSTP,
+    signal.SIGTTIN,
+    signal.SIGHUP,
+    ROLL,
+    *IGNORED,
+)
 PARENT_CHECK_SECONDS = 1.0
 
 
@@ -29,6 +49,7 @@ class SignalQueue:
 
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self.stop_requested = False  # a stop is waiting: start-up may skip what is left
 
     def install(self, signals: Iterable[signal.Signals]) -> None:
         """Record ``signals`` from now on, then let through any that were blocked."""
@@ -44,11 +65,18 @@ class SignalQueue:
             return None
 
     def _record(self, signum: int, frame: FrameType | None) -> None:
+        if signum in STOP:
+            self.stop_requested = True
         self._queue.put(signum)
 
 
 def block(signals: Iterable[signal.Signals]) -> None:
     signal.pthread_sigmask(signal.SIG_BLOCK, list(signals))
+
+
+def set_blocked(signals: Iterable[signal.Signals]) -> None:
+    """Block exactly ``signals`` (a forked child before it runs or execs its own code)."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, list(signals))
 
 
 def unblock(signals: Iterable[signal.Signals]) -> None:
@@ -77,6 +105,12 @@ def _watch_parent(parent: int, signum: int) -> None:
     while os.getppid() == parent:
         threading.Event().wait(PARENT_CHECK_SECONDS)
     os.kill(os.getpid(), signum)
+
+
+def log_ignored(signum: int, logger: logging.Logger, hint: str = "") -> None:
+    """One line for a signal received on purpose and left without effect."""
+    name = signal.Signals(signum).name.removeprefix("SIG")
+    logger.warning("received %s: ignored%s", name, f" ({hint})" if hint else "")
 
 
 def reopen_log_files() -> None:

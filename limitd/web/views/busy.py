@@ -1,6 +1,8 @@
 """Busy: the live worker processes (host, pid, tag, capsule, busy threads, last beat,
 quiet flag) and the jobs they run now, as Sidekiq's Busy page shows them; per process,
-Quiet (take no new jobs) and Stop (stop gracefully).
+Quiet (take no new jobs), Stop (stop gracefully) and Restart (a rolling restart of its
+supervisor: every process it runs replaced, one at a time, by one with the app's code
+imported anew).
 
 The actions do not reach the process directly: ``Processes.quiet`` / ``.stop`` leave a
 signal in Redis that the process picks up at its next record write (within 5 s), so the
@@ -49,8 +51,15 @@ async def stop(request: Request) -> Response:
     return back(request, "/busy")
 
 
+async def restart(request: Request) -> Response:
+    form = await request.form()
+    Processes(request.app.state.redis).restart(require(form, "identity"))
+    return back(request, "/busy")
+
+
 ROUTES = [
     Route("/busy", index, name="busy"),
     Route("/busy/quiet", quiet, methods=["POST"]),
     Route("/busy/stop", stop, methods=["POST"]),
+    Route("/busy/restart", restart, methods=["POST"]),
 ]
