@@ -420,6 +420,9 @@ def test_a_batch_of_async_jobs_fires_its_success_once(capsules: Capsules, redis)
     wait_for(lambda: len(meter.seen) == 10, message="the batch's jobs")
     wait_for(lambda: limitd.Batch.status(batch.bid).success, message="the batch succeeded")
     wait_for(settled(redis), message="every job acknowledged")
+    # In cluster mode the callbacks wait in the hand-off set until the acknowledging
+    # capsule pushes them, just after the batch records its success.
+    wait_for(lambda: redis.zcard(keys.MOVING) == 0, message="the callbacks pushed")
     assert sorted(callback_events(redis)) == ["complete", "success"]
     status = limitd.Batch.status(batch.bid)
     assert (status.total, status.pending, status.complete) == (10, 0, True)
