@@ -9,7 +9,9 @@ jobs, periodic jobs, metrics, the outbox and the web dashboard have no default m
 metrics middleware is added by its per-process service), so their place is free.
 
 Adding a feature: a folder with its modules and a ``plug`` module describing it as one
-``limitd.plugins.Feature``, then one line here.
+``limitd.plugins.Feature``, then one line here. ``import limitd`` runs this module, so a
+plug imports at its top only what enqueueing needs; its commands, metrics and services
+import their modules when called (see ``limitd.plugins``).
 """
 
 from limitd import plugins

@@ -10,6 +10,13 @@ the features above them, and a new feature is a folder plus a line in
 
 This module is at the bottom of the job-spec layer: it names the pieces only by the
 plain types they are called with.
+
+``import limitd`` imports every shipped ``plug`` module, so a plug imports at its top
+only what enqueueing needs (its middleware, config section and checks). The pieces for
+the command line, ``limitd metrics`` and ``limitd start`` (argparse, prometheus-client,
+the admin API, the web front end) are functions in the plug that import their module
+when they are called: app code never pays for them, and mypy still checks each call
+(``tests/test_import_cost.py`` keeps it so).
 """
 
 from __future__ import annotations
@@ -90,6 +97,9 @@ class Feature:
     - ``metrics(redis)``: its part of ``limitd metrics``: prometheus-client metric
       families read from Redis at each scrape, in a bounded number of round trips
       whatever the amount of state.
+
+    The hooks a capsule or the command line calls (``add_commands``, ``metrics``,
+    ``process_services``) import their heavy modules inside the function, when called.
 
     Admin API calls are re-exported by ``limitd.api`` from the feature's ``admin``
     module, so that users import them from one place and mypy can follow them."""

@@ -2,19 +2,24 @@
 in ``limitd start`` (in the first process of each capsule), and ``limitd outbox``.
 
 What users call: ``limitd.transactions.sqlalchemy.transaction_aware(outbox=True)`` to
-write enqueues into the table, ``limitd.outbox.table.create_table`` to create it."""
+write enqueues into the table, ``limitd.outbox.table.create_table`` to create it.
+
+Only the section is imported with ``import limitd``; the relay and the command when
+``limitd start`` or the command line use them."""
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from limitd.client import Client
 from limitd.middleware.defaults import default_client_chain
 from limitd.outbox import section
-from limitd.outbox.commands import add_outbox_command
-from limitd.outbox.relay import Relay, RelayService
 from limitd.plugins import ConfigSection, Feature, ProcessContext, Service
+
+if TYPE_CHECKING:
+    from limitd.commands.common import ResolveRedis, Subparsers
+    from limitd.outbox.relay import RelayService
 
 log = logging.getLogger("limitd.outbox")
 
@@ -42,6 +47,8 @@ class OutboxRelayService:
     def start(self) -> None:
         from sqlalchemy import create_engine
 
+        from limitd.outbox.relay import Relay, RelayService
+
         engine = create_engine(str(self.settings.url), pool_size=1, pool_pre_ping=True)
         relay = Relay(engine, self.client, self.settings.table, self.settings.chunk)
         self.engine, self.service = engine, RelayService(relay, self.settings.poll_interval)
@@ -55,9 +62,16 @@ class OutboxRelayService:
             self.engine.dispose()
 
 
+def add_commands(subparsers: Subparsers, resolve_redis: ResolveRedis) -> None:
+    """``limitd outbox``."""
+    from limitd.outbox.commands import add_outbox_command
+
+    add_outbox_command(subparsers, resolve_redis)
+
+
 OUTBOX = Feature(
     name="outbox",
     section=ConfigSection(section.KEY, section.read_outbox, section.as_dict),
-    add_commands=add_outbox_command,
+    add_commands=add_commands,
     process_services=outbox_services,
 )

@@ -1,5 +1,6 @@
 """Unique jobs as a feature: a client middleware that takes the lock, a server
-middleware that releases it. No config section, commands or admin calls."""
+middleware that releases it. No config section, commands or admin calls: the whole
+feature is light enough to load with ``import limitd``."""
 
 from limitd.plugins import Feature
 from limitd.unique.middleware import UniqueJobs, UniqueRelease

@@ -1,0 +1,134 @@
+"""What ``import limitd`` costs app code that only enqueues.
+
+App code imports limitd in every web worker and script, so the package loads the client
+side and the features' client-side pieces (middleware, job options, config sections),
+and nothing of the command line, the admin API, the metrics exporter or the web front
+end: those load when ``limitd start``, ``limitd metrics``, ``limitd web``, a CLI command
+or an explicit ``import limitd.api`` asks for them. Each check runs in a fresh
+interpreter, since this one has imported everything already.
+
+Before the feature plugs loaded their heavy pieces on use, ``import limitd`` loaded 140
+limitd modules; after, 87.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import textwrap
+
+import limitd
+from limitd.cli import build_parser
+from limitd.embedded import RedisServer
+from limitd.plugins import registered
+
+# The count with headroom for the core's own modules to grow or split (it was 140
+# when every feature's commands, admin calls and metrics came with the package).
+MOST_LIMITD_MODULES = 100
+
+# Packages that only the command line, the admin API, metrics or the web front end use.
+HEAVY_PACKAGES = (
+    "limitd.api",
+    "limitd.cli",
+    "limitd.commands",
+    "limitd.supervisor",
+    "limitd.metrics.exporter",
+    "limitd.metrics.process",
+    "limitd.metrics.commands",
+    "argparse",
+    "prometheus_client",
+    "starlette",
+    "jinja2",
+    "a2wsgi",
+    "uvicorn",
+    "sqlalchemy",
+)
+# In each feature folder, the modules for the command line, the admin API and metrics.
+HEAVY_FEATURE_MODULES = ("commands", "admin", "metrics")
+# What of limitd.web may load: its docstring-only package and the plug naming `limitd web`.
+LIGHT_WEB = {"limitd.web", "limitd.web.plug"}
+
+APP = """
+import json, sys
+import limitd
+
+@limitd.job(name="import_cost.Report", queue="reports", retry=3, unique_for=60)
+def report(account_id):
+    pass
+
+{body}
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def modules_after(body: str = "") -> list[str]:
+    """The modules loaded by a fresh interpreter running app code ``body``."""
+    script = APP.format(body=textwrap.dedent(body))
+    out = subprocess.run(
+        [sys.executable, "-c", script], check=True, capture_output=True, text=True, timeout=60
+    )
+    loaded: list[str] = json.loads(out.stdout.splitlines()[-1])
+    return loaded
+
+
+def heavy(modules: list[str]) -> list[str]:
+    def is_heavy(name: str) -> bool:
+        if any(name == p or name.startswith(p + ".") for p in HEAVY_PACKAGES):
+            return True
+        if name.startswith("limitd.web"):
+            return name not in LIGHT_WEB
+        parts = name.split(".")
+        return parts[0] == "limitd" and len(parts) == 3 and parts[2] in HEAVY_FEATURE_MODULES
+
+    return [name for name in modules if is_heavy(name)]
+
+
+def test_import_limitd_loads_no_command_line_admin_metrics_or_web() -> None:
+    loaded = modules_after()
+    ours = [name for name in loaded if name == "limitd" or name.startswith("limitd.")]
+    print(f"import limitd: {len(ours)} limitd modules, {len(loaded)} in all")
+    assert heavy(loaded) == []
+    assert len(ours) <= MOST_LIMITD_MODULES
+
+
+def test_enqueueing_loads_no_command_line_admin_metrics_or_web(
+    redis_server: RedisServer,
+) -> None:
+    """The app's whole enqueueing surface, used for real against Redis."""
+    loaded = modules_after(f"""
+        import limitd.aio
+        limitd.configure(url={redis_server.url!r})
+        report.perform_async(1)
+        report.set(queue="later").perform_in(30, 2)
+        report.perform_bulk([[3], [4]])
+        batch = limitd.Batch(description="nightly")
+        with batch.jobs():
+            report.perform_async(5)
+        limitd.Limiter.window("import-cost", 10, "minute", wait_timeout=0)
+    """)
+    assert heavy(loaded) == []
+
+
+def test_every_public_name_imports_from_limitd() -> None:
+    for name in limitd.__all__:
+        assert getattr(limitd, name) is not None, name
+
+
+def test_the_command_line_finds_every_feature_command() -> None:
+    """The plugs import their commands when the parser is built."""
+    parser = build_parser()
+    [subparsers] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    choices = set(subparsers.choices)
+    wanted = {"batches", "tenants", "limiters", "capacity", "periodic", "metrics", "outbox"}
+    assert wanted | {"web", "start", "check", "enqueue", "status", "queues"} <= choices
+    assert all(f.add_commands is not None for f in registered() if f.name != "unique")
+
+
+def test_the_admin_api_loads_when_imported() -> None:
+    loaded = modules_after("import limitd.api")
+    assert {"limitd.batch.admin", "limitd.fair_tenant.admin", "limitd.periodic.admin"} <= set(
+        loaded
+    )
+    assert "argparse" not in loaded and "prometheus_client" not in loaded
