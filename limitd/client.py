@@ -22,7 +22,7 @@ import redis as redis_py
 
 from limitd import clock, keys, replication
 from limitd.locate import Location, app_location, connect_to
-from limitd.middleware.chain import ClientChain
+from limitd.middleware.client_chain import ClientChain
 from limitd.middleware.defaults import default_client_chain
 from limitd.payload import (
     DEFAULT_QUEUE,

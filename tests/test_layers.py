@@ -62,7 +62,6 @@ LAYERS: dict[str, tuple[int, str]] = {
     "limitd.metrics.jobs": (MIDDLEWARE, ""),
     "limitd.outbox.table": (MIDDLEWARE, ""),
     "limitd.outbox.held": (MIDDLEWARE, ""),
-    "limitd.aio.client_chain": (MIDDLEWARE, ""),  # the client middleware's acall helpers
     # configuration, and where Redis is
     "limitd.config": (CONFIG, ""),
     "limitd.fair_tenant.section": (CONFIG, ""),

@@ -11,10 +11,9 @@
 
 Every Redis call goes through ``redis.asyncio``, so a push never blocks the event loop,
 and passes the same client middleware as a sync push (unique jobs, batches, tenant
-fairness). The modules: :mod:`limitd.aio.client` (``AsyncClient``),
-:mod:`limitd.aio.enqueue` (``AsyncEnqueuer``, what ``.aio`` returns) and
-:mod:`limitd.aio.client_chain` (a client chain run asynchronously).
+fairness), whose Redis work the chain awaits (``ClientChain.ainvoke``). The modules:
+:mod:`limitd.aio.client` (``AsyncClient``) and :mod:`limitd.aio.enqueue`
+(``AsyncEnqueuer``, what ``.aio`` returns).
 
-This file imports nothing: the client middleware import ``limitd.aio.client_chain``
-(which sits in their layer), and importing it must not pull in the client above them.
+This file imports nothing: importing a submodule loads only what that one needs.
 """

@@ -1,11 +1,11 @@
 """The asyncio client: the sync client's pushes, awaitable and never blocking the loop.
 
 A push is the same as :class:`limitd.client.Client`'s: normalize the payload, run the
-client middleware chain (see :mod:`limitd.aio.client_chain` for how it runs on the
-loop), check the arguments, then one pipelined write (``SADD`` + ``LPUSH`` + ``PUBLISH``
-per queue, or ``ZADD`` + ``PUBLISH`` for scheduled jobs), tried once more after a
-failover error. The helpers that decide what is written are the sync client's, so both
-put the same thing in Redis.
+client middleware chain (:meth:`~limitd.middleware.client_chain.ClientChain.ainvoke`,
+the same hooks as a sync push, their Redis work awaited), check the arguments, then
+one pipelined write (``SADD`` + ``LPUSH`` + ``PUBLISH`` per queue, or ``ZADD`` +
+``PUBLISH`` for scheduled jobs), tried once more after a failover error. The helpers
+that decide what is written are the sync client's, so both put the same thing in Redis.
 
 The default async client (:func:`default_async_client`) is the default sync client's
 twin: the same middleware chain and ``strict_args``, and each event loop's own asyncio
@@ -22,7 +22,6 @@ import redis.asyncio
 from redis.exceptions import ResponseError
 
 from limitd import replication
-from limitd.aio.client_chain import aabandon_bulk, ainvoke, aprepare_bulk
 from limitd.client import (
     Client,
     bulk_chunks,
@@ -32,7 +31,7 @@ from limitd.client import (
     normalize,
     queue_write,
 )
-from limitd.middleware.chain import ClientChain
+from limitd.middleware.client_chain import ClientChain
 from limitd.middleware.defaults import default_client_chain
 from limitd.payload import STRICT_ARGS_MODES, Payload
 from limitd.redis import apipeline, is_failover_error, loop_twin
@@ -105,8 +104,8 @@ class AsyncClient:
         if transactions.current() is not None:
             return self.sync_client().push(item, spec)
         payload = normalize(item, spec)
-        pushed = await ainvoke(
-            self.middleware, spec, payload, self.redis, self._push_one, sync_redis=self._sync_redis
+        pushed = await self.middleware.ainvoke(
+            spec, payload, self.redis, self._push_one, sync_redis=self._sync_redis
         )
         return pushed["jid"] if pushed else None
 
@@ -134,10 +133,10 @@ class AsyncClient:
         kept; if anything raises, middleware give back what they reserved for the chunk."""
         redis = self.redis
         try:
-            await aprepare_bulk(self.middleware, spec, chunk, redis, self._sync_redis)
+            await self.middleware.aprepare_bulk(spec, chunk, redis, self._sync_redis)
             kept = [
-                await ainvoke(
-                    self.middleware, spec, payload, redis, _keep, sync_redis=self._sync_redis
+                await self.middleware.ainvoke(
+                    spec, payload, redis, _keep, sync_redis=self._sync_redis
                 )
                 for payload in chunk
             ]
@@ -145,7 +144,7 @@ class AsyncClient:
         except replication.NotReplicated:
             raise  # pushed: the reservations stand
         except BaseException:
-            await aabandon_bulk(self.middleware, spec, chunk, redis, self._sync_redis)
+            await self.middleware.aabandon_bulk(spec, chunk, redis, self._sync_redis)
             raise
         return [payload["jid"] if payload else None for payload in kept]
 

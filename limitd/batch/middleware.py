@@ -12,16 +12,10 @@ from __future__ import annotations
 
 import contextvars
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any
 
-from redis import asyncio as redis_asyncio
-
-from limitd import keys
-from limitd.aio.client_chain import AsyncPushNext, acall_next_or_undo
 from limitd.batch.building import building_bid
-from limitd.batch.store import ADD, REMOVE, add_jobs, job_settled_call, remove_jobs
-from limitd.middleware.chain import call_next_or_undo
+from limitd.batch.store import add_jobs_call, job_settled_call, remove_jobs_call
+from limitd.middleware.base import ClientMiddleware, ServerMiddleware
 from limitd.payload import Payload
 from limitd.redis import ScriptCall
 from limitd.retry import error_class_name
@@ -33,10 +27,8 @@ log = logging.getLogger("limitd.batch")
 RESULTS = {"done": "success", "retry": "failure", "dead": "death", "discarded": "death"}
 
 
-class BatchMembership:
-    """Client middleware: jobs pushed inside ``Batch.jobs()`` join that batch. The sync
-    client calls it, the async client awaits ``acall`` (and the ``a`` bulk hooks): the
-    same decisions, with the Redis calls awaited."""
+class BatchMembership(ClientMiddleware):
+    """Client middleware: jobs pushed inside ``Batch.jobs()`` join that batch."""
 
     def __init__(self) -> None:
         # The jids of the bulk chunk registered already: a context variable, so threads
@@ -45,63 +37,29 @@ class BatchMembership:
             f"limitd_batch_registered_{id(self)}", default=frozenset()
         )
 
-    def prepare_bulk(self, spec: JobSpec | None, payloads: list[Payload], redis: Any) -> None:
+    def bulk_work(self, spec: JobSpec | None, payloads: list[Payload]) -> list[ScriptCall]:
+        """The whole chunk joins the batch in one call; its jobs then pass on their own."""
         bid, jids = self._chunk(payloads)
-        if bid and jids:
-            add_jobs(redis, bid, jids)
         self._registered.set(frozenset(jids))
+        return [add_jobs_call(bid, jids)] if bid and jids else []
 
-    async def aprepare_bulk(
-        self, spec: JobSpec | None, payloads: list[Payload], redis: redis_asyncio.Redis
-    ) -> None:
-        bid, jids = self._chunk(payloads)
-        if bid and jids:
-            await aadd_jobs(redis, bid, jids)
-        self._registered.set(frozenset(jids))
-
-    def abandon_bulk(self, spec: JobSpec | None, payloads: list[Payload], redis: Any) -> None:
+    def abandon_work(self, spec: JobSpec | None, payloads: list[Payload]) -> list[ScriptCall]:
         """The chunk was not written: its jobs leave the batch (all of them were
-        registered by ``prepare_bulk``; removing one already gone changes nothing)."""
+        registered by ``bulk_work``; removing one already gone changes nothing)."""
         bid, jids = self._chunk(payloads)
-        if bid and jids:
-            remove_jobs(redis, bid, jids)
+        return [remove_jobs_call(bid, jids)] if bid and jids else []
 
-    async def aabandon_bulk(
-        self, spec: JobSpec | None, payloads: list[Payload], redis: redis_asyncio.Redis
-    ) -> None:
-        bid, jids = self._chunk(payloads)
-        if bid and jids:
-            await aremove_jobs(redis, bid, jids)
-
-    def __call__(
-        self,
-        spec: JobSpec | None,
-        payload: Payload,
-        redis: Any,
-        call_next: Callable[[Payload], Payload | None],
-    ) -> Payload | None:
+    def push_work(self, spec: JobSpec | None, payload: Payload) -> ScriptCall | None:
+        """A job of the batch being built is registered in it before its push."""
         bid = self._join(payload)
-        if bid is None:
-            return call_next(payload)
-        jid = payload["jid"]
-        if jid not in self._registered.get():
-            add_jobs(redis, bid, [jid])
-        return call_next_or_undo(call_next, payload, lambda: remove_jobs(redis, bid, [jid]))
+        if bid is None or payload["jid"] in self._registered.get():
+            return None
+        return add_jobs_call(bid, [payload["jid"]])
 
-    async def acall(
-        self,
-        spec: JobSpec | None,
-        payload: Payload,
-        redis: redis_asyncio.Redis,
-        call_next: AsyncPushNext,
-    ) -> Payload | None:
-        bid = self._join(payload)
-        if bid is None:
-            return await call_next(payload)
-        jid = payload["jid"]
-        if jid not in self._registered.get():
-            await aadd_jobs(redis, bid, [jid])
-        return await acall_next_or_undo(call_next, payload, lambda: aremove_jobs(redis, bid, [jid]))
+    def undo_work(self, spec: JobSpec | None, payload: Payload) -> ScriptCall | None:
+        """Halted later in the chain, or failed: the job leaves the batch again."""
+        bid = building_bid()
+        return None if bid is None else remove_jobs_call(bid, [payload["jid"]])
 
     @staticmethod
     def _chunk(payloads: list[Payload]) -> tuple[str | None, list[str]]:
@@ -118,35 +76,12 @@ class BatchMembership:
         return bid
 
 
-async def aadd_jobs(redis: redis_asyncio.Redis, bid: str, jids: list[str]) -> int:
-    """``limitd.batch.store.add_jobs`` on an asyncio client."""
-    return int(await ADD.acall(redis, keys.batch_keys(bid), jids))
-
-
-async def aremove_jobs(redis: redis_asyncio.Redis, bid: str, jids: list[str]) -> int:
-    """``limitd.batch.store.remove_jobs`` on an asyncio client."""
-    return int(await REMOVE.acall(redis, keys.batch_keys(bid), jids))
-
-
-class BatchProgress:
-    """Server middleware: after each run of a batch job, tell the batch how it ended."""
+class BatchProgress(ServerMiddleware):
+    """Server middleware: after each run of a batch job, tell the batch how it ended
+    (its work is in ``settled``, sent with the acknowledgement)."""
 
     def concerns(self, payload: Payload) -> bool:
         return bool(payload.get("bid"))
-
-    def __call__(
-        self, spec: JobSpec, payload: Payload, queue: str, call_next: Callable[[], Any]
-    ) -> Any:
-        return call_next()
-
-    async def acall(
-        self,
-        spec: JobSpec,
-        payload: Payload,
-        queue: str,
-        call_next: Callable[[], Awaitable[Any]],
-    ) -> Any:
-        return await call_next()  # its work is in ``settled``, sent with the ack
 
     def settled(
         self,

@@ -86,6 +86,16 @@ def close_call(bid: str) -> ScriptCall:
     )
 
 
+def add_jobs_call(bid: str, jids: Sequence[str]) -> ScriptCall:
+    """The registration of ``jids`` in batch ``bid``, to make now or later."""
+    return ADD.later(keys.batch_keys(bid), jids)
+
+
+def remove_jobs_call(bid: str, jids: Sequence[str]) -> ScriptCall:
+    """The removal of ``jids`` from batch ``bid`` (a push that did not happen)."""
+    return REMOVE.later(keys.batch_keys(bid), jids)
+
+
 def add_jobs(redis: Any, bid: str, jids: Sequence[str]) -> int:
     return int(ADD(redis, keys.batch_keys(bid), list(jids)))
 

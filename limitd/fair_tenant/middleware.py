@@ -35,10 +35,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from redis import asyncio as redis_asyncio
-
 from limitd import clock, keys, options
-from limitd.aio.client_chain import AsyncPushNext, arun_all
+from limitd.middleware.base import ClientMiddleware
 from limitd.payload import Payload
 from limitd.redis import LuaScript, ScriptCall
 from limitd.spec import JobSpec
@@ -123,10 +121,8 @@ class FairTenantSettings:
         )
 
 
-class FairTenant:
-    """The client middleware. Halts nothing; only chooses the queue. The sync client
-    calls it, the async client awaits ``acall`` (and ``aprepare_bulk``): the same
-    decisions, with the script calls awaited."""
+class FairTenant(ClientMiddleware):
+    """The client middleware. Halts nothing; only chooses the queue."""
 
     def __init__(self, settings: FairTenantSettings | None = None) -> None:
         self.settings = settings or FairTenantSettings.from_env()
@@ -137,63 +133,42 @@ class FairTenant:
             f"limitd_fair_tenant_routed_{id(self)}", default=None
         )
 
-    def __call__(
-        self,
-        spec: JobSpec | None,
-        payload: Payload,
-        redis: Any,
-        call_next: Callable[[Payload], Payload | None],
-    ) -> Payload | None:
+    def push_work(self, spec: JobSpec | None, payload: Payload) -> ScriptCall | None:
+        """The call that counts this job and picks its queue (None: most jobs, which
+        have no rules, and jobs whose bulk chunk decided already, or without tenant)."""
         if "fair_tenant_queues" not in payload:
-            return call_next(payload)  # most jobs: nothing to count
+            return None  # most jobs: nothing to count
         call = self._pending(spec, payload)
-        if call is not None:
-            self._route_by(payload, call.run(redis))
-        payload.pop("fair_tenant_queues", None)  # definition data: not needed downstream
-        return call_next(payload)
+        if call is None:
+            payload.pop("fair_tenant_queues", None)  # definition data: not needed downstream
+        return call
 
-    async def acall(
-        self,
-        spec: JobSpec | None,
-        payload: Payload,
-        redis: redis_asyncio.Redis,
-        call_next: AsyncPushNext,
-    ) -> Payload | None:
-        if "fair_tenant_queues" not in payload:
-            return await call_next(payload)
-        call = self._pending(spec, payload)
-        if call is not None:
-            self._route_by(payload, await call.arun(redis))
+    def admit(self, spec: JobSpec | None, payload: Payload, reply: Any) -> bool:
+        """Route by the counting call's reply. Halts nothing; only chooses the queue."""
+        self._route_by(payload, reply)
         payload.pop("fair_tenant_queues", None)
-        return await call_next(payload)
+        return True
 
-    def prepare_bulk(self, spec: JobSpec | None, payloads: Sequence[Payload], redis: Any) -> None:
+    def bulk_work(self, spec: JobSpec | None, payloads: list[Payload]) -> list[ScriptCall]:
         """Count and route a whole chunk in one round trip (one script call per tenant,
         pipelined); each job is still counted on its own, in order."""
         groups = self._groups(spec, payloads)
         if not groups:
-            return
-        pipe = redis.pipeline(transaction=False)
-        for call, _ in groups:
-            call.run(pipe)
-        self._decide(groups, pipe.execute())
+            return []
+        decided: dict[str, str] = {}
+        self._routed.set(decided)
 
-    async def aprepare_bulk(
-        self, spec: JobSpec | None, payloads: Sequence[Payload], redis: redis_asyncio.Redis
-    ) -> None:
-        groups = self._groups(spec, payloads)
-        if groups:
-            self._decide(groups, await arun_all(redis, [call for call, _ in groups]))
+        def decide(members: list[Payload]) -> Callable[[Any], None]:
+            def on_reply(choices: Any) -> None:
+                for payload, choice in zip(members, choices, strict=True):
+                    decided[payload["jid"]] = self._queue_for(payload, int(choice))
 
-    def route(self, spec: JobSpec | None, payloads: Sequence[Payload], redis: Any) -> None:
-        for payload in payloads:
-            if not payload.get("fair_tenant_queues"):
-                continue
-            tenant = self.tenant_of(spec, payload)
-            if tenant is not None:
-                self._route_by(
-                    payload, self._count_call(payload, tenant, [payload["jid"]]).run(redis)
-                )
+            return on_reply
+
+        return [
+            self._count_call(members[0], tenant, [p["jid"] for p in members], decide(members))
+            for tenant, members in groups.items()
+        ]
 
     def _pending(self, spec: JobSpec | None, payload: Payload) -> ScriptCall | None:
         """For a job with rules: its queue, if its bulk chunk decided it (applied now),
@@ -213,26 +188,14 @@ class FairTenant:
 
     def _groups(
         self, spec: JobSpec | None, payloads: Sequence[Payload]
-    ) -> list[tuple[ScriptCall, list[Payload]]]:
-        """A chunk's jobs with rules and a tenant, by tenant: one counting call each."""
+    ) -> dict[str, list[Payload]]:
+        """A chunk's jobs with rules and a tenant, by tenant (one counting call each)."""
         by_tenant: dict[str, list[Payload]] = {}
         for payload in payloads:
             tenant = self.tenant_of(spec, payload) if payload.get("fair_tenant_queues") else None
             if tenant is not None:
                 by_tenant.setdefault(tenant, []).append(payload)
-        return [
-            (self._count_call(members[0], tenant, [p["jid"] for p in members]), members)
-            for tenant, members in by_tenant.items()
-        ]
-
-    def _decide(
-        self, groups: list[tuple[ScriptCall, list[Payload]]], replies: Sequence[Any]
-    ) -> None:
-        decided: dict[str, str] = {}
-        for (_, members), choices in zip(groups, replies, strict=True):
-            for payload, choice in zip(members, choices, strict=True):
-                decided[payload["jid"]] = self._queue_for(payload, int(choice))
-        self._routed.set(decided)
+        return by_tenant
 
     def tenant_of(self, spec: JobSpec | None, payload: Payload) -> str | None:
         tenant = payload.get("fair_tenant")
@@ -242,7 +205,13 @@ class FairTenant:
                 payload["fair_tenant"] = str(tenant)
         return None if tenant is None else str(tenant)
 
-    def _count_call(self, payload: Payload, tenant: str, jids: list[str]) -> ScriptCall:
+    def _count_call(
+        self,
+        payload: Payload,
+        tenant: str,
+        jids: list[str],
+        on_reply: Callable[[Any], None] | None = None,
+    ) -> ScriptCall:
         """The call that counts ``jids`` (one tenant's) and returns each one's rule."""
         rules = payload["fair_tenant_queues"]
         key = keys.fair_tenant_enqueues(
@@ -265,6 +234,7 @@ class FairTenant:
         return FAIR_TENANT.later(
             [key, keys.FAIR_TENANT_TENANTS, keys.FAIR_TENANT_REROUTES, keys.FAIR_TENANT_RULES],
             [*args, *jids],
+            on_reply,
         )
 
     def _queue_for(self, payload: Payload, choice: int) -> str:

@@ -17,17 +17,16 @@ seconds >= 0.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from limitd import clock, keys, options
 from limitd.limiters.store import OverLimit
+from limitd.middleware.base import Ending, ServerMiddleware
 from limitd.middleware.chain import Rescheduled
+from limitd.middleware.work import Command, RedisClient, Work
 from limitd.payload import Payload, dumps
-from limitd.redis import pipeline
 from limitd.spec import JobSpec, LimiterBackoffHook
 
 log = logging.getLogger("limitd.limiters")
@@ -78,52 +77,30 @@ def _next_count(payload: Payload) -> int | None:
     return count if count <= int(payload.get("max_overlimit", DEFAULT_MAX_OVERLIMIT)) else None
 
 
-class OverLimitReschedule:
+class OverLimitReschedule(ServerMiddleware):
     """Server middleware: ``OverLimit`` out of a job puts it back in ``schedule``."""
 
-    def __init__(self, redis: Any) -> None:
+    def __init__(self, redis: RedisClient) -> None:
         self.redis = redis
 
-    def __call__(
-        self, spec: JobSpec, payload: Payload, queue: str, call_next: Callable[[], Any]
-    ) -> Any:
-        try:
-            return call_next()
-        except OverLimit as exc:
-            count = _next_count(payload)
-            if count is None:
-                raise  # rescheduled often enough: an error like any other
-            self._reschedule(spec, payload, queue, count, exc)
-            raise Rescheduled(str(exc)) from exc
-
-    async def acall(
-        self,
-        spec: JobSpec,
-        payload: Payload,
-        queue: str,
-        call_next: Callable[[], Awaitable[Any]],
-    ) -> Any:
-        """The same for an async job; the reschedule's round trip is made off the loop."""
-        try:
-            return await call_next()
-        except OverLimit as exc:
-            count = _next_count(payload)
-            if count is None:
-                raise
-            await asyncio.to_thread(self._reschedule, spec, payload, queue, count, exc)
-            raise Rescheduled(str(exc)) from exc
+    def ended(
+        self, spec: JobSpec, payload: Payload, queue: str, error: BaseException | None
+    ) -> Ending | None:
+        """Over limit and not too often yet: the reschedule, and ``Rescheduled``."""
+        if not isinstance(error, OverLimit):
+            return None
+        count = _next_count(payload)
+        if count is None:
+            return None  # rescheduled often enough: an error like any other
+        return Ending(self._reschedule(spec, payload, queue, count, error), Rescheduled(str(error)))
 
     def _reschedule(
         self, spec: JobSpec, payload: Payload, queue: str, count: int, exc: OverLimit
-    ) -> None:
+    ) -> list[Work]:
         """ZADD to ``schedule`` and announce the due time in one round trip (as a
         retry is), so a poller asleep until later wakes for it."""
         entry = {**payload, COUNT_FIELD: count, "queue": queue}
         at = clock.now() + backoff_seconds(spec, count, exc, entry)
-        pipe = pipeline(self.redis)
-        pipe.zadd(keys.SCHEDULE, {dumps(entry): at})
-        pipe.publish(keys.DUE_CHANNEL, repr(at))
-        pipe.execute()
         log.info(
             "over limit jid=%s class=%s queue=%s limiter=%s overlimit_count=%d in %.1fs",
             payload.get("jid"),
@@ -133,6 +110,10 @@ class OverLimitReschedule:
             count,
             at - clock.now(),
         )
+        return [
+            Command("zadd", keys.SCHEDULE, {dumps(entry): at}),
+            Command("publish", keys.DUE_CHANNEL, repr(at)),
+        ]
 
 
 def _call_hook(hook: LimiterBackoffHook, count: int, exc: OverLimit, payload: Payload) -> Any:

@@ -17,12 +17,12 @@ outcome) but has no duration.
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from limitd import clock
+from limitd.middleware.base import ServerMiddleware
 from limitd.payload import Payload
 from limitd.spec import JobSpec
 
@@ -34,17 +34,19 @@ DURATION_BUCKETS = (
 )  # fmt: skip
 
 
+# When the job running in this context entered this middleware (monotonic seconds).
+_started: contextvars.ContextVar[float] = contextvars.ContextVar("limitd_job_started", default=0.0)
 # (jid, seconds) of the job that last left this middleware in this context.
 _timed: contextvars.ContextVar[tuple[Any, float] | None] = contextvars.ContextVar(
     "limitd_job_timed", default=None
 )
 
 
-class JobMetrics:
+class JobMetrics(ServerMiddleware):
     """The server middleware that feeds a capsule process's job metrics (registered in
     ``registry``). One instance serves every processor thread and the event loop of the
     process: the time of the job running is kept in a context variable (each thread and
-    each async job has its own) from ``__call__`` or ``acall`` to ``settled``."""
+    each async job has its own) from ``starting`` and ``ended`` to ``settled``."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.duration = Histogram(
@@ -65,27 +67,13 @@ class JobMetrics:
         self._counted: dict[tuple[str, str, str], Any] = {}
         self._timed: dict[tuple[str, str], Any] = {}
 
-    def __call__(
-        self, spec: JobSpec, payload: Payload, queue: str, call_next: Callable[[], Any]
-    ) -> Any:
-        started = clock.monotonic()
-        try:
-            return call_next()
-        finally:
-            _timed.set((payload.get("jid"), clock.monotonic() - started))
+    def starting(self, spec: JobSpec, payload: Payload, queue: str) -> None:
+        _started.set(clock.monotonic())
 
-    async def acall(
-        self,
-        spec: JobSpec,
-        payload: Payload,
-        queue: str,
-        call_next: Callable[[], Awaitable[Any]],
-    ) -> Any:
-        started = clock.monotonic()
-        try:
-            return await call_next()
-        finally:
-            _timed.set((payload.get("jid"), clock.monotonic() - started))
+    def ended(
+        self, spec: JobSpec, payload: Payload, queue: str, error: BaseException | None
+    ) -> None:
+        _timed.set((payload.get("jid"), clock.monotonic() - _started.get()))
 
     def settled(
         self,

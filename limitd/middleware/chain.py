@@ -1,41 +1,18 @@
-"""Middleware chains: the client chain wraps every push, the server chain wraps every
-perform.
+"""Middleware chains: the ordering verbs every chain has, and the server chain, which
+wraps every perform (the client chain, which wraps every push, is in
+:mod:`limitd.middleware.client_chain`).
 
-A middleware is any callable object. Each one receives the job and a ``call_next``
-function and decides what happens: change the payload and call on, run code before and
-after ``call_next``, or stop the job by not calling it.
-
-Client middleware::
-
-    def __call__(self, spec, payload, redis, call_next):
-        payload["queue"] = "low"          # may change the payload or its queue
-        return call_next(payload)         # returning None halts the push
-
-Server middleware::
-
-    def __call__(self, spec, payload, queue, call_next):
-        return call_next()                # perform (and the rest of the chain)
-
-    def settled(self, spec, payload, queue, outcome, error):   # optional
-        ...  # the job's fate is recorded: "done", "retry", "dead", "discarded"
-             # or "rescheduled" (put back in schedule by a middleware: will run again)
-        return SCRIPT.later(keys, args)   # optional: Redis work to send with the ack
-
-    def concerns(self, payload):                              # optional
-        return "bid" in payload   # False: skipped for this job, call and settled alike
-
-Async jobs (``async def``) pass the same chain on the capsule's event loop. There a
-middleware's ``acall`` is awaited when it has one::
-
-    async def acall(self, spec, payload, queue, call_next):
-        return await call_next()
-
-and one without runs its ``__call__`` on a worker thread, its ``call_next`` handed back
-to the loop: it works unchanged, but holds a thread for as long as the job runs.
+A middleware subclasses :class:`~limitd.middleware.base.ClientMiddleware` or
+:class:`~limitd.middleware.base.ServerMiddleware` (see :mod:`limitd.middleware.base` for
+its hooks) or is a plain callable (:mod:`limitd.middleware.callables`). Hooks return
+the Redis work to do; the chain makes it with :func:`~limitd.middleware.work.run_work`,
+or :func:`~limitd.middleware.work.arun_work` on an event loop: the sync and the async
+runner below differ only by ``await``.
 
 ``concerns`` lets a feature stay out of the way of jobs that do not use it: every job
 passes the server chain, and a middleware that only calls on costs each of them a frame
-and a closure for nothing.
+for nothing. Each middleware's hooks are looked at once per change of the chain: the
+no-op defaults are not called.
 
 ``settled`` exists because a middleware around ``perform`` sees an exception but not
 what becomes of the job: the retry decision is taken after the chain unwinds. The
@@ -46,21 +23,15 @@ job is acknowledged, in the same round trip as the acknowledgement when the fetc
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
+from limitd.middleware.base import Ending, ServerMiddleware
+from limitd.middleware.callables import CallableServer
+from limitd.middleware.work import AsyncRedisClient, RedisClient, arun_work, run_work
 from limitd.payload import Payload
-from limitd.redis import ScriptCall
-from limitd.replication import NotReplicated
+from limitd.redis import ScriptCall, loop_twin
 from limitd.spec import JobSpec
-
-log = logging.getLogger("limitd.client")
-
-PushNext = Callable[[Payload], "Payload | None"]
-ClientMiddleware = Callable[["JobSpec | None", Payload, Any, PushNext], "Payload | None"]
-ServerMiddleware = Callable[["JobSpec", Payload, str, Callable[[], Any]], Any]
 
 
 class Rescheduled(Exception):
@@ -68,37 +39,6 @@ class Rescheduled(Exception):
     (a limiter's ``OverLimit``): the executor records the outcome ``rescheduled``, which
     is neither a success nor a failure; ``settled`` middleware leave such a job's state
     (its batch, its unique lock) as it is, since it will run again."""
-
-
-def call_next_or_undo(
-    call_next: PushNext, payload: Payload, undo: Callable[[], object]
-) -> Payload | None:
-    """For client middleware that reserve something before the push (a unique lock, a
-    place in a batch): run the rest of the chain, and ``undo`` the reservation if it
-    halts the push or raises (except :class:`~limitd.replication.NotReplicated`: the job
-    was pushed)."""
-    try:
-        pushed = call_next(payload)
-    except NotReplicated:
-        raise
-    except BaseException:
-        undo()
-        raise
-    if pushed is None:
-        undo()
-    return pushed
-
-
-def log_abandon_failure(middleware: Any, payloads: list[Payload]) -> None:
-    """An ``abandon_bulk`` that raised: logged with the middleware and the jobs' class,
-    and not raised, so the others still give back theirs and the push's own error goes
-    on. Call from an ``except`` block (the traceback is logged)."""
-    log.exception(
-        "%s could not undo its reservations for %d jobs of class=%s",
-        type(middleware).__name__,
-        len(payloads),
-        payloads[0].get("class") if payloads else None,
-    )
 
 
 class Chain:
@@ -149,89 +89,54 @@ class Chain:
         raise ValueError(f"no {kind.__name__} middleware in this chain")
 
 
-class ClientChain(Chain):
-    def prepare_bulk(self, spec: JobSpec | None, payloads: list[Payload], redis: Any) -> None:
-        """Before a bulk chunk goes through the chain job by job, let middleware that can
-        (those with a ``prepare_bulk`` method) do their Redis work for the whole chunk in
-        one round trip. Each job still passes every middleware on its own afterwards."""
-        for middleware in self._entries:
-            prepare = getattr(middleware, "prepare_bulk", None)
-            if prepare is not None:
-                prepare(spec, payloads, redis)
+class ServerEntry:
+    """One server middleware as the chain calls it: a typed one with the hooks that are
+    its own (no-op defaults are not called: every job passes the chain), or a callable
+    one (``wrapped``). A plain class with slots: its fields are read for every job."""
 
-    def abandon_bulk(self, spec: JobSpec | None, payloads: list[Payload], redis: Any) -> None:
-        """A bulk chunk was not written (a middleware or the write raised): let middleware
-        that reserved something for its jobs before the write (``abandon_bulk`` method)
-        give it back, as a single push's middleware do when the push raises. Each runs
-        even if another fails; their failures are logged, the caller re-raises the
-        original error."""
-        for middleware in self._entries:
-            abandon = getattr(middleware, "abandon_bulk", None)
-            if abandon is None:
-                continue
-            try:
-                abandon(spec, payloads, redis)
-            except Exception:
-                log_abandon_failure(middleware, payloads)
+    __slots__ = ("concerns", "ends", "middleware", "settles", "starts", "wrapped")
 
-    def invoke(
-        self, spec: JobSpec | None, payload: Payload, redis: Any, push: PushNext
-    ) -> Payload | None:
-        """Run ``payload`` through every middleware, then ``push`` it."""
-        entries = list(self._entries)
-
-        def step(index: int, current: Payload) -> Payload | None:
-            if index == len(entries):
-                return push(current)
-            return entries[index](spec, current, redis, lambda p: step(index + 1, p))
-
-        return step(0, payload)
+    def __init__(self, middleware: Any) -> None:
+        self.middleware = middleware
+        self.wrapped: CallableServer | None = None
+        if not isinstance(middleware, ServerMiddleware):
+            self.wrapped = CallableServer(middleware)
+            self.concerns = self.wrapped.concerns
+            self.starts = self.ends = False
+            self.settles = True
+            return
+        kind, base = type(middleware), ServerMiddleware
+        own_filter = kind.concerns is not base.concerns
+        self.concerns = middleware.concerns if own_filter else None
+        self.starts = kind.starting is not base.starting
+        self.ends = kind.ended is not base.ended
+        self.settles = kind.settled is not base.settled
 
 
 class ServerChain(Chain):
+    """The middleware every job runs through, by :meth:`invoke` on a processor thread or
+    :meth:`ainvoke` on the capsule's event loop; :meth:`settle` collects their work for
+    the acknowledgement."""
+
     def __init__(self, entries: list[Any] | None = None) -> None:
         super().__init__(entries)
-        self._plan: tuple[int, list[tuple[Any, Any]]] = (-1, [])
+        self._plan: tuple[int, list[ServerEntry]] = (-1, [])
 
-    def _concerned(self, payload: Payload) -> list[Any]:
-        """The middleware that want to see this job (see ``concerns``). Every job asks,
-        so each middleware's ``concerns`` is looked up once per change of the chain."""
+    def _concerned(self, payload: Payload) -> list[ServerEntry]:
+        """The middleware that want to see this job (see ``concerns``)."""
         version, plan = self._plan
         if version != self._version:
-            plan = [(m, getattr(m, "concerns", None)) for m in self._entries]
+            plan = [ServerEntry(m) for m in self._entries]
             self._plan = (self._version, plan)
-        return [m for m, concerns in plan if concerns is None or concerns(payload)]
+        return [e for e in plan if e.concerns is None or e.concerns(payload)]
 
     def without_acall(self) -> list[str]:
         """Names of the middleware an async job runs through on a worker thread."""
-        return [type(m).__name__ for m in self._entries if not hasattr(m, "acall")]
-
-    async def ainvoke(
-        self,
-        spec: JobSpec,
-        payload: Payload,
-        queue: str,
-        perform: Callable[[], Awaitable[Any]],
-    ) -> Any:
-        """:meth:`invoke` for an async job, on the running loop (see the module
-        docstring for middleware without ``acall``)."""
-        entries = self._concerned(payload)
-        loop = asyncio.get_running_loop()
-
-        async def step(index: int) -> Any:
-            if index == len(entries):
-                return await perform()
-            middleware = entries[index]
-            acall = getattr(middleware, "acall", None)
-            if acall is not None:
-                return await acall(spec, payload, queue, lambda: step(index + 1))
-
-            def call_next_on_loop() -> Any:
-                return asyncio.run_coroutine_threadsafe(step(index + 1), loop).result()
-
-            return await asyncio.to_thread(middleware, spec, payload, queue, call_next_on_loop)
-
-        return await step(0)
+        return [
+            type(m).__name__
+            for m in self._entries
+            if not isinstance(m, ServerMiddleware) and CallableServer(m).acall is None
+        ]
 
     def invoke(
         self, spec: JobSpec, payload: Payload, queue: str, perform: Callable[[], Any]
@@ -242,9 +147,59 @@ class ServerChain(Chain):
         def step(index: int) -> Any:
             if index == len(entries):
                 return perform()
-            return entries[index](spec, payload, queue, lambda: step(index + 1))
+            entry = entries[index]
+            if entry.wrapped is not None:
+                return entry.middleware(spec, payload, queue, lambda: step(index + 1))
+            middleware: ServerMiddleware = entry.middleware
+            if entry.starts:
+                work = middleware.starting(spec, payload, queue)
+                if work is not None:
+                    run_work(_redis_of(middleware), work)
+            if not entry.ends:
+                return step(index + 1)
+            try:
+                result = step(index + 1)
+            except BaseException as error:
+                _end(middleware, middleware.ended(spec, payload, queue, error), error)
+                raise
+            _end(middleware, middleware.ended(spec, payload, queue, None), None)
+            return result
 
         return step(0)
+
+    async def ainvoke(
+        self,
+        spec: JobSpec,
+        payload: Payload,
+        queue: str,
+        perform: Callable[[], Awaitable[Any]],
+    ) -> Any:
+        """:meth:`invoke` for an async job, on the running loop (a callable middleware
+        without ``acall`` runs on a worker thread)."""
+        entries = self._concerned(payload)
+
+        async def step(index: int) -> Any:
+            if index == len(entries):
+                return await perform()
+            entry = entries[index]
+            if entry.wrapped is not None:
+                return await entry.wrapped.ainvoke(spec, payload, queue, lambda: step(index + 1))
+            middleware: ServerMiddleware = entry.middleware
+            if entry.starts:
+                work = middleware.starting(spec, payload, queue)
+                if work is not None:
+                    await arun_work(_loop_redis_of(middleware), work)
+            if not entry.ends:
+                return await step(index + 1)
+            try:
+                result = await step(index + 1)
+            except BaseException as error:
+                await _aend(middleware, middleware.ended(spec, payload, queue, error), error)
+                raise
+            await _aend(middleware, middleware.ended(spec, payload, queue, None), None)
+            return result
+
+        return await step(0)
 
     def settle(
         self,
@@ -254,17 +209,52 @@ class ServerChain(Chain):
         outcome: str,
         error: BaseException | None,
     ) -> list[ScriptCall]:
-        """Tell the middleware that have a ``settled`` method how the job ended, and
-        collect the script calls they return. These run before the job is acknowledged:
-        if they fail, the job runs again, so ``settled`` work must be idempotent per jid."""
+        """Tell the middleware how the job ended, and collect the script calls they
+        return. These run before the job is acknowledged: if they fail, the job runs
+        again, so ``settled`` work must be idempotent per jid."""
         calls: list[ScriptCall] = []
-        for middleware in self._concerned(payload):
-            settled = getattr(middleware, "settled", None)
-            if settled is None:
+        for entry in self._concerned(payload):
+            if not entry.settles:
                 continue
-            returned = settled(spec, payload, queue, outcome, error)
+            if entry.wrapped is not None:
+                returned = entry.wrapped.settle(spec, payload, queue, outcome, error)
+            else:
+                returned = entry.middleware.settled(spec, payload, queue, outcome, error)
             if isinstance(returned, ScriptCall):
                 calls.append(returned)
             elif returned:
                 calls.extend(returned)
         return calls
+
+
+def _redis_of(middleware: ServerMiddleware) -> RedisClient:
+    if middleware.redis is None:
+        raise TypeError(f"{type(middleware).__name__} returned Redis work but has no redis")
+    return middleware.redis
+
+
+def _loop_redis_of(middleware: ServerMiddleware) -> AsyncRedisClient:
+    """The running loop's asyncio twin of the middleware's client."""
+    return loop_twin(_redis_of(middleware))  # type: ignore[arg-type]
+
+
+def _end(middleware: ServerMiddleware, ending: Ending | None, error: BaseException | None) -> None:
+    """Make an ``ended`` hook's work, then raise the error it ends the job with."""
+    if ending is None:
+        return
+    if ending.work is not None:
+        run_work(_redis_of(middleware), ending.work)
+    if ending.error is not None:
+        raise ending.error from error
+
+
+async def _aend(
+    middleware: ServerMiddleware, ending: Ending | None, error: BaseException | None
+) -> None:
+    """:func:`_end` on the running loop."""
+    if ending is None:
+        return
+    if ending.work is not None:
+        await arun_work(_loop_redis_of(middleware), ending.work)
+    if ending.error is not None:
+        raise ending.error from error

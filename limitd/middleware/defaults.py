@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from limitd.middleware.chain import ClientChain, ServerChain
+from limitd.middleware.chain import ServerChain
+from limitd.middleware.client_chain import ClientChain
 from limitd.plugins import registered
 
 

@@ -30,16 +30,13 @@ import hashlib
 import json
 import logging
 import math
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-from redis import asyncio as redis_asyncio
-
 from limitd import clock, keys, options
-from limitd.aio.client_chain import AsyncPushNext, acall_next_or_undo
-from limitd.middleware.chain import call_next_or_undo
+from limitd.middleware.base import ClientMiddleware, ServerMiddleware
+from limitd.middleware.work import RedisClient
 from limitd.payload import Payload
-from limitd.redis import LuaScript, ScriptCall, loop_twin
+from limitd.redis import LuaScript, ScriptCall
 from limitd.spec import JobSpec
 
 log = logging.getLogger("limitd.unique")
@@ -79,16 +76,10 @@ def lock_milliseconds(payload: Payload, now: float) -> int:
     return max(1, math.ceil((float(payload["unique_for"]) + delay) * 1000))
 
 
-def release(redis: Any, payload: Payload) -> bool:
+def release(redis: RedisClient, payload: Payload) -> bool:
     """Free the lock ``payload`` holds, if it still holds it."""
     call = release_call(payload)
     return bool(call.run(redis)) if call is not None else False
-
-
-async def arelease(redis: redis_asyncio.Redis, payload: Payload) -> bool:
-    """:func:`release` on an asyncio client."""
-    call = release_call(payload)
-    return bool(await call.arun(redis)) if call is not None else False
 
 
 def release_call(payload: Payload) -> ScriptCall | None:
@@ -97,52 +88,21 @@ def release_call(payload: Payload) -> ScriptCall | None:
     return RELEASE.later([key], [payload["jid"]]) if key else None
 
 
-class UniqueJobs:
-    """Client middleware: take the lock before the push, or halt the duplicate. The
-    sync client calls it, the async client awaits ``acall``: the same decision, made
-    by :meth:`_lock_for` and :meth:`_locked`."""
+class UniqueJobs(ClientMiddleware):
+    """Client middleware: take the lock before the push, or halt the duplicate; give
+    the lock back if the push does not happen after all."""
 
-    def __call__(
-        self,
-        spec: JobSpec | None,
-        payload: Payload,
-        redis: Any,
-        call_next: Callable[[Payload], Payload | None],
-    ) -> Payload | None:
-        if not payload.get("unique_for"):
-            return call_next(payload)
-        call = self._lock_for(payload)
-        if not self._locked(payload, call, call.run(redis)):
-            return None
-        # Halted later in the chain, or failed: the lock would guard nothing.
-        return call_next_or_undo(call_next, payload, lambda: release(redis, payload))
-
-    async def acall(
-        self,
-        spec: JobSpec | None,
-        payload: Payload,
-        redis: redis_asyncio.Redis,
-        call_next: AsyncPushNext,
-    ) -> Payload | None:
-        if not payload.get("unique_for"):
-            return await call_next(payload)
-        call = self._lock_for(payload)
-        if not self._locked(payload, call, await call.arun(redis)):
-            return None
-        return await acall_next_or_undo(call_next, payload, lambda: arelease(redis, payload))
-
-    @staticmethod
-    def _lock_for(payload: Payload) -> ScriptCall:
+    def push_work(self, spec: JobSpec | None, payload: Payload) -> ScriptCall | None:
         """The script call that takes ``payload``'s lock (or counts it as skipped)."""
+        if not payload.get("unique_for"):
+            return None
         ttl = lock_milliseconds(payload, clock.now())
         return ACQUIRE.later([lock_key(payload), keys.UNIQUE_SKIPPED], [payload["jid"], ttl])
 
-    @staticmethod
-    def _locked(payload: Payload, call: ScriptCall, taken: Any) -> bool:
-        """Whether the push goes on, given the lock script's reply: with the lock, the
-        payload names it; without, the duplicate is logged."""
-        key = call.keys[0]
-        if not taken:
+    def admit(self, spec: JobSpec | None, payload: Payload, reply: Any) -> bool:
+        """With the lock, the payload names it; without, the duplicate is logged."""
+        key = lock_key(payload)
+        if not reply:
             log.debug(
                 "duplicate not pushed class=%s queue=%s lock=%s",
                 payload["class"],
@@ -153,46 +113,30 @@ class UniqueJobs:
         payload[LOCK_FIELD] = key
         return True
 
-    def abandon_bulk(self, spec: JobSpec | None, payloads: list[Payload], redis: Any) -> None:
+    def undo_work(self, spec: JobSpec | None, payload: Payload) -> ScriptCall | None:
+        """Halted later in the chain, or failed: the lock would guard nothing."""
+        return release_call(payload) if payload.get("unique_for") else None
+
+    def abandon_work(self, spec: JobSpec | None, payloads: list[Payload]) -> list[ScriptCall]:
         """The chunk was not written: free the locks its jobs took."""
-        for payload in payloads:
-            release(redis, payload)
-
-    async def aabandon_bulk(
-        self, spec: JobSpec | None, payloads: list[Payload], redis: redis_asyncio.Redis
-    ) -> None:
-        for payload in payloads:
-            await arelease(redis, payload)
+        return [call for call in map(release_call, payloads) if call is not None]
 
 
-class UniqueRelease:
+class UniqueRelease(ServerMiddleware):
     """Server middleware: free the lock when the job's policy says so."""
 
-    def __init__(self, redis: Any) -> None:
+    def __init__(self, redis: RedisClient) -> None:
         self.redis = redis
 
     def concerns(self, payload: Payload) -> bool:
         """Only a job that holds a lock has one to free."""
         return bool(payload.get(LOCK_FIELD))
 
-    def __call__(
-        self, spec: JobSpec, payload: Payload, queue: str, call_next: Callable[[], Any]
-    ) -> Any:
+    def starting(self, spec: JobSpec, payload: Payload, queue: str) -> ScriptCall | None:
+        """Under ``executing``, the lock goes as the job starts."""
         if payload.get(LOCK_FIELD) and _policy(payload) == "executing":
-            release(self.redis, payload)
-        return call_next()
-
-    async def acall(
-        self,
-        spec: JobSpec,
-        payload: Payload,
-        queue: str,
-        call_next: Callable[[], Awaitable[Any]],
-    ) -> Any:
-        """The same for an async job, on the loop's twin of the capsule's Redis."""
-        if payload.get(LOCK_FIELD) and _policy(payload) == "executing":
-            await arelease(loop_twin(self.redis), payload)
-        return await call_next()
+            return release_call(payload)
+        return None
 
     def settled(
         self,

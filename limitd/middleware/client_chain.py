@@ -1,0 +1,221 @@
+"""The client middleware chain: every push passes it, on the caller's thread
+(:meth:`ClientChain.invoke`) or on an event loop (:meth:`ClientChain.ainvoke`), the two
+runners differing only by ``await`` (see :mod:`limitd.middleware.base` for the hooks).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from limitd.middleware.base import ClientMiddleware
+from limitd.middleware.callables import AsyncPushNext, CallableClient
+from limitd.middleware.chain import Chain
+from limitd.middleware.work import AsyncRedisClient, RedisClient, arun_work, run_work
+from limitd.payload import Payload
+from limitd.replication import NotReplicated
+from limitd.spec import JobSpec
+
+log = logging.getLogger("limitd.client")
+
+PushNext = Callable[[Payload], "Payload | None"]
+SyncRedis = Callable[[], Any]  # built only when a callable middleware needs one
+
+
+def call_next_or_undo(
+    call_next: PushNext, payload: Payload, undo: Callable[[], object]
+) -> Payload | None:
+    """For client middleware that reserve something before the push (a unique lock, a
+    place in a batch): run the rest of the chain, and ``undo`` the reservation if it
+    halts the push or raises (except :class:`~limitd.replication.NotReplicated`: the job
+    was pushed)."""
+    try:
+        pushed = call_next(payload)
+    except NotReplicated:
+        raise
+    except BaseException:
+        undo()
+        raise
+    if pushed is None:
+        undo()
+    return pushed
+
+
+async def acall_next_or_undo(
+    call_next: AsyncPushNext, payload: Payload, undo: Callable[[], Awaitable[object]]
+) -> Payload | None:
+    """:func:`call_next_or_undo` on an event loop."""
+    try:
+        pushed = await call_next(payload)
+    except NotReplicated:
+        raise
+    except BaseException:
+        await undo()
+        raise
+    if pushed is None:
+        await undo()
+    return pushed
+
+
+def log_abandon_failure(middleware: Any, payloads: list[Payload]) -> None:
+    """An ``abandon_bulk`` that raised: logged with the middleware and the jobs' class,
+    and not raised, so the others still give back theirs and the push's own error goes
+    on. Call from an ``except`` block (the traceback is logged)."""
+    log.exception(
+        "%s could not undo its reservations for %d jobs of class=%s",
+        type(middleware).__name__,
+        len(payloads),
+        payloads[0].get("class") if payloads else None,
+    )
+
+
+ClientEntry = ClientMiddleware | CallableClient
+
+
+class ClientChain(Chain):
+    """The middleware every push passes, run by :meth:`invoke` (sync) or :meth:`ainvoke`
+    (on an event loop)."""
+
+    def __init__(self, entries: list[Any] | None = None) -> None:
+        super().__init__(entries)
+        self._plan: tuple[int, list[ClientEntry]] = (-1, [])
+
+    def _entries_now(self) -> list[ClientEntry]:
+        version, plan = self._plan
+        if version != self._version:
+            plan = [m if isinstance(m, ClientMiddleware) else CallableClient(m) for m in self]
+            self._plan = (self._version, plan)
+        return plan
+
+    def invoke(
+        self, spec: JobSpec | None, payload: Payload, redis: RedisClient, push: PushNext
+    ) -> Payload | None:
+        """Run ``payload`` through every middleware, then ``push`` it."""
+        entries = self._entries_now()
+
+        def step(index: int, current: Payload) -> Payload | None:
+            if index == len(entries):
+                return push(current)
+            entry = entries[index]
+            call_next = functools.partial(step, index + 1)
+            if isinstance(entry, CallableClient):
+                return entry.middleware(spec, current, redis, call_next)
+            work = entry.push_work(spec, current)
+            if work is not None and not entry.admit(spec, current, run_work(redis, work)[0]):
+                return None
+            undo = entry.undo_work(spec, current)
+            if undo is None:
+                return call_next(current)
+            return call_next_or_undo(call_next, current, lambda: run_work(redis, undo))
+
+        return step(0, payload)
+
+    async def ainvoke(
+        self,
+        spec: JobSpec | None,
+        payload: Payload,
+        redis: AsyncRedisClient,
+        push: AsyncPushNext,
+        *,
+        sync_redis: SyncRedis,
+    ) -> Payload | None:
+        """:meth:`invoke` on the running loop (``sync_redis``: for callable middleware
+        without ``acall``, run on a worker thread)."""
+        entries = self._entries_now()
+
+        async def step(index: int, current: Payload) -> Payload | None:
+            if index == len(entries):
+                return await push(current)
+            entry = entries[index]
+            call_next = functools.partial(step, index + 1)
+            if isinstance(entry, CallableClient):
+                return await entry.ainvoke(spec, current, redis, call_next, sync_redis)
+            work = entry.push_work(spec, current)
+            if work is not None and not entry.admit(
+                spec, current, (await arun_work(redis, work))[0]
+            ):
+                return None
+            undo = entry.undo_work(spec, current)
+            if undo is None:
+                return await call_next(current)
+            return await acall_next_or_undo(call_next, current, lambda: arun_work(redis, undo))
+
+        return await step(0, payload)
+
+    def prepare_bulk(
+        self, spec: JobSpec | None, payloads: list[Payload], redis: RedisClient
+    ) -> None:
+        """Before a bulk chunk goes through the chain job by job, let each middleware do
+        its Redis work for the whole chunk in one round trip. Each job still passes
+        every middleware on its own afterwards."""
+        for entry in self._entries_now():
+            if isinstance(entry, CallableClient):
+                if entry.prepare_bulk is not None:
+                    entry.prepare_bulk(spec, payloads, redis)
+                continue
+            work = entry.bulk_work(spec, payloads)
+            if work:
+                run_work(redis, work)
+
+    async def aprepare_bulk(
+        self,
+        spec: JobSpec | None,
+        payloads: list[Payload],
+        redis: AsyncRedisClient,
+        sync_redis: SyncRedis,
+    ) -> None:
+        """:meth:`prepare_bulk` on the running loop."""
+        for entry in self._entries_now():
+            if isinstance(entry, CallableClient):
+                hooks = (entry.aprepare_bulk, entry.prepare_bulk)
+                await entry.abulk(*hooks, (spec, payloads), redis, sync_redis)
+                continue
+            work = entry.bulk_work(spec, payloads)
+            if work:
+                await arun_work(redis, work)
+
+    def abandon_bulk(
+        self, spec: JobSpec | None, payloads: list[Payload], redis: RedisClient
+    ) -> None:
+        """A bulk chunk was not written (a middleware or the write raised): let each
+        middleware give back what it reserved for its jobs, as a single push's do when
+        the push raises. Each runs even if another fails; their failures are logged, the
+        caller re-raises the original error."""
+        for entry in self._entries_now():
+            try:
+                if isinstance(entry, CallableClient):
+                    if entry.abandon_bulk is not None:
+                        entry.abandon_bulk(spec, payloads, redis)
+                    continue
+                work = entry.abandon_work(spec, payloads)
+                if work:
+                    run_work(redis, work)
+            except Exception:
+                log_abandon_failure(_named(entry), payloads)
+
+    async def aabandon_bulk(
+        self,
+        spec: JobSpec | None,
+        payloads: list[Payload],
+        redis: AsyncRedisClient,
+        sync_redis: SyncRedis,
+    ) -> None:
+        """:meth:`abandon_bulk` on the running loop."""
+        for entry in self._entries_now():
+            try:
+                if isinstance(entry, CallableClient):
+                    hooks = (entry.aabandon_bulk, entry.abandon_bulk)
+                    await entry.abulk(*hooks, (spec, payloads), redis, sync_redis)
+                    continue
+                work = entry.abandon_work(spec, payloads)
+                if work:
+                    await arun_work(redis, work)
+            except Exception:
+                log_abandon_failure(_named(entry), payloads)
+
+
+def _named(entry: ClientEntry) -> object:
+    """The middleware as its author wrote it (for logs)."""
+    return entry.middleware if isinstance(entry, CallableClient) else entry
