@@ -37,8 +37,8 @@ from limitd.config import (
     load_config,
 )
 from limitd.embedded import RedisServer
+from limitd.fair_tenant.admin import window_label
 from limitd.fair_tenant.checks import check_fair_tenant_queues
-from limitd.fair_tenant.commands import window_label
 from limitd.fair_tenant.middleware import FairTenant, FairTenantSettings
 
 ROOT = Path(__file__).resolve().parent.parent

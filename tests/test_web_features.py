@@ -30,10 +30,10 @@ from limitd.api import (
     reroutes,
     top_tenants,
 )
-from limitd.batch.commands import state
+from limitd.batch.admin import state
 from limitd.capacity.store import CapacityStore
-from limitd.fair_tenant.commands import window_label
-from limitd.periodic.commands import local_time
+from limitd.fair_tenant.admin import window_label
+from limitd.periodic.admin import local_time
 from limitd.periodic.store import PeriodicStore
 from limitd.supervisor import Capsule, CapsuleConfig
 from limitd.web.views.limiters import usage_text

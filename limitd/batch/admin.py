@@ -125,3 +125,16 @@ __all__ = [
     "batch_status",
     "list_batches",
 ]
+
+
+def state(status: BatchStatus) -> str:
+    """The one word the CLI and the dashboard show for where a batch stands."""
+    if status.building:
+        word = "building"
+    elif status.success:
+        word = "success"
+    elif status.complete:
+        word = "complete"
+    else:
+        word = "running"
+    return word + ("+death" if status.death_at is not None else "")

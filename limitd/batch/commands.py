@@ -13,7 +13,7 @@ import argparse
 import time
 from typing import Any
 
-from limitd.batch.admin import BatchStatus, batch_status, list_batches
+from limitd.batch.admin import BatchStatus, batch_status, list_batches, state
 from limitd.commands import table
 from limitd.commands.common import (
     EX_NOT_FOUND,
@@ -77,18 +77,6 @@ def _show_one(args: argparse.Namespace, connect: Connect) -> int:
     for jid, error in sorted(status.failures.items()):
         print(f"  failed {jid}: {table.truncate(error, 120)}")
     return EX_OK
-
-
-def state(status: BatchStatus) -> str:
-    if status.building:
-        word = "building"
-    elif status.success:
-        word = "success"
-    elif status.complete:
-        word = "complete"
-    else:
-        word = "running"
-    return word + ("+death" if status.death_at is not None else "")
 
 
 def _cells(status: BatchStatus) -> list[Any]:

@@ -239,3 +239,14 @@ def _member(raw: bytes | str, size: int) -> tuple[str, ...] | None:
     if not isinstance(value, list) or len(value) != size:
         return None
     return tuple(str(item) for item in value)
+
+
+UNITS = ((86_400, "d"), (3_600, "h"), (60, "m"))
+
+
+def window_label(seconds: float) -> str:
+    """A rule's window as people write it: 3600 -> ``1h``, 90 -> ``90s``."""
+    for size, unit in UNITS:
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"

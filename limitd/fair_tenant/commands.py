@@ -26,13 +26,12 @@ from limitd.commands.common import (
     parse_count,
 )
 from limitd.config import load_config
-from limitd.fair_tenant.admin import TenantStatus, top_tenants
+from limitd.fair_tenant.admin import TenantStatus, top_tenants, window_label
 from limitd.fair_tenant.section import KEY
 from limitd.locate import named_config
 
 HEADERS = ("TENANT", "JOB", "ENQUEUES", "RULE NOW", "REROUTED")
 DEFAULT_LIMIT = "20"
-UNITS = ((86_400, "d"), (3_600, "h"), (60, "m"))
 
 
 def add_tenants_command(commands: Subparsers, resolve_redis: ResolveRedis) -> None:
@@ -79,14 +78,6 @@ def tenant_row(status: TenantStatus) -> dict[str, Any]:
     row = status.as_dict()
     row["last_enqueued_at"] = round(row["last_enqueued_at"], 3)
     return row
-
-
-def window_label(seconds: float) -> str:
-    """A rule's window as people write it: 3600 -> ``1h``, 90 -> ``90s``."""
-    for size, unit in UNITS:
-        if seconds >= size and seconds % size == 0:
-            return f"{int(seconds // size)}{unit}"
-    return f"{seconds:g}s"
 
 
 def _cells(row: dict[str, Any]) -> list[object]:

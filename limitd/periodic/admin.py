@@ -16,12 +16,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import redis as redis_py
 
 from limitd import clock
 from limitd.api.records import _connection
-from limitd.periodic.section import PeriodicEntry
+from limitd.periodic.section import PeriodicEntry, in_zone
 from limitd.periodic.store import PeriodicStore, Record
 
 
@@ -82,3 +83,10 @@ def _status(entry: PeriodicEntry, record: Record, now: float) -> PeriodicStatus:
         last_run_at=record.last_run_at,
         next_run=entry.next_tick(now),
     )
+
+
+def local_time(timestamp: float | None, tz: str) -> str:
+    """A time as the entry's zone shows it, to the second; "-" for none."""
+    if timestamp is None:
+        return "-"
+    return in_zone(timestamp, ZoneInfo(tz)).isoformat(sep=" ", timespec="seconds")

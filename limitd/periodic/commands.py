@@ -9,7 +9,6 @@ entries are the ``periodic`` section of the files given with ``-C`` (else
 from __future__ import annotations
 
 import argparse
-from zoneinfo import ZoneInfo
 
 from limitd.commands import table
 from limitd.commands.common import (
@@ -21,8 +20,8 @@ from limitd.commands.common import (
     bind,
 )
 from limitd.locate import named_config
-from limitd.periodic.admin import PeriodicStatus, periodic_status
-from limitd.periodic.section import KEY, PeriodicEntry, PeriodicSettings, in_zone
+from limitd.periodic.admin import PeriodicStatus, local_time, periodic_status
+from limitd.periodic.section import KEY, PeriodicEntry, PeriodicSettings
 
 HEADERS = ("NAME", "CRON", "TZ", "JOB", "LAST JID", "LAST RUN", "NEXT RUN")
 
@@ -59,13 +58,6 @@ def _configured(args: argparse.Namespace) -> list[PeriodicEntry] | None:
         return None
     settings: PeriodicSettings | None = config.section(KEY)
     return [] if settings is None else list(settings.entries)
-
-
-def local_time(timestamp: float | None, tz: str) -> str:
-    """A time as the entry's zone shows it, to the second; "-" for none."""
-    if timestamp is None:
-        return "-"
-    return in_zone(timestamp, ZoneInfo(tz)).isoformat(sep=" ", timespec="seconds")
 
 
 def _cells(status: PeriodicStatus) -> list[object]:

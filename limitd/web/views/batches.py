@@ -13,7 +13,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from limitd.api import BatchStatus, batch_detail, list_batches
-from limitd.batch.commands import state
+from limitd.batch.admin import state
 from limitd.web.rendering import render
 
 ORDER = 70

@@ -12,7 +12,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from limitd.api import limiter_usage, limiters
-from limitd.fair_tenant.commands import window_label
+from limitd.fair_tenant.admin import window_label
 from limitd.web.rendering import render
 
 ORDER = 90

@@ -14,7 +14,7 @@ from starlette.routing import Route
 
 from limitd import clock
 from limitd.api import periodic_status
-from limitd.periodic.commands import local_time
+from limitd.periodic.admin import local_time
 from limitd.periodic.section import KEY
 from limitd.web.rendering import render
 

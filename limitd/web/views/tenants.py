@@ -14,7 +14,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from limitd.api import reroutes, top_tenants
-from limitd.fair_tenant.commands import window_label
+from limitd.fair_tenant.admin import window_label
 from limitd.fair_tenant.section import KEY
 from limitd.web.rendering import render
 
