@@ -13,9 +13,10 @@ import functools
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from limitd import clock, handoff, keys
+from limitd.middleware.work import RedisClient
 from limitd.redis import LuaScript, ScriptCall
 
 _PACKAGE = __package__ or "limitd.batch"
@@ -44,7 +45,7 @@ class NewBatch:
     parent: str | None = None
 
 
-def open_batch(redis: Any, bid: str, new: NewBatch | None = None) -> None:
+def open_batch(redis: RedisClient, bid: str, new: NewBatch | None = None) -> None:
     """Count one more open block; create the batch first when ``new`` describes it."""
     check_opened(bid, open_call(bid, new).run(redis))
 
@@ -74,7 +75,7 @@ def check_opened(bid: str, opened: Any) -> None:
         raise BatchNotOpen(f"batch {bid} does not exist (never created, or expired)")
 
 
-def close_batch(redis: Any, bid: str) -> None:
+def close_batch(redis: RedisClient, bid: str) -> None:
     """End one open block; the last one lets the batch fire."""
     close_call(bid).run(redis)
     push_handed_off(redis)
@@ -96,15 +97,15 @@ def remove_jobs_call(bid: str, jids: Sequence[str]) -> ScriptCall:
     return REMOVE.later(keys.batch_keys(bid), jids)
 
 
-def add_jobs(redis: Any, bid: str, jids: Sequence[str]) -> int:
+def add_jobs(redis: RedisClient, bid: str, jids: Sequence[str]) -> int:
     return int(ADD(redis, keys.batch_keys(bid), list(jids)))
 
 
-def remove_jobs(redis: Any, bid: str, jids: Sequence[str]) -> int:
+def remove_jobs(redis: RedisClient, bid: str, jids: Sequence[str]) -> int:
     return int(REMOVE(redis, keys.batch_keys(bid), list(jids)))
 
 
-def job_settled(redis: Any, bid: str, jid: str, result: str, error: str = "") -> int:
+def job_settled(redis: RedisClient, bid: str, jid: str, result: str, error: str = "") -> int:
     """Record one run's ``result`` (success, failure or death). Returns 1 when it
     changed the batch, 0 for a repeat, -1 for an unknown batch."""
     result_code = int(job_settled_call(bid, jid, result, error).run(redis))
@@ -112,7 +113,7 @@ def job_settled(redis: Any, bid: str, jid: str, result: str, error: str = "") ->
     return result_code
 
 
-def push_handed_off(redis: Any) -> None:
+def push_handed_off(redis: RedisClient) -> None:
     """Cluster mode: push the callbacks the script just handed off (``limitd.handoff``)."""
     if keys.is_cluster_layout():
         handoff.push_waiting(redis, clock.now())
@@ -146,13 +147,14 @@ def _callbacks_to() -> str:
     return keys.MOVING if keys.is_cluster_layout() else keys.QUEUES
 
 
-def prune_index(redis: Any, page: int = 500) -> int:
+def prune_index(redis: RedisClient, page: int = 500) -> int:
     """Drop the index entries of batches whose data has expired, oldest first, a page
     at a time; returns how many went. The index is only read by the admin API, so
     without this it would keep one entry for every batch ever made."""
     removed = start = 0
     while True:
-        bids = [bid.decode() for bid in redis.zrange(keys.BATCHES, start, start + page - 1)]
+        page_of = cast("list[bytes]", redis.zrange(keys.BATCHES, start, start + page - 1))
+        bids = [bid.decode() for bid in page_of]
         if not bids:
             return removed
         pipe = redis.pipeline(transaction=False)
@@ -199,12 +201,12 @@ class BatchStatus:
         return {**self.__dict__, "complete": self.complete, "success": self.success}
 
 
-def read_status(redis: Any, bid: str) -> BatchStatus | None:
+def read_status(redis: RedisClient, bid: str) -> BatchStatus | None:
     """The batch's status, or None when it does not exist (or expired)."""
     return read_statuses(redis, [bid])[0]
 
 
-def read_statuses(redis: Any, bids: Sequence[str]) -> list[BatchStatus | None]:
+def read_statuses(redis: RedisClient, bids: Sequence[str]) -> list[BatchStatus | None]:
     """Statuses of several batches in one round trip, None for those that are gone."""
     pipe = redis.pipeline(transaction=False)
     for bid in bids:

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from limitd import clock, keys
+from limitd.middleware.work import RedisClient
 from limitd.redis import LuaScript
 
 PACKAGE = __package__ or "limitd.capacity"
@@ -80,7 +81,7 @@ class Timing:
 class CapacityStore:
     """One job class's capacity, on one Redis."""
 
-    def __init__(self, redis: Any, name: str, timing: Timing | None = None) -> None:
+    def __init__(self, redis: RedisClient, name: str, timing: Timing | None = None) -> None:
         self.redis = redis
         self.name = name
         self.timing = timing or Timing()
@@ -141,7 +142,7 @@ class CapacityState:
         return asdict(self)
 
 
-def read_states(redis: Any) -> list[CapacityState]:
+def read_states(redis: RedisClient) -> list[CapacityState]:
     """Every class refilled in the last ``NAMES_TTL``, in two round trips whatever their
     number. Expired leases and reservations are not counted, pruned or not."""
     now = clock.now()

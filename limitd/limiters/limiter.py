@@ -45,6 +45,7 @@ from limitd.limiters.store import (
     OverLimit,
 )
 from limitd.limiters.tries import Tries
+from limitd.middleware.work import RedisClient
 
 MAX_BLOCK = 5.0  # one BLPOP at most this long: under the connection's socket timeout
 
@@ -57,7 +58,7 @@ class Limiter:
         self,
         definition: Definition,
         wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
-        redis: Any = None,
+        redis: RedisClient | None = None,
     ) -> None:
         self.definition = definition
         self.wait_timeout = store.positive_seconds(
@@ -74,7 +75,7 @@ class Limiter:
         lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
         wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
         ttl: float = DEFAULT_TTL,
-        redis: Any = None,
+        redis: RedisClient | None = None,
     ) -> Limiter:
         """At most ``count`` holders at once; a holder's slot is freed after
         ``lock_timeout`` seconds even if it never leaves its block (killed process)."""
@@ -90,7 +91,7 @@ class Limiter:
         *,
         wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
         ttl: float = DEFAULT_TTL,
-        redis: Any = None,
+        redis: RedisClient | None = None,
     ) -> Limiter:
         """``count`` calls per calendar interval (UTC): the count resets when a new
         second, minute, hour or day starts."""
@@ -107,7 +108,7 @@ class Limiter:
         *,
         wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
         ttl: float = DEFAULT_TTL,
-        redis: Any = None,
+        redis: RedisClient | None = None,
     ) -> Limiter:
         """``count`` calls in any rolling ``interval`` (a sliding window)."""
         return cls._per_interval(
@@ -123,7 +124,7 @@ class Limiter:
         *,
         wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
         ttl: float = DEFAULT_TTL,
-        redis: Any = None,
+        redis: RedisClient | None = None,
     ) -> Limiter:
         """A burst of ``count`` calls, then ``count`` per ``interval`` evenly spread."""
         return cls._per_interval(
@@ -140,7 +141,7 @@ class Limiter:
         *,
         wait_timeout: float,
         ttl: float,
-        redis: Any,
+        redis: RedisClient | None,
     ) -> Limiter:
         """The three kinds that count calls per interval differ only in their script."""
         seconds = store.parse_interval(name, interval)
@@ -190,7 +191,7 @@ class Limiter:
         finally:
             store.release(redis, self.definition, token, clock.monotonic() - started)
 
-    def _take(self, redis: Any, token: str) -> None:
+    def _take(self, redis: RedisClient, token: str) -> None:
         """Try until taken or the deadline passes, pausing as :class:`Tries` says."""
         tries = self.tries(token)
         while True:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from limitd import keys
+from limitd.middleware.work import RedisClient
 from limitd.redis import LuaScript
 
 PACKAGE = __package__ or "limitd.limiters"
@@ -148,7 +149,7 @@ def release_call(definition: Definition, token: str, held: float) -> Call:
     return RELEASE, script_keys, [token, round(held * 1000), definition.limit, lock_ms]
 
 
-def release(redis: Any, definition: Definition, token: str, held: float) -> bool:
+def release(redis: RedisClient, definition: Definition, token: str, held: float) -> bool:
     """Give back a concurrent slot; False when its lock had expired meanwhile."""
     script, script_keys, args = release_call(definition, token, held)
     return bool(script(redis, script_keys, args))
@@ -169,12 +170,12 @@ def queue_over_limit(pipe: Any, definition: Definition) -> None:
     pipe.expire(stats, math.ceil(definition.ttl))
 
 
-def record_over_limit(redis: Any, definition: Definition) -> None:
+def record_over_limit(redis: RedisClient, definition: Definition) -> None:
     pipe = redis.pipeline(transaction=False)
     queue_over_limit(pipe, definition)
     pipe.execute()
 
 
-def held_now(redis: Any, name: str, now: float) -> int:
+def held_now(redis: RedisClient, name: str, now: float) -> int:
     """Holders of a concurrent limiter whose lock has not expired."""
     return int(redis.zcount(keys.limiter("holders", name), f"({now!r}", "+inf"))

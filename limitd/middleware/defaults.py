@@ -9,6 +9,7 @@ from typing import Any
 
 from limitd.middleware.chain import ServerChain
 from limitd.middleware.client_chain import ClientChain
+from limitd.middleware.work import RedisClient
 from limitd.plugins import registered
 
 
@@ -25,7 +26,7 @@ def default_client_chain(settings: Mapping[str, Any] | None = None) -> ClientCha
     return chain
 
 
-def default_server_chain(redis: Any) -> ServerChain:
+def default_server_chain(redis: RedisClient) -> ServerChain:
     """One server middleware per feature that has one, reporting on the capsule's Redis."""
     chain = ServerChain()
     for feature in registered():
