@@ -311,11 +311,11 @@ def fetch_cost(conn: redis_py.Redis, queue_count: int, fetches: int = 2000) -> f
     conn.lpush(keys.queue(names[-1]), *[b'{"class":"X","args":[]}'] * fetches)
     fetch = LimitFetch(conn, QueueOrder(names), "bench-many")
     started = time.perf_counter()
-    unit = None
+    units: list = []
     for _ in range(fetches):
-        unit = fetch.try_retrieve(unit)
+        units = fetch.take(1, units)
     elapsed = time.perf_counter() - started
-    fetch.try_retrieve(unit)
+    fetch.settle(units)
     return elapsed / fetches * 1e6
 
 

@@ -21,12 +21,19 @@ from limitd import Limiter, cluster, keys
 from limitd.config import ConfigError, load_config
 from limitd.embedded import RedisServer
 from limitd.fetch import limits as queue_limits
-from limitd.fetch.limit import LimitFetch
+from limitd.fetch.factory import limit_fetch
 from limitd.fetch.order import QueueOrder
 from limitd.redis import LuaScript, connect
 from limitd.supervisor import Capsule, CapsuleConfig, liveness
 from tests.helpers import LimitdProcesses, wait_for
 from tests.topologies import ClusterGroup, cluster_port
+
+
+def take_one(fetch, done=None, **options):  # type: ignore[no-untyped-def]
+    """One job (settling ``done`` in the same call), or None."""
+    units = fetch.take(1, [done] if done is not None else [], **options)
+    return units[0] if units else None
+
 
 QUEUES = ["alpha", "beta", "gamma", "delta"]
 ran: list[Any] = []
@@ -142,7 +149,7 @@ def test_every_script_call_touches_one_slot(
     mark.set(queue="alpha").perform_async(10)
     mark.set(queue="delta").perform_async(11)
     dead = Capsule(CapsuleConfig(queues=QUEUES, concurrency=2), redis=clustered)
-    held = [dead.fetch.try_retrieve(), dead.fetch.try_retrieve()]
+    held = [take_one(dead.fetch), take_one(dead.fetch)]
     assert all(held)
     liveness.vouch(clustered, [dead.id], 15)
     clustered.delete(keys.capsule_heartbeat(dead.id))
@@ -320,15 +327,15 @@ def test_a_queue_that_gave_nothing_is_skipped_until_a_wake_up_names_it(
 ) -> None:
     """Each queue asked is a round trip to its shard: with wake-ups, a queue that just
     gave nothing is left alone for a moment (a long one here), unless one names it."""
-    fetch = LimitFetch(clustered, QueueOrder(["alpha", "beta"]), "c1")
+    fetch = limit_fetch(clustered, QueueOrder(["alpha", "beta"]), "c1")
     fetch.quiet_seconds = 3600
     clustered.lpush(keys.queue("beta"), '{"class":"X","args":[1],"queue":"beta"}')
-    assert fetch.try_retrieve().queue == "beta"  # alpha was asked, and gave nothing
+    assert take_one(fetch).queue == "beta"  # alpha was asked, and gave nothing
     clustered.lpush(keys.queue("alpha"), '{"class":"X","args":[2],"queue":"alpha"}')
     clustered.lpush(keys.queue("beta"), '{"class":"X","args":[3],"queue":"beta"}')
-    assert fetch.try_retrieve().queue == "beta", "alpha is quiet: not asked"
+    assert take_one(fetch).queue == "beta", "alpha is quiet: not asked"
     fetch.woken("alpha")
-    assert fetch.try_retrieve().queue == "alpha"
+    assert take_one(fetch).queue == "alpha"
 
 
 # Names in ``keys`` that are the same in both layouts: a template whose key gets its

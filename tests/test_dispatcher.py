@@ -19,6 +19,7 @@ from limitd import keys
 from limitd.fetch import LimitFetch, QueueOrder
 from limitd.fetch import limits as queue_limits
 from limitd.fetch.dispatcher import Dispatcher
+from limitd.fetch.factory import limit_fetch
 from limitd.fetch.wakeup import IdleGate
 from limitd.supervisor import Capsule, CapsuleConfig
 from tests.helpers import wait_for
@@ -47,7 +48,7 @@ def push(redis: redis_py.Redis, queue: str, count: int) -> None:
 
 
 def fetch_for(redis: redis_py.Redis, *queues: str, blocking: tuple[str, ...] = ()) -> LimitFetch:
-    return LimitFetch(redis, QueueOrder(list(queues)), "cap-1", blocking=blocking)
+    return limit_fetch(redis, QueueOrder(list(queues)), "cap-1", blocking=blocking)
 
 
 def busy(redis: redis_py.Redis, queue: str) -> int:
@@ -57,7 +58,7 @@ def busy(redis: redis_py.Redis, queue: str) -> int:
 def test_one_call_takes_up_to_want_within_the_limit(redis) -> None:
     push(redis, "a", 10)
     queue_limits.set_limit(redis, "a", 3)
-    units = fetch_for(redis, "a").settle_and_take([], 5)
+    units = fetch_for(redis, "a").take(5, [])
     assert len(units) == 3
     assert busy(redis, "a") == 3
     assert redis.llen(keys.in_progress("cap-1", "a")) == 3
@@ -66,7 +67,7 @@ def test_one_call_takes_up_to_want_within_the_limit(redis) -> None:
 def test_one_call_keeps_the_strict_order_across_queues(redis) -> None:
     push(redis, "a", 2)
     push(redis, "b", 5)
-    units = fetch_for(redis, "a", "b").settle_and_take([], 5)
+    units = fetch_for(redis, "a", "b").take(5, [])
     assert [u.queue for u in units] == ["a", "a", "b", "b", "b"]
     assert [json.loads(u.job)["args"] for u in units][:2] == [[0], [1]]  # oldest first
 
@@ -75,20 +76,20 @@ def test_a_blocking_queue_at_its_limit_stops_the_whole_call(redis) -> None:
     push(redis, "a", 5)
     push(redis, "b", 5)
     queue_limits.set_limit(redis, "a", 2)
-    units = fetch_for(redis, "a", "b", blocking=("a",)).settle_and_take([], 5)
+    units = fetch_for(redis, "a", "b", blocking=("a",)).take(5, [])
     assert [u.queue for u in units] == ["a", "a"]
 
 
 def test_one_call_settles_many_and_requeues_to_the_front(redis) -> None:
     push(redis, "a", 6)
     fetch = fetch_for(redis, "a")
-    units = fetch.settle_and_take([], 6)
-    again = fetch.settle_and_take(units[:4], 0)
+    units = fetch.take(6, [])
+    again = fetch.take(0, units[:4])
     assert again == [] and busy(redis, "a") == 2
-    fetch.bulk_requeue(units[4:])
+    fetch.requeue(units[4:])
     assert busy(redis, "a") == 0
     assert redis.llen(keys.in_progress("cap-1", "a")) == 0
-    assert [json.loads(u.job)["args"] for u in fetch.settle_and_take([], 2)] == [[4], [5]]
+    assert [json.loads(u.job)["args"] for u in fetch.take(2, [])] == [[4], [5]]
 
 
 def test_the_dispatcher_fetches_no_more_than_processors_wait_for(redis) -> None:
@@ -111,7 +112,7 @@ def test_stop_settles_finished_jobs_and_requeues_untaken_ones(redis) -> None:
     push(redis, "a", 3)
     fetch = fetch_for(redis, "a")
     dispatcher = Dispatcher(fetch, IdleGate())  # never started: driven by hand
-    finished, untaken, _ = fetch.settle_and_take([], 3)
+    finished, untaken, _ = fetch.take(3, [])
     dispatcher._finished.append(finished)
     dispatcher._ready.append(untaken)
     assert {u.job for u in dispatcher.held()} == {finished.job, untaken.job}
@@ -148,7 +149,7 @@ def test_weighted_orders_are_drawn_per_job_within_one_call(redis) -> None:
     push(redis, "a", 100)
     push(redis, "b", 100)
     order = QueueOrder([["a", 3], ["b", 1]], rng=random.Random(7))
-    units = LimitFetch(redis, order, "cap-1").settle_and_take([], 40)
+    units = limit_fetch(redis, order, "cap-1").take(40, [])
     taken = Counter(unit.queue for unit in units)
     assert sum(taken.values()) == 40
     assert 20 <= taken["a"] <= 38 and taken["b"] >= 2, taken
@@ -161,9 +162,10 @@ def test_a_processor_that_needs_a_job_makes_the_call_itself(redis) -> None:
     push(redis, "a", 3)
     fetch = fetch_for(redis, "a")
     dispatcher = Dispatcher(fetch, IdleGate(poll_range=(0.05, 0.05)))  # never started
-    first = dispatcher.retrieve_work()
+    first = dispatcher.take()
     assert first is not None and busy(redis, "a") == 1
-    second = dispatcher.retrieve_work(first)
+    dispatcher.finish(first)
+    second = dispatcher.take()
     assert second is not None and second.job != first.job
     assert busy(redis, "a") == 1, "the first was settled in the same call"
     assert redis.llen(keys.in_progress("cap-1", "a")) == 1
@@ -178,20 +180,20 @@ def test_processors_arriving_during_a_call_are_served_by_the_next_one(redis) -> 
     fetch = fetch_for(redis, "a")
     dispatcher = Dispatcher(fetch, IdleGate(poll_range=(0.05, 0.05)))  # never started
     in_call, go_on = threading.Event(), threading.Event()
-    settle_and_take = fetch.settle_and_take
+    take = fetch.take
 
     def slow_first_call(*args, **kwargs):  # type: ignore[no-untyped-def]
         if not in_call.is_set():
             in_call.set()
             go_on.wait(10)
-        return settle_and_take(*args, **kwargs)
+        return take(*args, **kwargs)
 
-    fetch.settle_and_take = slow_first_call  # type: ignore[method-assign]
+    fetch.take = slow_first_call  # type: ignore[method-assign]
     got: list[bytes] = []
     lock = threading.Lock()
 
     def processor() -> None:
-        unit = dispatcher.retrieve_work()
+        unit = dispatcher.take()
         with lock:
             got.append(unit.job if unit is not None else b"")
 

@@ -11,6 +11,12 @@ import redis as redis_py
 from limitd.fetch import BasicFetch, QueueOrder
 
 
+def take_one(fetch, done=None, **options):  # type: ignore[no-untyped-def]
+    """One job (settling ``done`` in the same call), or None."""
+    units = fetch.take(1, [done] if done is not None else [], **options)
+    return units[0] if units else None
+
+
 def fill(redis: redis_py.Redis, queues: list[str], per_queue: int) -> None:
     pipe = redis.pipeline()
     for name in queues:
@@ -21,7 +27,7 @@ def fill(redis: redis_py.Redis, queues: list[str], per_queue: int) -> None:
 def fetched_queues(fetch: BasicFetch, count: int) -> Counter[str]:
     seen: Counter[str] = Counter()
     for _ in range(count):
-        unit = fetch.retrieve_work()
+        unit = take_one(fetch, wait=True)
         assert unit is not None
         seen[unit.queue] += 1
     return seen
@@ -43,15 +49,15 @@ def test_bad_queue_entries_are_rejected(bad: list[object]) -> None:
 def test_strict_order_drains_the_first_queue_first(redis: redis_py.Redis) -> None:
     fill(redis, ["high", "low"], 5)
     fetch = BasicFetch(redis, QueueOrder(["high", "low"]), block_seconds=0.05)
-    order = [fetch.retrieve_work().queue for _ in range(10)]  # type: ignore[union-attr]
+    order = [take_one(fetch, wait=True).queue for _ in range(10)]  # type: ignore[union-attr]
     assert order == ["high"] * 5 + ["low"] * 5
-    assert fetch.retrieve_work() is None
+    assert take_one(fetch, wait=True) is None
 
 
 def test_fifo_within_a_queue(redis: redis_py.Redis) -> None:
     fill(redis, ["q"], 3)
     fetch = BasicFetch(redis, QueueOrder(["q"]))
-    jobs = [fetch.retrieve_work().job for _ in range(3)]  # type: ignore[union-attr]
+    jobs = [take_one(fetch, wait=True).job for _ in range(3)]  # type: ignore[union-attr]
     assert jobs == [b'{"n":0}', b'{"n":1}', b'{"n":2}']
 
 
@@ -88,9 +94,9 @@ def test_weighted_order_never_drops_a_queue() -> None:
 def test_requeue_puts_the_job_back_to_run_next(redis: redis_py.Redis) -> None:
     fill(redis, ["q"], 2)
     fetch = BasicFetch(redis, QueueOrder(["q"]))
-    first = fetch.retrieve_work()
+    first = take_one(fetch, wait=True)
     assert first is not None
-    first.requeue()
-    again = fetch.retrieve_work()
+    fetch.requeue(first)
+    again = take_one(fetch, wait=True)
     assert again is not None
     assert again.job == first.job

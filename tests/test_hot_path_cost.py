@@ -16,9 +16,10 @@ import pytest
 import redis as redis_py
 
 import limitd
-from limitd.fetch import LimitFetch, QueueOrder
+from limitd.fetch import QueueOrder
 from limitd.fetch import limits as queue_limits
 from limitd.fetch.basic import UnitOfWork
+from limitd.fetch.factory import limit_fetch
 from limitd.middleware.defaults import default_server_chain
 from limitd.retry import RetryHandler
 from limitd.supervisor.executor import JobExecutor
@@ -55,12 +56,12 @@ def served(redis: redis_py.Redis) -> Counter[str]:
 def drain(redis: redis_py.Redis, per_call: int) -> Counter[str]:
     """Fetch, run and settle ``JOBS`` jobs, ``per_call`` settled and taken per call;
     returns the commands Redis served meanwhile."""
-    fetch = LimitFetch(redis, QueueOrder(["hot"]), "capsule-1")
+    fetch = limit_fetch(redis, QueueOrder(["hot"]), "capsule-1")
     executor = JobExecutor(RetryHandler(redis), default_server_chain(redis))
     before = served(redis)
     finished: list[UnitOfWork] = []
     while True:
-        units = fetch.settle_and_take(finished, per_call)
+        units = fetch.take(per_call, finished)
         if not units:
             break
         for unit in units:

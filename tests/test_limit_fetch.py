@@ -14,8 +14,15 @@ import redis as redis_py
 from limitd import keys
 from limitd.fetch import LimitFetch, QueueOrder
 from limitd.fetch import limits as queue_limits
+from limitd.fetch.factory import limit_fetch
 from limitd.fetch.limits import LimitSettings
 from limitd.supervisor import liveness
+
+
+def take_one(fetch, done=None, **options):  # type: ignore[no-untyped-def]
+    """One job (settling ``done`` in the same call), or None."""
+    units = fetch.take(1, [done] if done is not None else [], **options)
+    return units[0] if units else None
 
 
 def push(redis: redis_py.Redis, queue: str, count: int, tag: str = "") -> list[bytes]:
@@ -28,12 +35,12 @@ def push(redis: redis_py.Redis, queue: str, count: int, tag: str = "") -> list[b
 
 
 def fetcher(redis: redis_py.Redis, queues: list, capsule: str = "c1", **options) -> LimitFetch:
-    return LimitFetch(redis, QueueOrder(queues), capsule, **options)
+    return limit_fetch(redis, QueueOrder(queues), capsule, **options)
 
 
 def take_all(fetch: LimitFetch) -> list:
     taken = []
-    while (unit := fetch.try_retrieve()) is not None:
+    while (unit := take_one(fetch)) is not None:
         taken.append(unit)
     return taken
 
@@ -41,7 +48,7 @@ def take_all(fetch: LimitFetch) -> list:
 def take_settling(fetch: LimitFetch) -> list:
     """Take jobs one by one, each acknowledged with the fetch of the next."""
     taken, done = [], None
-    while (unit := fetch.try_retrieve(done)) is not None:
+    while (unit := take_one(fetch, done)) is not None:
         taken.append(unit)
         done = unit
     return taken
@@ -62,7 +69,7 @@ def test_global_limit_counts_every_capsule(redis: redis_py.Redis) -> None:
     first = take_all(fetcher(redis, ["q"], "c1"))
     second = take_all(fetcher(redis, ["q"], "c2"))
     assert (len(first), len(second)) == (3, 0)
-    first[0].acknowledge()
+    first[0].fetch.settle([first[0]])
     assert len(take_all(fetcher(redis, ["q"], "c2"))) == 1
     assert queue_limits.busy(redis, "q") == 3
     assert queue_limits.busy_by_capsule(redis, "q") == {"c1": 2, "c2": 1}
@@ -127,8 +134,8 @@ def test_weighted_order_still_holds_with_a_limited_queue(redis: redis_py.Redis) 
     push(redis, "b", 1500)
     queue_limits.set_limit(redis, "limited", 0)
     order = QueueOrder([["limited", 10], ["a", 4], ["b", 1]], rng=random.Random(5))
-    fetch = LimitFetch(redis, order, "c1")
-    seen = Counter(fetch.try_retrieve().queue for _ in range(1000))  # type: ignore[union-attr]
+    fetch = limit_fetch(redis, order, "c1")
+    seen = Counter(take_one(fetch).queue for _ in range(1000))  # type: ignore[union-attr]
     assert seen["limited"] == 0
     share = seen["a"] / 1000
     assert abs(share - 0.8) < 4 * (0.8 * 0.2 / 1000) ** 0.5, seen
@@ -148,13 +155,13 @@ def test_requeue_frees_the_slot_and_puts_the_job_first(redis: redis_py.Redis) ->
     jobs = push(redis, "q", 3)
     queue_limits.set_limit(redis, "q", 1)
     fetch = fetcher(redis, ["q"])
-    unit = fetch.try_retrieve()
+    unit = take_one(fetch)
     assert unit is not None
-    assert fetch.try_retrieve() is None
-    unit.requeue()
+    assert take_one(fetch) is None
+    fetch.requeue(unit)
     assert queue_limits.busy(redis, "q") == 0
     assert redis.lindex(keys.queue("q"), -1) == jobs[0]
-    again = fetch.try_retrieve()
+    again = take_one(fetch)
     assert again is not None
     assert again.job == jobs[0]
 
@@ -165,21 +172,21 @@ def test_release_is_fenced_by_ownership(redis: redis_py.Redis) -> None:
     push(redis, "q", 2)
     queue_limits.set_limit(redis, "q", 1)
     stalled = fetcher(redis, ["q"], "stalled")
-    held = stalled.try_retrieve()
+    held = take_one(stalled)
     assert held is not None
     liveness.vouch(redis, ["stalled"], 15)
     redis.delete(keys.capsule_heartbeat("stalled"))  # its heartbeat expired
     assert liveness.reap_dead(redis) == {"stalled": 1}
     other = fetcher(redis, ["q"], "other")
-    taken = other.try_retrieve()
+    taken = take_one(other)
     assert taken is not None
     assert taken.job == held.job  # the reaped job runs next
     assert queue_limits.busy(redis, "q") == 1
-    assert stalled.release(held, requeue=False) is False
-    assert stalled.release(held, requeue=True) is False
+    assert stalled.settle([held]) == 0
+    assert stalled.requeue(held) == 0
     assert queue_limits.busy(redis, "q") == 1
     assert redis.llen(keys.queue("q")) == 1
-    assert other.release(taken, requeue=False) is True
+    assert other.settle([taken]) == 1
     assert queue_limits.busy(redis, "q") == 0
 
 
@@ -187,10 +194,10 @@ def test_release_is_fenced_by_ownership(redis: redis_py.Redis) -> None:
 def test_busy_never_goes_negative(redis: redis_py.Redis) -> None:
     push(redis, "q", 1)
     fetch = fetcher(redis, ["q"])
-    unit = fetch.try_retrieve()
+    unit = take_one(fetch)
     assert unit is not None
     redis.hset(keys.BUSY, "q", 0)  # e.g. counts lost while the job ran
-    assert fetch.release(unit, requeue=False) is True
+    assert fetch.settle([unit]) == 1
     assert queue_limits.busy(redis, "q") == 0
 
 
@@ -274,7 +281,7 @@ def test_fetch_cost_does_not_depend_on_jobs_in_progress(redis: redis_py.Redis) -
 
     def commands_for_one_fetch() -> Counter[str]:
         before = redis.info("commandstats")
-        assert fetch.try_retrieve() is not None
+        assert take_one(fetch) is not None
         after = redis.info("commandstats")
         calls = {k: after[k]["calls"] - before.get(k, {"calls": 0})["calls"] for k in after}
         return Counter({k: n for k, n in calls.items() if n > 0 and k != "cmdstat_info"})
@@ -285,7 +292,7 @@ def test_fetch_cost_does_not_depend_on_jobs_in_progress(redis: redis_py.Redis) -
     fetch = fetcher(redis, ["q"])
     empty = commands_for_one_fetch()
     for _ in range(2000):
-        fetch.try_retrieve()
+        take_one(fetch)
     assert commands_for_one_fetch() == empty
     assert "cmdstat_lrange" not in empty
     assert "cmdstat_lpos" not in empty
@@ -296,8 +303,8 @@ def test_jobs_fetched_but_never_received_are_recovered(redis: redis_py.Redis) ->
     requeued once it has been unclaimed on two heartbeats, and a held job never is."""
     jobs = push(redis, "q", 2)
     fetch = fetcher(redis, ["q"])
-    held = fetch.try_retrieve()
-    lost = fetch.try_retrieve()  # pretend this reply never arrived
+    held = take_one(fetch)
+    lost = take_one(fetch)  # pretend this reply never arrived
     assert held is not None
     assert lost is not None
     assert fetch.recover_orphans([held]) == 0, "first sighting: maybe a fetch in flight"
@@ -317,7 +324,7 @@ def test_two_hundred_queues_in_one_fetch(redis: redis_py.Redis) -> None:
         queue_limits.set_limit(redis, name, 5)
     push(redis, "q199", 1)
     fetch = fetcher(redis, names)
-    unit = fetch.try_retrieve()
+    unit = take_one(fetch)
     assert unit is not None
     assert unit.queue == "q199"
     push(redis, "q150", 1)

@@ -24,6 +24,13 @@ from limitd.payload import Payload, new_jid
 from limitd.supervisor import Capsule, CapsuleConfig, liveness
 from tests.helpers import LimitdProcesses, children, wait_for
 
+
+def take_one(fetch, done=None, **options):  # type: ignore[no-untyped-def]
+    """One job (settling ``done`` in the same call), or None."""
+    units = fetch.take(1, [done] if done is not None else [], **options)
+    return units[0] if units else None
+
+
 DEPTH = 100_000
 ran: list[str] = []
 
@@ -170,7 +177,7 @@ def test_the_limit_fetch_reports_each_jobs_recoveries(redis: redis_py.Redis) -> 
     for job in jobs:
         redis.lpush(keys.queue("default"), job)
     redis.hset(counts_key(), recoveries.job_id(jobs[1].encode()), 2)
-    taken = capsule.fetch.try_retrieve(), capsule.fetch.try_retrieve()
+    taken = take_one(capsule.fetch), take_one(capsule.fetch)
     assert [(unit.job.decode(), unit.recoveries) for unit in taken if unit] == [
         (jobs[0], 0),
         (jobs[1], 2),
@@ -182,11 +189,11 @@ def test_give_back_requeues_once_even_racing_the_reaper(redis: redis_py.Redis) -
     count and requeue it once between them."""
     capsule = Capsule(CapsuleConfig(), redis=redis)
     note.perform_async("x")
-    unit = capsule.fetch.try_retrieve()
+    unit = take_one(capsule.fetch)
     assert unit is not None
     redis.delete(keys.capsule_heartbeat(capsule.id))
     assert liveness.reap(redis, capsule.id, "reaped") == 1
-    unit.give_back("too late")
+    capsule.fetch.requeue(unit, reason="too late")
     assert redis.llen(keys.queue("default")) == 1
     assert redis.hget(counts_key(), recoveries.job_id(unit.job)) == b"1"
     assert int(redis.hget(keys.busy_of("default"), "default") or 0) == 0

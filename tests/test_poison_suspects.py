@@ -13,6 +13,7 @@ import redis as redis_py
 import limitd
 from limitd import keys
 from limitd.fetch import LimitFetch, LimitUnitOfWork, QueueOrder, recoveries
+from limitd.fetch.factory import limit_fetch
 from limitd.payload import new_jid
 from limitd.supervisor import Capsule, CapsuleConfig, liveness
 from tests.helpers import wait_for
@@ -57,11 +58,11 @@ def held_by(redis: redis_py.Redis, capsule: str) -> bytes | None:
 
 
 def fetch_for(redis: redis_py.Redis, capsule: str) -> LimitFetch:
-    return LimitFetch(redis, QueueOrder(["default"]), capsule)
+    return limit_fetch(redis, QueueOrder(["default"]), capsule)
 
 
 def take(fetch: LimitFetch, want: int, done: list[LimitUnitOfWork] | None = None) -> list[bytes]:
-    return [unit.job for unit in fetch.settle_and_take(done or [], want)]
+    return [unit.job for unit in fetch.take(want, done or [])]
 
 
 def crash(redis: redis_py.Redis, capsule: str, *, blame: bool = True) -> int:
@@ -105,9 +106,9 @@ def test_settling_the_held_suspect_lets_the_capsule_take_another(redis: redis_py
     suspect(redis, first)
     suspect(redis, second)
     fetch = fetch_for(redis, "c1")
-    [unit] = fetch.settle_and_take([], 2)
+    [unit] = fetch.take(2, [])
     assert unit.job == first and unit.recoveries == 1
-    assert [u.job for u in fetch.settle_and_take([unit], 1)] == [second]
+    assert [u.job for u in fetch.take(1, [unit])] == [second]
     assert held_by(redis, "c1") == recoveries.job_id(second).encode()
 
 
@@ -129,7 +130,7 @@ def test_a_crash_while_a_suspect_runs_is_charged_to_it_alone(redis: redis_py.Red
     guilty, bystander = job("guilty"), job("bystander")
     enqueue(redis, guilty, bystander)
     suspect(redis, guilty)
-    units = fetch_for(redis, "c1").settle_and_take([], 2)
+    units = fetch_for(redis, "c1").take(2, [])
     assert [u.job for u in units] == [guilty, bystander]
     units[0].suspect_started()
     enqueue(redis, later := job("later"))
@@ -154,7 +155,7 @@ def test_a_process_stopped_on_purpose_charges_nothing(redis: redis_py.Redis) -> 
     plain, held = job("plain"), job("held")
     enqueue(redis, held, plain)
     suspect(redis, held)
-    units = fetch_for(redis, "c1").settle_and_take([], 2)
+    units = fetch_for(redis, "c1").take(2, [])
     units[0].suspect_started()
     assert crash(redis, "c1", blame=False) == 2
     assert charges(redis, plain) == (0, 0)
@@ -200,8 +201,8 @@ def test_a_job_given_back_is_charged_alone(redis: redis_py.Redis) -> None:
     """Its own run could not be recorded: nobody else is involved."""
     payload = job("unrecordable")
     enqueue(redis, payload)
-    [unit] = fetch_for(redis, "c1").settle_and_take([], 1)
-    unit.give_back("RuntimeError: bookkeeping is broken")
+    [unit] = fetch_for(redis, "c1").take(1, [])
+    unit.fetch.requeue(unit, reason="RuntimeError: bookkeeping is broken")
     assert charges(redis, payload) == (1, 1)
 
 
@@ -264,7 +265,7 @@ def test_releasing_the_hold_wakes_the_capsules_up(redis: redis_py.Redis) -> None
     enqueue(redis, first, second)
     suspect(redis, first)
     suspect(redis, second)
-    [unit] = fetch_for(redis, "c1").settle_and_take([], 2)
+    [unit] = fetch_for(redis, "c1").take(2, [])
     pubsub = redis.pubsub(ignore_subscribe_messages=True)
     pubsub.subscribe(keys.WAKE_CHANNEL)
     wait_for(lambda: redis.pubsub_numsub(keys.WAKE_CHANNEL)[0][1] >= 1, message="subscribed")

@@ -20,6 +20,7 @@ from limitd import keys
 from limitd.api import Queue, queue_overview
 from limitd.config import ConfigError, config_as_dict, load_config
 from limitd.fetch import LimitFetch, QueueOrder
+from limitd.fetch.factory import limit_fetch
 from limitd.fetch.rates import Rate, parse_rate
 from limitd.supervisor import Capsule, CapsuleConfig
 from tests.helpers import wait_for
@@ -237,15 +238,15 @@ def push(redis: redis_py.Redis, queue: str, count: int) -> list[bytes]:
 
 
 def fetcher(redis: redis_py.Redis, queues: list, clock: Clock, **options: object) -> LimitFetch:
-    return LimitFetch(redis, QueueOrder(queues), "c1", rate_clock=clock, **options)  # type: ignore[arg-type]
+    return limit_fetch(redis, QueueOrder(queues), "c1", rate_clock=clock, **options)  # type: ignore[arg-type]
 
 
 def take(fetch: LimitFetch, want: int = 1) -> list[bytes]:
     """Take up to ``want`` jobs in one call, acknowledging them at once (so only the rate
     limit can hold the next ones back)."""
-    units = fetch.settle_and_take([], want)
+    units = fetch.take(want, [])
     for unit in units:
-        unit.acknowledge()
+        unit.fetch.settle([unit])
     return [unit.job for unit in units]
 
 
@@ -311,7 +312,7 @@ def test_no_window_ever_holds_more_than_n(redis: redis_py.Redis, clock: Clock, t
     rng = random.Random(text)
     times: list[int] = []
     while clock.now < T0 + 6 * window:
-        times += [clock.now] * len(fetch.settle_and_take([], 25))
+        times += [clock.now] * len(fetch.take(25, []))
         # The state's expiry (garbage collection a second after its arrival time) runs
         # on Redis's real clock, while this test's clock moves in its own small steps: on
         # a loaded machine, real time outruns it and the state would vanish mid-window.
@@ -353,7 +354,7 @@ def test_every_capsule_shares_the_schedule(redis: redis_py.Redis, clock: Clock) 
     push(redis, "q", 4)
     Queue("q", redis).rate_limit = "1/second"
     one = fetcher(redis, ["q"], clock)
-    other = LimitFetch(redis, QueueOrder(["q"]), "c2", rate_clock=clock)
+    other = limit_fetch(redis, QueueOrder(["q"]), "c2", rate_clock=clock)
     assert (len(take(one)), len(take(other))) == (1, 0)
     clock.now += SECOND
     assert (len(take(other)), len(take(one))) == (1, 0)
@@ -364,11 +365,11 @@ def test_rate_and_concurrency_limits_both_hold(redis: redis_py.Redis, clock: Clo
     Queue("q", redis).rate_limit = "10/second"
     Queue("q", redis).limit = 1
     fetch = fetcher(redis, ["q"], clock)
-    held = fetch.settle_and_take([], 1)
+    held = fetch.take(1, [])
     clock.now += SECOND
-    assert fetch.settle_and_take([], 1) == [], "at its concurrency limit"
+    assert fetch.take(1, []) == [], "at its concurrency limit"
     assert fetch.room_in is None
-    assert len(fetch.settle_and_take(held, 1)) == 1
+    assert len(fetch.take(1, held)) == 1
 
 
 def test_a_blocking_queue_waiting_for_its_rate_holds_lower_queues(
@@ -407,7 +408,7 @@ def test_cleared_or_absent_rate_costs_nothing(redis: redis_py.Redis, clock: Cloc
 def test_the_schedule_expires_a_second_after_it_has_passed(redis: redis_py.Redis) -> None:
     push(redis, "q", 1)
     Queue("q", redis).rate_limit = "1/second"
-    fetch = LimitFetch(redis, QueueOrder(["q"]), "c1")  # Redis's clock
+    fetch = limit_fetch(redis, QueueOrder(["q"]), "c1")  # Redis's clock
     assert len(take(fetch)) == 1
     assert 1000 < int(redis.pttl(keys.rate_state("q"))) <= 2000
 

@@ -13,6 +13,7 @@ import limitd
 from limitd import keys
 from limitd.batch import store
 from limitd.fetch import LimitFetch, QueueOrder
+from limitd.fetch.factory import limit_fetch
 from limitd.redis import LuaScript, merge_calls, pack_command, send_packed
 from limitd.supervisor import Capsule, CapsuleConfig
 from limitd.unique import middleware as unique
@@ -88,9 +89,9 @@ def test_a_call_with_more_successes_than_one_flush_holds(redis) -> None:
 def run_without_settling(redis: redis_py.Redis, count: int) -> tuple[LimitFetch, list]:
     """Fetch ``count`` jobs and run them, as processors do, without acknowledging them:
     each unit keeps the batch update its middleware left for the acknowledgement."""
-    fetch = LimitFetch(redis, QueueOrder(["default"]), "cap-1")
+    fetch = limit_fetch(redis, QueueOrder(["default"]), "cap-1")
     capsule = Capsule(CapsuleConfig(queues=["default"]), redis=redis)
-    units = fetch.settle_and_take([], count)
+    units = fetch.take(count, [])
     for unit in units:
         capsule.executor.execute(unit)
     return fetch, units
@@ -101,7 +102,7 @@ def test_a_busy_capsule_settles_a_batch_with_its_fetch(redis) -> None:
     fetch, units = run_without_settling(redis, 6)
     assert limitd.Batch.status(batch.bid).pending == 6  # nothing sent yet
     counts = redis.info("commandstats")["cmdstat_evalsha"]["calls"]
-    fetch.settle_and_take(units, 0)
+    fetch.take(0, units)
     # One write: the six updates merged into one script run, then the settle.
     assert redis.info("commandstats")["cmdstat_evalsha"]["calls"] - counts == 2
     status = limitd.Batch.status(batch.bid)
@@ -113,19 +114,19 @@ def test_calls_survive_a_server_that_lost_its_scripts(redis) -> None:
     batch, _ = batch_of(redis, 2)
     fetch, units = run_without_settling(redis, 2)
     redis.script_flush()  # as after a Redis restart
-    assert fetch.settle_and_take(units, 1) == []
+    assert fetch.take(1, units) == []
     assert limitd.Batch.status(batch.bid).success
 
 
 def test_a_call_that_fails_is_raised_and_the_settle_can_be_made_again(redis) -> None:
     broken = LuaScript("limitd.batch", "batch_remove.lua")  # HINCRBY on "x" fails
     redis.set("not-a-hash", "x")
-    fetch = LimitFetch(redis, QueueOrder(["default"]), "cap-1")
+    fetch = limit_fetch(redis, QueueOrder(["default"]), "cap-1")
     work.perform_async(1)
-    [unit] = fetch.settle_and_take([], 1)
+    [unit] = fetch.take(1, [])
     unit.defer([broken.later(["not-a-hash", "p", "u", "f"], ["jid"])])
     with pytest.raises(redis_py.ResponseError, match="not an integer"):
-        fetch.settle_and_take([unit], 0)
+        fetch.take(0, [unit])
     assert redis.hget(keys.BUSY, "default") == b"0"  # the settle itself went through
 
 

@@ -1,39 +1,126 @@
 """Taking jobs out of Redis: queue ordering and the fetch strategies.
 
-A fetch hands the processor a :class:`UnitOfWork` and later hears back about it: the
-processor gives the finished unit to its next ``retrieve_work`` call (which settles it in
-the same round trip), or calls the unit's ``acknowledge`` / ``requeue``. The processor
-never builds a Redis key.
+Two roles, two protocols. A :class:`Fetch` is a strategy that talks to Redis: it takes
+jobs, settles finished ones (in the same call as the next take where it can), puts jobs
+back (``requeue``, the one verb for that), and does its own work at heartbeat time. A
+:class:`Dispatch` stands between a capsule's threads and its fetch: processors ``take``
+from it, and every job that ends, on a processor, on the event loop or in a drain, goes
+to its ``finish``. The limit fetch's dispatcher (``fetch/dispatcher.py``) batches the
+processors' calls into one; the basic fetch's (``fetch/direct.py``) lets each processor
+call BRPOP itself. ``fetch/factory.py`` builds the pair from the config. Nobody above
+the fetch builds a Redis key.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from limitd.fetch.basic import BasicFetch, UnitOfWork
 from limitd.fetch.limit import LimitFetch, LimitUnitOfWork
 from limitd.fetch.order import QueueOrder
+from limitd.redis import Conn
 
 
 class Fetch(Protocol):
-    """What a processor needs from a fetch strategy."""
+    """A fetch strategy: ``BasicFetch``, ``LimitFetch``, ``ShardedLimitFetch``."""
 
     @property
     def block_seconds(self) -> float:
-        """The longest ``retrieve_work`` waits before returning None."""
+        """The longest ``take(wait=True)`` waits before returning nothing."""
         ...
 
-    def retrieve_work(self, done: UnitOfWork | None = None) -> UnitOfWork | None:
-        """Acknowledge ``done`` (the unit the caller finished) and take the next job,
-        waiting at most ``block_seconds``."""
+    def take(
+        self,
+        want: int = 1,
+        finished: Sequence[UnitOfWork] = (),
+        *,
+        wait: bool = False,
+        conn: Conn | None = None,
+    ) -> Sequence[UnitOfWork]:
+        """Settle ``finished`` and take up to ``want`` jobs (with ``wait``, waiting up to
+        ``block_seconds`` when there is none)."""
         ...
 
-    def try_retrieve(self, done: UnitOfWork | None = None) -> UnitOfWork | None:
-        """Acknowledge ``done`` and take a job if one is available now."""
+    def settle(self, units: Sequence[UnitOfWork]) -> int:
+        """Settle finished jobs now; returns how many were still this capsule's."""
         ...
 
-    def bulk_requeue(self, units: Iterable[UnitOfWork]) -> None: ...
+    def requeue(
+        self, units: UnitOfWork | Iterable[UnitOfWork], *, reason: str | None = None
+    ) -> int:
+        """Put jobs back in line; with a ``reason``, charged a recovery each."""
+        ...
+
+    def vouch(self, period: float) -> None:
+        """Heartbeat, first: say this capsule is alive for a few ``period`` more."""
+        ...
+
+    def maintain(self, held: Callable[[], list[UnitOfWork]], *, reap: bool) -> None:
+        """Heartbeat, then: reaping, orphan recovery, whatever the strategy needs."""
+        ...
+
+    def retire(self) -> int:
+        """At stop: return what is still held; returns how many jobs that was."""
+        ...
+
+    def wake_handlers(self) -> dict[str, Callable[[str], None]]:
+        """The pub/sub channels this fetch listens to, with their handlers."""
+        ...
 
 
-__all__ = ["BasicFetch", "Fetch", "LimitFetch", "LimitUnitOfWork", "QueueOrder", "UnitOfWork"]
+class Dispatch(Protocol):
+    """What a capsule's processors, event loop and drain use to take and end jobs."""
+
+    # Jobs to take per call beyond the waiting processors' (the event loop's room).
+    extra: Callable[[], int]
+
+    @property
+    def block_seconds(self) -> float: ...
+
+    def take(self) -> UnitOfWork | None:
+        """For a processor: the next job, or None after ``block_seconds`` or on quiet."""
+        ...
+
+    def take_now(self) -> UnitOfWork | None:
+        """For a drain: a job if one can be taken now, settling what was finished."""
+        ...
+
+    def finish(self, unit: UnitOfWork) -> None:
+        """Every job that ended, whatever its outcome, comes here to be settled."""
+        ...
+
+    def leave(self) -> None:
+        """A processor thread ends: what it finished must not wait for its next take."""
+        ...
+
+    def requeue(
+        self, units: UnitOfWork | Iterable[UnitOfWork], *, reason: str | None = None
+    ) -> int:
+        """Put jobs back (the fetch's ``requeue``)."""
+        ...
+
+    def held(self) -> list[UnitOfWork]:
+        """Units held in Redis for this capsule that no processor or loop holds."""
+        ...
+
+    def start(self) -> None: ...
+
+    def close(self) -> None:
+        """Quiet: take nothing more; processors waiting get None at once."""
+        ...
+
+    def stop(self) -> None:
+        """After the processors: settle what they finished, requeue what none took."""
+        ...
+
+
+__all__ = [
+    "BasicFetch",
+    "Dispatch",
+    "Fetch",
+    "LimitFetch",
+    "LimitUnitOfWork",
+    "QueueOrder",
+    "UnitOfWork",
+]

@@ -1,14 +1,16 @@
 """Basic fetch: BRPOP over the capsule's queues in this fetch's order.
 
 The job leaves Redis when it is fetched, so a process killed with SIGKILL loses what it
-was running (the limit fetch keeps an in-progress list instead). On a graceful stop the
-capsule hands unfinished units back with :meth:`BasicFetch.bulk_requeue`.
+was running (the limit fetch keeps an in-progress list instead). So settling a finished
+job costs nothing here, and a graceful stop puts unfinished units back with
+:meth:`BasicFetch.requeue`. Nothing happens at heartbeat time: no capsule holds a job in
+Redis, so there is nothing to reap or recover.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, cast
 
@@ -18,7 +20,7 @@ from limitd import keys
 from limitd.fetch import recoveries
 from limitd.fetch.order import QueueOrder
 from limitd.payload import Payload
-from limitd.redis import ScriptCall, retry_on_failover
+from limitd.redis import Conn, ScriptCall, retry_on_failover
 
 # BRPOP returns at least this often so a stopping processor notices promptly.
 BLOCK_SECONDS = 1.0
@@ -26,9 +28,9 @@ BLOCK_SECONDS = 1.0
 
 @dataclass
 class UnitOfWork:
-    """One fetched job. The processor calls exactly one of ``acknowledge`` (the job was
-    handled, whatever its outcome), ``requeue`` (give it back untouched) or
-    ``give_back`` (give it back, counting a recovery: see ``fetch/recoveries.py``).
+    """One fetched job. Its fetch settles it (the job was handled, whatever its outcome)
+    or requeues it (puts it back, with a reason: counting a recovery, see
+    ``fetch/recoveries.py``); the unit itself only carries what the job's run needs.
 
     ``recoveries``: the crashes charged to the job, as the fetch found it, and ``alone``
     how many of them it was alone in (see ``fetch/recoveries.py``; the basic fetch keeps
@@ -42,13 +44,6 @@ class UnitOfWork:
     # ``defer`` makes its calls at once (a round trip) rather than keeping them.
     defer_is_io: ClassVar[bool] = True
 
-    def acknowledge(self) -> None:
-        """Nothing to do: BRPOP already removed the job."""
-
-    def give_back(self, reason: str) -> None:
-        """Push the job back with its count raised, in the payload: it is out of Redis."""
-        self.fetch.redis.rpush(keys.queue(self.queue), recoveries.mark_recovered(self.job, reason))
-
     def recovery_reason(self, payload: Payload) -> str:
         """Why the job was last given back."""
         return str(payload.get(recoveries.REASON_FIELD, "unknown"))
@@ -61,16 +56,18 @@ class UnitOfWork:
 
     def defer(self, calls: Sequence[ScriptCall]) -> None:
         """Make ``calls`` (a job's bookkeeping, see ``ScriptCall``) before the job is
-        acknowledged. BRPOP has no acknowledgement to carry them: made now."""
+        settled. BRPOP has no acknowledgement to carry them: made now."""
         for call in calls:
             call.run(self.fetch.redis)
 
-    def requeue(self) -> None:
-        self.fetch.bulk_requeue([self])
+
+def as_units(units: UnitOfWork | Iterable[UnitOfWork]) -> list[UnitOfWork]:
+    """One unit or many, as a list: every fetch's ``requeue`` takes either."""
+    return [units] if isinstance(units, UnitOfWork) else list(units)
 
 
 class BasicFetch:
-    """Fetches for one capsule."""
+    """Fetches for one capsule. Implements ``limitd.fetch.Fetch``."""
 
     def __init__(
         self, redis: redis_py.Redis, order: QueueOrder, block_seconds: float = BLOCK_SECONDS
@@ -79,9 +76,69 @@ class BasicFetch:
         self.order = order
         self.block_seconds = block_seconds
 
-    def retrieve_work(self, done: UnitOfWork | None = None) -> UnitOfWork | None:
-        """Wait up to ``block_seconds`` for a job from the first non-empty queue.
-        ``done`` needs no settling: BRPOP removed it already."""
+    def take(
+        self,
+        want: int = 1,
+        finished: Sequence[UnitOfWork] = (),
+        *,
+        wait: bool = False,
+        conn: Conn | None = None,
+    ) -> list[UnitOfWork]:
+        """Up to ``want`` jobs from the first non-empty queues, without waiting (drain
+        mode), or with ``wait`` one job, waiting up to ``block_seconds`` for it.
+        ``finished`` needs no settling: BRPOP removed it already."""
+        if wait:
+            unit = self._wait_for_one()
+            return [] if unit is None else [unit]
+        units: list[UnitOfWork] = []
+        while len(units) < want and (unit := self._take_now()) is not None:
+            units.append(unit)
+        return units
+
+    def settle(self, units: Sequence[UnitOfWork]) -> int:
+        """Nothing to do: BRPOP removed the jobs when it took them."""
+        return len(units)
+
+    def requeue(
+        self, units: UnitOfWork | Iterable[UnitOfWork], *, reason: str | None = None
+    ) -> int:
+        """Put jobs back at the end their queue is read from, so they run next. With a
+        ``reason`` (their outcome could not be recorded), each goes back with its count
+        of recoveries raised, in its payload: the job is out of Redis."""
+        batch = as_units(units)
+        if reason is not None:
+            for unit in batch:
+                self.redis.rpush(
+                    keys.queue(unit.queue), recoveries.mark_recovered(unit.job, reason)
+                )
+            return len(batch)
+        by_queue: dict[str, list[bytes]] = defaultdict(list)
+        for unit in batch:
+            by_queue[unit.queue].append(unit.job)
+        if by_queue:
+            pipe = self.redis.pipeline(transaction=False)
+            for queue, jobs in by_queue.items():
+                pipe.rpush(keys.queue(queue), *jobs)
+            pipe.execute()
+        return len(batch)
+
+    # -- heartbeat time: nothing held in Redis, nothing to do -------------------------
+
+    def vouch(self, period: float) -> None:
+        """No liveness key: nobody reaps a basic-fetch capsule."""
+
+    def maintain(self, held: Callable[[], list[UnitOfWork]], *, reap: bool) -> None:
+        """No in-progress list to reap or recover."""
+
+    def retire(self) -> int:
+        """Nothing left in progress at stop."""
+        return 0
+
+    def wake_handlers(self) -> dict[str, Callable[[str], None]]:
+        """BRPOP wakes by itself when a job is pushed."""
+        return {}
+
+    def _wait_for_one(self) -> UnitOfWork | None:
         queue_keys = [keys.queue(name) for name in self.order.next_order()]
         found = retry_on_failover(
             self.redis, lambda: self.redis.brpop(queue_keys, timeout=self.block_seconds)
@@ -91,22 +148,9 @@ class BasicFetch:
         key, job = cast("tuple[bytes, bytes]", found)
         return UnitOfWork(keys.queue_name(key.decode()), job, self)
 
-    def try_retrieve(self, done: UnitOfWork | None = None) -> UnitOfWork | None:
-        """Take a job without waiting, or None if every queue is empty (drain mode)."""
+    def _take_now(self) -> UnitOfWork | None:
         for name in self.order.next_order():
             job = cast("bytes | None", self.redis.rpop(keys.queue(name)))
             if job is not None:
                 return UnitOfWork(name, job, self)
         return None
-
-    def bulk_requeue(self, units: Iterable[UnitOfWork]) -> None:
-        """Put jobs back at the end their queue is read from, so they run next."""
-        by_queue: dict[str, list[bytes]] = defaultdict(list)
-        for unit in units:
-            by_queue[unit.queue].append(unit.job)
-        if not by_queue:
-            return
-        pipe = self.redis.pipeline(transaction=False)
-        for queue, jobs in by_queue.items():
-            pipe.rpush(keys.queue(queue), *jobs)
-        pipe.execute()

@@ -1,6 +1,13 @@
 """One fetch call at a time per capsule: it settles what the processors finished and
 fetches for every processor waiting, several jobs per Lua call when they are busy.
 
+The path of a job's end: whoever ran it calls :meth:`Dispatcher.finish`. On a processor
+thread the unit waits in that thread's place in line (``_Waiter.done``) and rides its
+very next ``take``, which either makes the call (settling it in the same round trip as
+the fetch) or leaves it in ``_finished`` for the call in flight's successor. Anywhere
+else (the event loop, a drain) it goes to ``_finished`` at once, waking the dispatcher
+thread if it sleeps: the next call settles it.
+
 Why not let each processor thread fetch for itself, as Sidekiq's do? In CPython every
 socket call releases and retakes the GIL, and with ten threads each making a round trip
 per job a busy capsule spent its CPU handing the GIL around (strace: 45 futex calls per
@@ -49,22 +56,24 @@ CLOSED_POLL = 0.05
 
 class _Waiter:
     """One processor's place in line: a lock held until it is given a job in ``unit``,
-    None (on quiet), or the next call to make (``lead``). Made once per thread and
-    reused: a handoff is one lock release."""
+    None (on quiet), or the next call to make (``lead``); and the job it finished last
+    (``done``), which its next take brings along. Made once per thread and reused: a
+    handoff is one lock release."""
 
-    __slots__ = ("lead", "lock", "timed_out", "unit")
+    __slots__ = ("done", "lead", "lock", "timed_out", "unit")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.lock.acquire()
         self.unit: UnitOfWork | None = None
+        self.done: UnitOfWork | None = None
         self.timed_out = False  # its last wait ended with nothing
         self.lead = False
 
 
 class Dispatcher:
-    """Serves a capsule's processors through the same ``retrieve_work(done)`` calls a
-    fetch serves; start it with the capsule, ``close`` it on quiet, ``stop`` it last."""
+    """The limit fetch's ``Dispatch`` (see ``limitd.fetch``): start it with the capsule,
+    ``close`` it on quiet, ``stop`` it last."""
 
     def __init__(self, fetch: LimitFetch, gate: IdleGate) -> None:
         self.fetch = fetch
@@ -74,6 +83,7 @@ class Dispatcher:
         self._ready: deque[UnitOfWork] = deque()  # fetched, for the next processor
         self._finished: list[UnitOfWork] = []  # run, to settle with the next call
         self._idle: list[_Waiter] = []  # processors waiting, the latest last
+        self._waiters: list[_Waiter] = []  # one per processor thread that ever took
         self._local = threading.local()
         self._calling = False  # a call is in flight (it owns _conn)
         # The dispatcher thread sleeps on the gate only after saying so here; until
@@ -102,11 +112,12 @@ class Dispatcher:
         """Processors waiting for a job."""
         return len(self._idle)
 
-    def retrieve_work(self, done: UnitOfWork | None = None) -> UnitOfWork | None:
-        """Leave ``done`` to be settled and take a job, making the call if nobody is,
-        else waiting up to ``block_seconds`` to be served; None if there was none or the
-        capsule is quieting."""
+    def take(self) -> UnitOfWork | None:
+        """Bring the job this thread finished (see ``finish``) and take a job, making the
+        call if nobody is, else waiting up to ``block_seconds`` to be served; None if
+        there was none or the capsule is quieting."""
         waiter = self._waiter()
+        done, waiter.done = waiter.done, None
         # A processor that waited in vain is no news: the dispatcher thread polls for it.
         news = done is not None or not waiter.timed_out
         lead, unit, wake = False, None, False
@@ -129,14 +140,37 @@ class Dispatcher:
             return self._lead(waiter)
         return unit if unit is not None else self._wait(waiter)
 
-    def settle_later(self, done: UnitOfWork) -> None:
-        """Leave ``done`` (a job finished off the processor threads: an async job) to be
-        settled by the next call, which under load some processor makes anyway."""
+    def finish(self, unit: UnitOfWork) -> None:
+        """A job ended (whatever its outcome): settle it with the next call. A processor
+        thread keeps it for its own next take, which follows at once (it would be woken
+        for nothing otherwise); from anywhere else it waits for the next call, which
+        under load some processor makes anyway, and the dispatcher thread is woken."""
+        waiter: _Waiter | None = getattr(self._local, "waiter", None)
+        if waiter is not None and waiter.done is None:
+            waiter.done = unit
+            return
         with self._mutex:
-            self._finished.append(done)
+            self._finished.append(unit)
             wake = self._tell()
         if wake:
             self.gate.wake()
+
+    def leave(self) -> None:
+        """A processor thread ends: the job it finished waits for the next call."""
+        waiter: _Waiter | None = getattr(self._local, "waiter", None)
+        if waiter is not None and waiter.done is not None:
+            done, waiter.done = waiter.done, None
+            self.finish(done)
+
+    def take_now(self) -> UnitOfWork | None:
+        """For a drain, in the calling thread, with the capsule not started: settle what
+        was finished and take a job if one is there, in one call. No wake-ups are heard
+        here: every queue is looked at."""
+        self.fetch.woken("")
+        with self._mutex:
+            finished, self._finished = self._finished, []
+        units = self.fetch.take(1, finished)
+        return units[0] if units else None
 
     def _tell(self) -> bool:
         """Under the mutex, with news: True when the dispatcher thread sleeps and must
@@ -157,7 +191,7 @@ class Dispatcher:
         units: Sequence[UnitOfWork] = []
         crashed = True  # until the call returns or fails as Redis calls may
         try:
-            units = self.fetch.settle_and_take(finished, want, self._conn)
+            units = self.fetch.take(want, finished, conn=self._conn)
             finished, crashed = [], False
         except redis_py.RedisError as exc:
             crashed = False
@@ -173,7 +207,7 @@ class Dispatcher:
             # (measured at 2 x 10: 1.16x the drain, faster in each of six rounds).
             time.sleep(0)
         if unwanted:
-            self.fetch.bulk_requeue(unwanted)  # fetched while the capsule was quieting
+            self.fetch.requeue(unwanted)  # fetched while the capsule was quieting
             return None
         if mine is None and not self._closed:
             return self._wait(waiter)
@@ -225,19 +259,21 @@ class Dispatcher:
         waiter: _Waiter | None = getattr(self._local, "waiter", None)
         if waiter is None:
             waiter = self._local.waiter = _Waiter()
+            with self._mutex:
+                self._waiters.append(waiter)
         return waiter
 
-    def try_retrieve(self, done: UnitOfWork | None = None) -> UnitOfWork | None:
-        return self.fetch.try_retrieve(done)
-
-    def bulk_requeue(self, units: Iterable[UnitOfWork]) -> None:
-        self.fetch.bulk_requeue(units)
+    def requeue(
+        self, units: UnitOfWork | Iterable[UnitOfWork], *, reason: str | None = None
+    ) -> int:
+        return self.fetch.requeue(units, reason=reason)
 
     def held(self) -> list[UnitOfWork]:
         """Units in Redis's in-progress lists that no processor holds: fetched and not
         yet taken, or finished and not yet settled."""
         with self._mutex:
-            return [*self._ready, *self._finished]
+            kept = [waiter.done for waiter in self._waiters if waiter.done is not None]
+            return [*self._ready, *self._finished, *kept]
 
     def close(self) -> None:
         """Quiet: fetch nothing more; processors waiting return None at once."""
@@ -280,7 +316,7 @@ class Dispatcher:
                 calling = self._calling = bool(finished) or want > 0
         if calling:
             try:
-                units = self.fetch.settle_and_take(finished, want, self._conn)
+                units = self.fetch.take(want, finished, conn=self._conn)
             except redis_py.RedisError as exc:
                 # What was finished is settled by the next call; nothing held is lost.
                 self._hand_out([], unsettled=finished)
@@ -311,7 +347,7 @@ class Dispatcher:
             unwanted = self._call_done(unsettled, units)
             self._serve()
         if unwanted:
-            self.fetch.bulk_requeue(unwanted)  # fetched while the capsule was quieting
+            self.fetch.requeue(unwanted)  # fetched while the capsule was quieting
 
     def _call_done(
         self, unsettled: Sequence[UnitOfWork], units: Sequence[UnitOfWork]
@@ -337,14 +373,17 @@ class Dispatcher:
 
     def _flush(self) -> None:
         with self._mutex:
-            finished, self._finished = self._finished, []
+            kept = [waiter.done for waiter in self._waiters if waiter.done is not None]
+            for waiter in self._waiters:
+                waiter.done = None
+            finished, self._finished = [*self._finished, *kept], []
             ready = list(self._ready)
             self._ready.clear()
         try:
             if finished:
-                self.fetch.settle_and_take(finished, 0)
+                self.fetch.settle(finished)
             if ready:
-                self.fetch.bulk_requeue(ready)
+                self.fetch.requeue(ready)
         except redis_py.RedisError as exc:
             # Left in progress: the capsule's retirement (or a reaper) returns them.
             log.error(

@@ -4,9 +4,14 @@ One Lua call (``limit_fetch.lua``) settles the jobs the capsule just finished an
 the next ones: for each, it picks the first eligible queue in this fetch's order, moves
 the job into this capsule's in-progress list and counts the busy slot. A capsule makes
 one such call at a time, for every processor thread waiting: see :class:`~limitd.fetch.
-dispatcher.Dispatcher` for who makes it and why. The job stays in
-Redis until it is settled (acknowledged or requeued), so a capsule killed with SIGKILL
-loses nothing: the reaper returns its in-progress jobs to their queues.
+dispatcher.Dispatcher` for who makes it and why. The job stays in Redis until it is
+settled or requeued, so a capsule killed with SIGKILL loses nothing: the reaper returns
+its in-progress jobs to their queues, and at each heartbeat (``maintain``) this fetch
+reaps capsules that stopped beating and requeues jobs it holds that no thread runs.
+
+:class:`LimitFetch` makes one call for all queues (standalone Redis, Sentinel); in a
+cluster every queue's keys live on a shard of their own, and
+:class:`~limitd.fetch.sharded.ShardedLimitFetch` makes the call once per queue.
 
 A queue is skipped when it is paused, when this capsule runs ``process_limit`` jobs of
 it, when all capsules together run ``limit``, or when its rate limit (``limitd.fetch.
@@ -28,9 +33,10 @@ from typing import Any, ClassVar, cast
 import redis as redis_py
 from redis.exceptions import NoScriptError
 
-from limitd import clock, handoff, keys, replication
+from limitd import clock, keys, replication
 from limitd.fetch import recoveries
-from limitd.fetch.basic import UnitOfWork
+from limitd.fetch.basic import UnitOfWork, as_units
+from limitd.fetch.limits import LimitSettings
 from limitd.fetch.order import QueueOrder
 from limitd.fetch.wakeup import IdleGate
 from limitd.payload import Payload
@@ -39,7 +45,6 @@ from limitd.redis import (
     LuaScript,
     ScriptCall,
     pack_command,
-    run_calls,
     send_calls_then,
     send_packed,
     set_members,
@@ -50,35 +55,22 @@ log = logging.getLogger("limitd.fetch")
 LIMIT_FETCH = LuaScript(__package__ or "limitd.fetch", "limit_fetch.lua")
 DYNAMIC_REFRESH_SECONDS = 5.0
 SHORTFALL_LOG_EVERY = 60.0
-# Cluster mode, with wake-ups: a queue that gave nothing when asked is not asked again
-# for this long, unless a wake-up names it (each ask is a round trip to its shard).
-QUIET_SECONDS = 0.1  # seconds between warnings of fetches replicas did not confirm
 ACK, REQUEUE = b"ack", b"requeue"
 JOB_FIELDS = 4  # each job in a fetch reply: queue, job, crashes, crashes alone
 
 
 @dataclass
 class LimitUnitOfWork(UnitOfWork):
+    """A job held in this capsule's in-progress list until its fetch settles it."""
+
     fetch: LimitFetch  # type: ignore[assignment]
     after_run: list[ScriptCall] = field(default_factory=list)
     defer_is_io: ClassVar[bool] = False
 
     def defer(self, calls: Sequence[ScriptCall]) -> None:
-        """Keep ``calls`` to send with this job's acknowledgement, in the same round
-        trip (they run first)."""
+        """Keep ``calls`` to send with this job's settlement, in the same round trip
+        (they run first)."""
         self.after_run.extend(calls)
-
-    def acknowledge(self) -> None:
-        """Remove the job from the in-progress list and free its slot now. (Processors
-        instead hand the finished unit to their next fetch: same effect, one call.)"""
-        self.fetch.release(self, requeue=False)
-
-    def requeue(self) -> None:
-        self.fetch.release(self, requeue=True)
-
-    def give_back(self, reason: str) -> None:
-        """Requeue and count a recovery beside the job, in one call."""
-        recoveries.recover(self.fetch.redis, self.fetch.capsule_id, self.queue, self.job, reason)
 
     def recovery_reason(self, payload: Payload) -> str:
         if self.recoveries:
@@ -96,7 +88,9 @@ class LimitUnitOfWork(UnitOfWork):
 
 
 class LimitFetch:
-    """Fetches for one capsule, identified by ``capsule_id``."""
+    """Fetches for one capsule, identified by ``capsule_id``, with one call for all its
+    queues. Implements ``limitd.fetch.Fetch``; build it with ``limit_fetch`` (or the
+    capsule's ``build_fetch``), which picks the strategy the topology needs."""
 
     def __init__(
         self,
@@ -108,9 +102,11 @@ class LimitFetch:
         blocking: Iterable[str] = (),
         dynamic: bool = False,
         rate_clock: Callable[[], int] | None = None,
+        limits: LimitSettings | None = None,
     ) -> None:
         """``rate_clock``: for tests, the time (microseconds) rate limits are checked
-        at; by default the script reads Redis's clock, the one all capsules share."""
+        at; by default the script reads Redis's clock, the one all capsules share.
+        ``limits``: the configured limits, re-applied at each heartbeat."""
         self.redis = redis
         self.rate_clock = rate_clock
         # After each fetch call: seconds until a queue that has jobs waiting only for its
@@ -121,10 +117,8 @@ class LimitFetch:
         self.gate = gate or IdleGate()
         self.blocking = frozenset(blocking)
         self.dynamic = dynamic
-        # One call for all queues, or in cluster mode one per queue (see _call_per_queue).
-        self.per_queue = keys.is_cluster_layout()
+        self.limits = limits
         self._shared_of: dict[str, tuple[list[bytes], bytes]] = {}
-        self._fixed_keys, self._recoveries_key = self._shared_keys("")
         self._id = capsule_id.encode()
         self._channel = keys.WAKE_CHANNEL.encode()
         self._per_queue: dict[str, tuple[bytes, bytes, bytes, bytes, bytes]] = {}
@@ -140,41 +134,135 @@ class LimitFetch:
                 pack_command(b"WAIT", self._wait.replicas, self._wait.timeout_ms),
             )
         self._last_shortfall_log = float("-inf")
-        self._quiet_until: dict[str, float] = {}  # cluster mode, see QUIET_SECONDS
-        # Set by a capsule that hears wake-ups (without them, a push into a quiet queue
-        # would wait out the quiet time): see QUIET_SECONDS.
-        self.quiet_seconds = 0.0
 
     @property
     def block_seconds(self) -> float:
         return self.gate.poll_range[1]
 
-    def retrieve_work(self, done: UnitOfWork | None = None) -> LimitUnitOfWork | None:
-        """Settle ``done`` and take a job; if there is none, wait on the idle gate until
-        there may be one (the caller then asks again)."""
-        unit = self.try_retrieve(done)
-        if unit is None:
-            self.gate.wait(at_most=self.room_in)
-        else:
-            self.gate.wake_one_more()
-        return unit
+    # -- take / settle / requeue ----------------------------------------------------
 
-    def try_retrieve(self, done: UnitOfWork | None = None) -> LimitUnitOfWork | None:
-        """Settle ``done`` and make one fetch attempt, without waiting."""
-        found = self.settle_and_take([done] if done is not None else [], 1)
-        return found[0] if found else None
-
-    def settle_and_take(
-        self, finished: Sequence[UnitOfWork], want: int, conn: Conn | None = None
+    def take(
+        self,
+        want: int = 1,
+        finished: Sequence[UnitOfWork] = (),
+        *,
+        wait: bool = False,
+        conn: Conn | None = None,
     ) -> list[LimitUnitOfWork]:
-        """Acknowledge ``finished`` and take up to ``want`` jobs, in one call (on
-        ``conn``, a dispatcher's own connection, else the pool)."""
+        """Settle ``finished`` and take up to ``want`` jobs, in one call (on ``conn``, a
+        dispatcher's own connection, else the pool). With ``wait``, when there was none,
+        wait on the idle gate until there may be one (the caller then asks again)."""
         reply = self._call(finished, ACK, self._orders(want), want, conn or self.redis)
         self.room_in = int(reply[1]) / 1000 if reply[1] else None
-        return [
+        units = [
             LimitUnitOfWork(reply[i].decode(), reply[i + 1], self, reply[i + 2], reply[i + 3])
             for i in range(2, len(reply), JOB_FIELDS)
         ]
+        if wait and units:
+            self.gate.wake_one_more()
+        elif wait:
+            self.gate.wait(at_most=self.room_in)
+        return units
+
+    def settle(self, units: Sequence[UnitOfWork]) -> int:
+        """Remove finished jobs from the in-progress list and free their slots now;
+        returns how many were still this capsule's (a reaped one was requeued already)."""
+        return int(self._call(units, ACK, [], 0, self.redis)[0]) if units else 0
+
+    def requeue(
+        self, units: UnitOfWork | Iterable[UnitOfWork], *, reason: str | None = None
+    ) -> int:
+        """Put jobs back, the first given first in line again, in one round trip; with a
+        ``reason`` (their outcome could not be recorded), one call each that also
+        charges the job a recovery (``fetch/recoveries.py``). Returns how many were
+        still this capsule's to give back."""
+        batch = as_units(units)
+        if reason is not None:
+            return sum(
+                recoveries.recover(self.redis, self.capsule_id, u.queue, u.job, reason) > 0
+                for u in batch
+            )
+        return int(self._call(batch[::-1], REQUEUE, [], 0, self.redis)[0]) if batch else 0
+
+    # -- heartbeat time ------------------------------------------------------------
+
+    def vouch(self, period: float) -> None:
+        """Keep this capsule's liveness key: the reapers leave its jobs alone."""
+        from limitd.supervisor import liveness  # it imports the package that builds us
+
+        liveness.vouch(self.redis, [self.capsule_id], period)
+
+    def maintain(self, held: Callable[[], list[UnitOfWork]], *, reap: bool) -> None:
+        """The heartbeat's work on Redis: re-apply configured limits Redis lost, reap the
+        capsules that stopped beating (``reap``: unless our own beats failed lately),
+        and requeue what this capsule holds but no thread runs (``held``: what runs)."""
+        from limitd.supervisor import liveness
+
+        if self.limits is not None:
+            self.limits.apply_defaults(self.redis)
+        if reap:
+            liveness.reap_dead(self.redis)
+        self.recover_orphans(held())
+
+    def retire(self) -> int:
+        """At stop: no liveness any more, and what is still in progress (a requeue that
+        failed) goes back to its queues. Returns how many jobs that was."""
+        from limitd.supervisor import liveness
+
+        return liveness.retire(self.redis, self.capsule_id)
+
+    def recover_orphans(self, held: Iterable[UnitOfWork]) -> int:
+        """Requeue in-progress entries that no thread of this capsule holds, once they
+        have been unclaimed on two consecutive calls (heartbeats).
+
+        An entry is orphaned when Redis ran a fetch whose reply never arrived (the
+        connection broke, Redis restarted): the job is counted busy but nobody runs it.
+        A fetch in flight is claimed within milliseconds, so waiting one heartbeat tells
+        the two apart. Returns how many jobs were requeued."""
+        claimed = Counter((unit.queue, unit.job) for unit in held)
+        unclaimed: Counter[tuple[str, bytes]] = Counter()
+        for name in self._held_queues():
+            entries = cast("list[bytes]", self.redis.lrange(self._queue(name)[1], 0, -1))
+            unclaimed.update((name, job) for job in entries)
+        unclaimed -= claimed
+        orphans = unclaimed & self._suspects
+        self._suspects = unclaimed - orphans
+        requeued = sum(
+            self.requeue(LimitUnitOfWork(name, job, self))
+            for (name, job), count in orphans.items()
+            for _ in range(count)
+        )
+        if requeued:
+            log.warning("requeued %d jobs this capsule held in Redis but no thread ran", requeued)
+        return requeued
+
+    # -- wake-ups ------------------------------------------------------------------
+
+    def wake_handlers(self) -> dict[str, Callable[[str], None]]:
+        """The channel pushes and freed slots are announced on, and what to do then."""
+        return {keys.WAKE_CHANNEL: self.on_wake}
+
+    def on_wake(self, queue: str) -> None:
+        """A wake-up named ``queue`` ("": any): if it concerns us, wake a waiting call."""
+        if self.wants(queue):
+            if queue and queue not in self.order.weights:
+                self.refresh_dynamic()
+            self.woken(queue)
+            self.gate.wake()
+
+    def wants(self, queue: str) -> bool:
+        """Whether a wake-up for ``queue`` concerns this fetch ("" means any queue)."""
+        return not queue or self.dynamic or queue in self.order.weights
+
+    def woken(self, queue: str) -> None:
+        """A wake-up named ``queue``: one call asks every queue, nothing to forget."""
+
+    def refresh_dynamic(self) -> None:
+        """Forget the cached queue list (a wake-up named a queue we do not know yet)."""
+        with self._lock:
+            self._extra_refreshed = float("-inf")
+
+    # -- the call ------------------------------------------------------------------
 
     def _orders(self, want: int) -> list[list[str]]:
         """One queue order per job to take: weighted and random orders are drawn for
@@ -192,84 +280,9 @@ class LimitFetch:
             names += self._dynamic_queues()
         return names
 
-    def wants(self, queue: str) -> bool:
-        """Whether a wake-up for ``queue`` concerns this fetch ("" means any queue)."""
-        return not queue or self.dynamic or queue in self.order.weights
-
-    def release(self, unit: UnitOfWork, *, requeue: bool) -> bool:
-        """Acknowledge or requeue one unit now; False when it was no longer this
-        capsule's (it was reaped and requeued already)."""
-        return bool(self._call([unit], REQUEUE if requeue else ACK, [], 0, self.redis)[0])
-
-    def bulk_requeue(self, units: Iterable[UnitOfWork]) -> None:
-        """Requeue several units in one round trip (hard shutdown, a quieting dispatcher),
-        the first given ending up first in line again."""
-        batch = list(units)
-        if batch:
-            self._call(batch[::-1], REQUEUE, [], 0, self.redis)
-
-    def recover_orphans(self, held: Iterable[UnitOfWork]) -> int:
-        """Requeue in-progress entries that no thread of this capsule holds, once they
-        have been unclaimed on two consecutive calls (heartbeats).
-
-        An entry is orphaned when Redis ran a fetch whose reply never arrived (the
-        connection broke, Redis restarted): the job is counted busy but nobody runs it.
-        A fetch in flight is claimed within milliseconds, so waiting one heartbeat tells
-        the two apart. Returns how many jobs were requeued."""
-        claimed = Counter((unit.queue, unit.job) for unit in held)
-        unclaimed: Counter[tuple[str, bytes]] = Counter()
-        held_queues = (
-            self.queue_names()
-            if self.per_queue
-            else set_members(self.redis, keys.capsule_queues(self.capsule_id))
-        )
-        for name in held_queues:
-            entries = cast("list[bytes]", self.redis.lrange(self._queue(name)[1], 0, -1))
-            unclaimed.update((name, job) for job in entries)
-        unclaimed -= claimed
-        orphans = unclaimed & self._suspects
-        self._suspects = unclaimed - orphans
-        requeued = sum(
-            self.release(LimitUnitOfWork(name, job, self), requeue=True)
-            for (name, job), count in orphans.items()
-            for _ in range(count)
-        )
-        if requeued:
-            log.warning("requeued %d jobs this capsule held in Redis but no thread ran", requeued)
-        return requeued
-
-    def woken(self, queue: str) -> None:
-        """A wake-up named ``queue`` ("": any): ask it again at the next call."""
-        if not self._quiet_until:
-            return
-        if queue:
-            self._quiet_until.pop(queue, None)
-        else:
-            self._quiet_until.clear()
-
-    def refresh_dynamic(self) -> None:
-        """Forget the cached queue list (a wake-up named a queue we do not know yet)."""
-        with self._lock:
-            self._extra_refreshed = float("-inf")
-
-    def _shared_keys(self, queue: str) -> tuple[list[bytes], bytes]:
-        """The keys every call passes first, and its last one (the recoveries hash):
-        shared by all queues, or in cluster mode ``queue``'s own (built once a queue)."""
-        cached = self._shared_of.get(queue)
-        if cached is not None:
-            return cached
-        fixed = [
-            keys.limits_of(queue),
-            keys.process_limits_of(queue),
-            keys.paused_of(queue),
-            keys.busy_of(queue),
-            keys.capsule_queues(self.capsule_id, queue),
-            keys.capsules_of(queue),
-            keys.rate_limits_of(queue),
-        ]
-        cached = [key.encode() for key in fixed], keys.recoveries_of(queue).encode()
-        self._shared_of[queue] = cached
-        return cached
+    def _held_queues(self) -> Iterable[str]:
+        """The queues this capsule may hold jobs of, as Redis counts them."""
+        return set_members(self.redis, keys.capsule_queues(self.capsule_id))
 
     def _call(
         self,
@@ -279,82 +292,13 @@ class LimitFetch:
         want: int,
         conn: Conn,
     ) -> list[Any]:
-        """``orders``: the queue order of each job to take (one order: all alike)."""
-        if self.per_queue:
-            return self._call_per_queue(settle, mode, orders, want)
-        return self._one_call(settle, mode, orders, want, conn)
-
-    def _call_per_queue(
-        self, settle: Sequence[UnitOfWork], mode: bytes, orders: list[list[str]], want: int
-    ) -> list[Any]:
-        """Cluster mode: every queue's keys live on its own shard, so the call is made
-        once per queue, in the order drawn for this call (the first job's: weighted and
-        random orders are drawn once per call here, not once per job), asking each queue
-        for what the ones before it did not give, and settling each queue's finished
-        jobs in its own call. A blocking queue that gives fewer jobs than asked while
-        jobs wait in it (at its limit or rate) stops the asking, as in one call. The
-        finished jobs' bookkeeping (batches, unique locks) is made first, on its own
-        shard, and the callbacks it fires are pushed, so this very call can take them,
-        as in one call. Limits stay exact: each queue's check, pop and count are one
-        script on its shard. Returns the reply of one call for all."""
-        calls = _calls_before_ack(settle) if mode == ACK else []
-        if calls:  # first, as in one call: what they fire (batch callbacks) is fetchable
-            run_calls(self.redis, calls)
-            _forget_calls(settle)
-            handoff.push_waiting(self.redis, clock.now())
-        by_queue: dict[str, list[UnitOfWork]] = {}
-        for unit in settle:
-            by_queue.setdefault(unit.queue, []).append(unit)
-        order = orders[0] if orders else []
-        settled, room_in, jobs = 0, 0, cast("list[Any]", [])
-        now = clock.monotonic()
-        held_back = False  # a blocking queue at its limit holds back the ones after it
-        for name in dict.fromkeys([*order, *by_queue]):
-            missing = want - len(jobs) // JOB_FIELDS if name in order and not held_back else 0
-            if missing > 0 and self._quiet_until.get(name, 0.0) > now:
-                missing = 0  # it gave nothing a moment ago and no wake-up named it since
-            units = by_queue.get(name, [])
-            if not units and missing <= 0:
-                continue
-            reply = self._one_call(
-                units, mode, [[name]] if missing > 0 else [], missing, self.redis
-            )
-            settled += int(reply[0])
-            if reply[1] and (not room_in or int(reply[1]) < room_in):
-                room_in = int(reply[1])
-            if missing > 0 and len(reply) == 2 and self.quiet_seconds:
-                self._quiet_until[name] = now + self.quiet_seconds
-            if name in self.blocking and len(reply[2:]) // JOB_FIELDS < missing:
-                held_back = self._holds_back(name)
-            jobs += reply[2:]
-        return [settled, room_in, *jobs]
-
-    def _holds_back(self, name: str) -> bool:
-        """Cluster mode: whether a blocking queue that gave fewer jobs than asked has
-        jobs waiting and is not paused: then it is at its limit (or rate), and the
-        queues after it must not jump ahead (as in one call). One round trip, to its
-        shard; a push or a freed slot in between only makes the fetch wait for the next
-        call."""
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.llen(keys.queue(name))
-        pipe.sismember(keys.paused_of(name), name)
-        waiting, paused = pipe.execute()
-        return bool(waiting) and not paused
-
-    def _one_call(
-        self,
-        settle: Sequence[UnitOfWork],
-        mode: bytes,
-        orders: list[list[str]],
-        want: int,
-        conn: Conn,
-    ) -> list[Any]:
-        script_keys, args = self._script_input(settle, mode, orders, want)
-        if self.per_queue:  # its calls were made first (_call_per_queue)
-            return cast("list[Any]", LIMIT_FETCH(conn, script_keys, args))
-        calls = _calls_before_ack(settle) if mode == ACK else []
+        """One round trip: the finished jobs' bookkeeping (with ``ACK``), the script,
+        and WAIT when replicas must confirm. ``orders``: the queue order of each job to
+        take (one order: all alike)."""
+        calls = calls_before_ack(settle) if mode == ACK else []
         if not calls and self._wait is None:
-            return cast("list[Any]", LIMIT_FETCH(conn, script_keys, args))
+            return self._script(settle, mode, orders, want, conn)
+        script_keys, args = self._script_input(settle, mode, orders, want, "")
         try:
             replies = send_calls_then(
                 conn, calls, LIMIT_FETCH.packed(script_keys, args), *self._wait_command
@@ -363,19 +307,37 @@ class LimitFetch:
             replies = [LIMIT_FETCH(conn, script_keys, args)]
             if self._wait_command:
                 replies.append(send_packed(conn, self._wait_command[0]))
-        _forget_calls(settle)
+        forget_calls(settle)
         if self._wait is not None:
             self._check_replicated(replies)
         return cast("list[Any]", replies[0])
 
+    def _script(
+        self,
+        settle: Sequence[UnitOfWork],
+        mode: bytes,
+        orders: list[list[str]],
+        want: int,
+        conn: Conn,
+        *,
+        shared: str = "",
+    ) -> list[Any]:
+        """``limit_fetch.lua`` alone, with the shared keys of ``shared`` (a queue in a
+        cluster, where each has its own; "" where all queues share them)."""
+        script_keys, args = self._script_input(settle, mode, orders, want, shared)
+        return cast("list[Any]", LIMIT_FETCH(conn, script_keys, args))
+
     def _script_input(
-        self, settle: Sequence[UnitOfWork], mode: bytes, orders: list[list[str]], want: int
+        self,
+        settle: Sequence[UnitOfWork],
+        mode: bytes,
+        orders: list[list[str]],
+        want: int,
+        shared: str,
     ) -> tuple[list[bytes], list[Any]]:
         """KEYS and ARGV of one ``limit_fetch.lua`` call (see its header)."""
         names = list(dict.fromkeys(name for order in orders for name in order))
-        fixed, recoveries_key = self._fixed_keys, self._recoveries_key
-        if self.per_queue:  # one queue per call: its own keys
-            fixed, recoveries_key = self._shared_keys((names or [settle[0].queue])[0])
+        fixed, recoveries_key = self._shared_keys(shared)
         script_keys = list(fixed)
         now = b"" if self.rate_clock is None else self.rate_clock()
         args = [self._id, self._channel, mode, len(settle), want, len(names), now]
@@ -392,6 +354,25 @@ class LimitFetch:
             number = {name: str(index) for index, name in enumerate(names, 1)}
             args += [",".join(number[name] for name in order) for order in orders]
         return script_keys, args
+
+    def _shared_keys(self, queue: str) -> tuple[list[bytes], bytes]:
+        """The keys every call passes first, and its last one (the recoveries hash), of
+        ``queue`` (built once a queue; "" names the ones all queues share)."""
+        cached = self._shared_of.get(queue)
+        if cached is not None:
+            return cached
+        fixed = [
+            keys.limits_of(queue),
+            keys.process_limits_of(queue),
+            keys.paused_of(queue),
+            keys.busy_of(queue),
+            keys.capsule_queues(self.capsule_id, queue),
+            keys.capsules_of(queue),
+            keys.rate_limits_of(queue),
+        ]
+        cached = [key.encode() for key in fixed], keys.recoveries_of(queue).encode()
+        self._shared_of[queue] = cached
+        return cached
 
     def _check_replicated(self, replies: list[Any]) -> None:
         """Log, at most once a minute, fetches replicas did not confirm in time: their
@@ -435,13 +416,13 @@ class LimitFetch:
             return list(self._extra_queues)
 
 
-def _forget_calls(units: Sequence[UnitOfWork]) -> None:
+def forget_calls(units: Sequence[UnitOfWork]) -> None:
     """The units' bookkeeping calls were made: they must not be made again."""
     for unit in units:
         if isinstance(unit, LimitUnitOfWork):
             unit.after_run = []
 
 
-def _calls_before_ack(units: Sequence[UnitOfWork]) -> list[ScriptCall]:
+def calls_before_ack(units: Sequence[UnitOfWork]) -> list[ScriptCall]:
     """The bookkeeping server middleware left on these units (see ``ScriptCall``)."""
     return [call for unit in units if isinstance(unit, LimitUnitOfWork) for call in unit.after_run]

@@ -13,6 +13,10 @@ in-progress list as any other until the loop settles it.
   so the heartbeat never takes one for an orphan.
 - A stop cancels the tasks still running at the deadline once the capsule has requeued
   their jobs; a cancelled job records nothing.
+- A job that ended goes to ``finish`` (the capsule's dispatch, ``limitd.fetch.Dispatch``),
+  as it would from a processor.
+- Without async jobs the capsule has a :class:`NullLane`: the same questions, answered
+  "nothing", so the capsule never asks whether it has a lane.
 - A job that blocks the loop (a sync call in async code) stalls every job on it. A watch
   thread warns, naming the job and the line it is on, when the loop has not turned for
   ``block_warning`` seconds.
@@ -26,11 +30,11 @@ import logging
 import sys
 import threading
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from limitd import clock
-from limitd.fetch.basic import UnitOfWork
+from limitd.config import CapsuleConfig
+from limitd.fetch import Dispatch, UnitOfWork
 from limitd.payload import Payload, describe_job
 from limitd.spec import JobSpec
 from limitd.supervisor.executor import JobExecutor
@@ -42,9 +46,6 @@ DEFAULT_BLOCK_WARNING = 1.0
 SLOT_WAIT = 0.5
 FETCH_AHEAD = 50  # jobs a fetch call may take for the loop beyond the threads' own
 ACTIVE_SECONDS = 1.0  # a processor waiting for a slot looks up this often to see a stop
-
-# Hands a finished job over for acknowledgement, without blocking the loop.
-Settle = Callable[[UnitOfWork], None]
 
 
 @dataclass(eq=False)
@@ -59,18 +60,20 @@ class _Entry:
 
 
 class AsyncLane:
+    """Runs a capsule's async jobs on an event loop of its own (see the module)."""
+
     def __init__(
         self,
         executor: JobExecutor,
-        settle: Settle,
+        dispatch: Dispatch,
         size: int,
         *,
         name: str = "default",
         block_warning: float = DEFAULT_BLOCK_WARNING,
     ) -> None:
         self.executor = executor
+        self.dispatch = dispatch
         self.size = size
-        self._settle = settle
         self._block_warning = block_warning
         # Free slots, and the jobs posted to the loop, under one lock: a processor takes
         # a slot and posts in one step, the loop frees slots as jobs end.
@@ -226,11 +229,11 @@ class AsyncLane:
         unit = entry.unit
         try:
             await self.executor.execute_async(unit, entry.payload, entry.spec)
-            self._settle(unit)
+            self.dispatch.finish(unit)  # the same end as a processor's job
         except asyncio.CancelledError:
             pass  # a hard stop requeued it: nothing to record
         except Exception as exc:
-            await self._give_back(unit, exc)
+            await self._requeue(unit, exc)
         finally:
             self._started -= 1
             self._entries.pop(id(unit), None)
@@ -239,7 +242,7 @@ class AsyncLane:
                 if self._waiting:
                     self._room.notify()
 
-    async def _give_back(self, unit: UnitOfWork, error: Exception) -> None:
+    async def _requeue(self, unit: UnitOfWork, error: Exception) -> None:
         """Its outcome could not be recorded: requeue it (counted as a recovery) rather
         than lose it. If that fails too, it stays in progress, and the heartbeat requeues
         it as an orphan once the lane no longer holds it."""
@@ -250,7 +253,8 @@ class AsyncLane:
             exc_info=error,
         )
         try:
-            await asyncio.to_thread(unit.give_back, f"{type(error).__name__}: {error}")
+            reason = f"{type(error).__name__}: {error}"
+            await asyncio.to_thread(self.dispatch.requeue, unit, reason=reason)
         except Exception:
             log.exception("requeue failed; the heartbeat will recover %s", describe_job(unit.job))
 
@@ -282,6 +286,69 @@ class AsyncLane:
             task.get_name() if task is not None else "no job (limitd's own code)",
             where,
         )
+
+
+class NullLane:
+    """The lane of a capsule without async jobs: holds nothing, runs nothing."""
+
+    size = 0
+
+    def start(self) -> None:
+        """No loop to start."""
+
+    def room_to_fetch(self) -> int:
+        return 0
+
+    def held(self) -> list[UnitOfWork]:
+        return []
+
+    def running(self) -> list[tuple[UnitOfWork, float]]:
+        return []
+
+    def busy(self) -> int:
+        return 0
+
+    def holding(self) -> int:
+        return 0
+
+    def holds(self, unit: UnitOfWork) -> bool:
+        return False
+
+    def abandon(self) -> list[UnitOfWork]:
+        return []
+
+    def cancel(self) -> None:
+        """No task to cancel."""
+
+    def stop(self, timeout: float) -> None:
+        """No loop to stop."""
+
+    def log_task_stacks(self) -> None:
+        """No task to show."""
+
+
+def build_lane(
+    config: CapsuleConfig, executor: JobExecutor, dispatch: Dispatch
+) -> AsyncLane | NullLane:
+    """The event loop for async jobs, when the app has any (or the config sized it),
+    with the executor told to hand them to it; else the null lane."""
+    size = config.async_concurrency
+    if size is None and executor.jobs.has_async():
+        size = DEFAULT_ASYNC_CONCURRENCY
+    if size is None:
+        return NullLane()
+    lane = AsyncLane(
+        executor, dispatch, size, name=config.name, block_warning=config.async_block_warning
+    )
+    executor.hand_off = lane.submit
+    dispatch.extra = lane.room_to_fetch
+    bridged = executor.chain.without_acall()
+    if bridged:
+        log.warning(
+            "server middleware without acall() run async jobs on a worker thread each: %s",
+            ", ".join(bridged),
+        )
+    return lane
 
 
 def coroutine_stack(coro: object) -> traceback.StackSummary:

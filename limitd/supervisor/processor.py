@@ -1,8 +1,10 @@
-"""One processor: a thread that fetches a job, runs it, and starts over.
+"""One processor: a thread that takes a job, runs it, finishes it, and starts over.
 
 Lifecycle verbs as in Sidekiq: ``start``; ``terminate`` (finish the current job, take no
 new one); ``kill`` (the job was already requeued by the capsule: raise
-:class:`Shutdown` inside the thread so it abandons the job without retrying it).
+:class:`Shutdown` inside the thread so it abandons the job without retrying it). The
+loop is ``_process_one``: take from the capsule's dispatch, run through the executor,
+and finish on the dispatch (``limitd.fetch.Dispatch``), which settles the job in Redis.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import redis as redis_py
 
 from limitd import clock
 from limitd.backoff import Backoff
-from limitd.fetch import Fetch, UnitOfWork
+from limitd.fetch import Dispatch, UnitOfWork
 from limitd.payload import describe_job
 from limitd.supervisor.executor import HANDED_OFF, JobExecutor, Shutdown
 
@@ -26,10 +28,12 @@ FETCH_ERROR_PAUSE = 1.0
 
 
 class Processor:
+    """One thread of a capsule (see the module docstring)."""
+
     def __init__(
         self,
         index: int,
-        fetch: Fetch,
+        dispatch: Dispatch,
         executor: JobExecutor,
         on_exit: Callable[[Processor], None],
         *,
@@ -37,12 +41,11 @@ class Processor:
         on_busy: Callable[[], None] | None = None,
     ) -> None:
         self.index = index
-        self.fetch = fetch
+        self.dispatch = dispatch
         self.executor = executor
         self.on_exit = on_exit
         self.on_busy = on_busy or _nothing
         self.current: UnitOfWork | None = None
-        self._finished: UnitOfWork | None = None  # executed, settled by the next fetch
         self.current_since = 0.0
         self._done = threading.Event()
         self._backoff = Backoff(log, f"processor {index}'s fetch")
@@ -85,29 +88,38 @@ class Processor:
         except BaseException:
             log.critical("processor %d died", self.index, exc_info=True)
         finally:
-            self._settle_finished()
+            self.dispatch.leave()
             self.current = None
             self.on_exit(self)
 
     def _process_one(self) -> None:
+        """Take -> run -> finish: the whole life of a job on this thread."""
+        unit = self._take()
+        if unit is not None and self._run_job(unit):
+            self.dispatch.finish(unit)
+
+    def _take(self) -> UnitOfWork | None:
+        """The next job, or None: none came, Redis failed (waited out here), or the
+        capsule stopped while this thread waited (the job goes back: not ours to run)."""
         try:
-            unit = self.fetch.retrieve_work(self._finished)
+            unit = self.dispatch.take()
         except redis_py.RedisError as exc:
             self._done.wait(self._backoff.failed(exc))
-            return
+            return None
         self._backoff.succeeded()
-        self._finished = None
-        if unit is None:
-            return
-        if self._done.is_set():
-            unit.requeue()  # stopped while waiting: this job is not ours to start
-            return
+        if unit is not None and self._done.is_set():
+            self.dispatch.requeue(unit)
+            return None
+        return unit
+
+    def _run_job(self, unit: UnitOfWork) -> bool:
+        """Run the job; True when it ended here, False when the event loop took it (the
+        loop finishes it) or its outcome could not be recorded (it was requeued)."""
         self.current_since = clock.now()
         self.current = unit
         self.on_busy()
         try:
-            if self.executor.execute(unit) != HANDED_OFF:
-                self._finished = unit  # settled by the next fetch (an async job by its loop)
+            return self.executor.execute(unit) != HANDED_OFF
         except Shutdown:
             raise
         except Exception as exc:
@@ -118,38 +130,29 @@ class Processor:
                 unit.queue,
                 self.executor.max_recoveries,
             )
-            self._give_back(unit, exc)
+            self._requeue(unit, exc)
+            return False
         except BaseException as exc:
-            self._give_back(unit, exc)
+            self._requeue(unit, exc)
             raise  # the thread ends; the capsule starts a replacement
         finally:
             self.current = None
             self.on_busy()
 
     def held(self) -> list[UnitOfWork]:
-        """The units this thread holds in Redis: running, or finished but not settled."""
-        return [unit for unit in (self.current, self._finished) if unit is not None]
+        """The unit this thread holds in Redis: the one it runs (what it finished is
+        the dispatch's)."""
+        unit = self.current
+        return [] if unit is None else [unit]
 
-    def _settle_finished(self) -> None:
-        """On the way out: acknowledge the last job, which no next fetch will settle. If
-        Redis is unreachable the job stays in progress and is requeued when this capsule
-        is reaped: it may run twice, it is not lost."""
-        unit, self._finished = self._finished, None
-        if unit is None:
-            return
-        try:
-            unit.acknowledge()
-        except redis_py.RedisError as exc:
-            log.error("could not acknowledge a finished job of queue %s: %s", unit.queue, exc)
-
-    def _give_back(self, unit: UnitOfWork, error: BaseException) -> None:
+    def _requeue(self, unit: UnitOfWork, error: BaseException) -> None:
         """Requeue after an internal error, waiting out a Redis outage: running a job
         twice is better than losing it. The job's recoveries are counted, so one whose
         outcome can never be recorded ends in the dead set instead of looping."""
         reason = f"{type(error).__name__}: {error}"
         while True:
             try:
-                unit.give_back(reason)
+                self.dispatch.requeue(unit, reason=reason)
                 return
             except redis_py.RedisError as exc:
                 log.error("requeue failed, retrying in %.0fs: %s", FETCH_ERROR_PAUSE, exc)
