@@ -132,3 +132,11 @@ def test_the_admin_api_loads_when_imported() -> None:
         loaded
     )
     assert "argparse" not in loaded and "prometheus_client" not in loaded
+
+
+def test_the_command_line_loads_metrics_and_web_only_for_their_commands() -> None:
+    """Every ``limitd`` command builds the whole parser: building it must not load what
+    only ``limitd metrics`` and ``limitd web`` serve with."""
+    loaded = set(modules_after("from limitd.cli import build_parser; build_parser()"))
+    assert loaded.isdisjoint({"prometheus_client", "starlette", "jinja2", "a2wsgi"})
+    assert loaded.isdisjoint({"limitd.metrics.exporter", "limitd.web.application"})

@@ -22,7 +22,6 @@ from limitd.commands.common import (
     fail,
     parse_count,
 )
-from limitd.metrics.exporter import serve
 from limitd.metrics.section import DEFAULT_BIND, HIGHEST_PORT
 
 DEFAULT_PORT = "9191"
@@ -59,6 +58,8 @@ def add_metrics_command(commands: Subparsers, resolve_redis: ResolveRedis) -> No
 
 
 def run_metrics(args: argparse.Namespace, connect: Connect) -> int:
+    from limitd.metrics.exporter import serve  # prometheus-client: only for this command
+
     port = parse_count(args.port, "--port", minimum=1)
     if port > HIGHEST_PORT:
         raise UsageError(f"--port must be a TCP port from 1 to {HIGHEST_PORT}, got {port}")
