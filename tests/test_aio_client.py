@@ -482,20 +482,29 @@ def replica(redis_server: RedisServer) -> Iterator[RedisServer]:
 
 
 @pytest.mark.standalone_only("a proxy between one client and one server")
+@pytest.mark.parametrize("flavour", ["sync", "async"])
 def test_failover_reconnects_and_retries_once(
-    redis: redis_py.Redis, redis_server: RedisServer, replica: RedisServer
+    redis: redis_py.Redis, redis_server: RedisServer, replica: RedisServer, flavour: str
 ) -> None:
     proxy = FailoverProxy(lambda n: replica.port if n == 0 else redis_server.port)
+    payload = {"class": "aio_test.Work", "args": [1]}
+
+    def sync_push() -> str | None:
+        client = limitd.Client(redis_py.Redis(port=proxy.port))
+        try:
+            return client.push(payload)
+        finally:
+            client.redis.close()
 
     async def push() -> str | None:
         conn = AsyncRedis(port=proxy.port)
         try:
-            return await AsyncClient(conn).push({"class": "aio_test.Work", "args": [1]})
+            return await AsyncClient(conn).push(payload)
         finally:
             await conn.aclose()
 
     try:
-        jid = asyncio.run(push())
+        jid = sync_push() if flavour == "sync" else asyncio.run(push())
     finally:
         proxy.close()
     assert proxy.connections == 2

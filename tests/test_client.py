@@ -143,21 +143,6 @@ def replica(redis_server: RedisServer) -> Iterator[RedisServer]:
 
 
 @pytest.mark.standalone_only("a proxy between one client and one server")
-def test_failover_reconnects_and_retries_once(
-    redis: redis_py.Redis, redis_server: RedisServer, replica: RedisServer
-) -> None:
-    proxy = FailoverProxy(lambda n: replica.port if n == 0 else redis_server.port)
-    client = limitd.Client(redis_py.Redis(port=proxy.port))
-    try:
-        jid = client.push({"class": "client_test.Ping", "args": [1]})
-    finally:
-        client.redis.close()
-        proxy.close()
-    assert proxy.connections == 2
-    assert [json.loads(j)["jid"] for j in redis.lrange(keys.queue("default"), 0, -1)] == [jid]
-
-
-@pytest.mark.standalone_only("a proxy between one client and one server")
 def test_failover_retry_happens_only_once(redis: redis_py.Redis, replica: RedisServer) -> None:
     proxy = FailoverProxy(lambda n: replica.port)
     client = limitd.Client(redis_py.Redis(port=proxy.port))

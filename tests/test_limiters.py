@@ -170,27 +170,6 @@ def test_a_concurrent_waiter_wakes_when_a_slot_is_released(
     assert (status.immediate, status.waited, status.held) == (1, 1, 0)
 
 
-def test_over_limit_after_wait_timeout(redis: redis_py.Redis) -> None:
-    limiter = limitd.Limiter.bucket("daily", 1, "day", wait_timeout=0.2)
-    assert once(limiter)
-    with pytest.raises(limitd.OverLimit) as raised, limiter.within_limit():
-        pytest.fail("ran over the limit")
-    assert raised.value.name == "daily" and raised.value.waited > 0
-    [status] = limiters(redis)
-    assert (status.calls, status.immediate, status.over_limit) == (2, 1, 1)
-
-
-def test_within_limit_as_a_decorator(redis: redis_py.Redis) -> None:
-    limiter = limitd.Limiter.concurrent("deco", 1, wait_timeout=0)
-
-    @limiter.within_limit()
-    def call(n: int) -> int:
-        assert not once(limiter)  # held while the function runs
-        return n * 2
-
-    assert [call(1), call(2)] == [2, 4]  # released after each call
-
-
 def test_names_with_odd_characters_are_their_own_limiters(redis: redis_py.Redis) -> None:
     odd = limitd.Limiter.concurrent(ODD, 1, wait_timeout=0)
     plain = limitd.Limiter.concurrent("stripe", 1, wait_timeout=0)

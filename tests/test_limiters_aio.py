@@ -1,7 +1,8 @@
 """Limiters in ``async def`` code (``limiter.aio.within_limit()``): each kind admits what
 the sync form admits (the same steps through both, under a frozen clock), a release
-wakes an async waiter, ``OverLimit`` after ``wait_timeout``, the event loop keeps running
-while a check waits, and sync and async holders share the same slots.
+wakes an async waiter, ``OverLimit`` after ``wait_timeout`` and the decorator form (both
+run through the sync and the async form), the event loop keeps running while a check
+waits, and sync and async holders share the same slots.
 
 No pytest-asyncio: each test runs its coroutine with :func:`run` (``asyncio.run``)."""
 
@@ -230,6 +231,7 @@ async def _at_least_one_blocked(redis: redis_py.Redis) -> bool:
     return await blocked_clients(redis) >= 1
 
 
+@pytest.mark.parametrize("flavour", ["sync", "async"])
 @pytest.mark.parametrize(
     "make",
     [
@@ -238,21 +240,34 @@ async def _at_least_one_blocked(redis: redis_py.Redis) -> bool:
     ],
     ids=["sleeping", "blocking on the wake list"],
 )
-def test_over_limit_after_wait_timeout(redis: redis_py.Redis, make) -> None:
+def test_over_limit_after_wait_timeout(redis: redis_py.Redis, make, flavour: str) -> None:
     limiter = make()
-
-    async def main() -> limitd.OverLimit:
-        async with limiter.aio.within_limit():  # a concurrent slot stays taken meanwhile
-            with pytest.raises(limitd.OverLimit) as raised:
-                async with limiter.aio.within_limit():
-                    pytest.fail("ran over the limit")
-        return raised.value
-
-    error = run(main)
+    error = over_limit(limiter) if flavour == "sync" else run(lambda: aover_limit(limiter))
     assert type(error) is limitd.OverLimit
     assert (error.name, error.kind) == ("daily", limiter.kind) and 0.1 < error.waited < 5
     [status] = limiters(redis)
     assert (status.calls, status.immediate, status.over_limit) == (2, 1, 1)
+
+
+def over_limit(limiter: limitd.Limiter) -> limitd.OverLimit:
+    """Hold one slot and try a second: the ``OverLimit`` it raises after its wait."""
+    # The first block keeps a concurrent slot taken while the second waits.
+    with (
+        limiter.within_limit(),
+        pytest.raises(limitd.OverLimit) as raised,
+        limiter.within_limit(),
+    ):
+        pytest.fail("ran over the limit")
+    return raised.value
+
+
+async def aover_limit(limiter: limitd.Limiter) -> limitd.OverLimit:
+    """``over_limit`` through the async form."""
+    async with limiter.aio.within_limit():
+        with pytest.raises(limitd.OverLimit) as raised:
+            async with limiter.aio.within_limit():
+                pytest.fail("ran over the limit")
+    return raised.value
 
 
 # The loop runs while a check waits.
@@ -345,15 +360,25 @@ def test_the_async_form_uses_the_limiters_own_redis(redis: redis_py.Redis) -> No
         other.close()
 
 
-def test_within_limit_decorates_async_functions(redis: redis_py.Redis) -> None:
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_within_limit_as_a_decorator(redis: redis_py.Redis, flavour: str) -> None:
     limiter = limitd.Limiter.concurrent("deco", 1, wait_timeout=0)
+    if flavour == "sync":
+
+        @limiter.within_limit()
+        def call(n: int) -> int:
+            assert not once(limiter)  # held while the function runs
+            return n * 2
+
+        assert [call(1), call(2)] == [2, 4]  # released after each call
+        return
 
     @limiter.aio.within_limit()
-    async def call(n: int) -> int:
+    async def acall(n: int) -> int:
         assert not await aonce(limiter)  # held while the function runs
         return n * 2
 
     async def main() -> list[int]:
-        return [await call(1), await call(2)]  # released after each call
+        return [await acall(1), await acall(2)]  # released after each call
 
     assert run(main) == [2, 4]
