@@ -31,14 +31,7 @@ from limitd.aio.enqueue import AsyncEnqueuer
 from limitd.client import Client, default_client
 from limitd.payload import Payload
 from limitd.registry import registry
-from limitd.spec import (
-    ExhaustedHook,
-    JobSpec,
-    LimiterBackoffHook,
-    RetryInHook,
-    TenantHook,
-    current_payload,
-)
+from limitd.spec import ExhaustedHook, JobSpec, RetryInHook, current_payload
 
 options.declare("queue", options.non_empty_str, owner="limitd.job")
 
@@ -51,11 +44,11 @@ def define(
     *,
     retry_in: RetryInHook | None = None,
     retries_exhausted: ExhaustedHook | None = None,
-    tenant: TenantHook | None = None,
-    limiter_backoff: LimiterBackoffHook | None = None,
+    hooks: dict[str, Callable[..., Any]] | None = None,
     is_async: bool = False,
 ) -> JobSpec:
-    """Validate options, build the spec and register it under its wire name."""
+    """Validate options, build the spec and register it under its wire name. ``hooks``:
+    the features' declared hooks by keyword (see :func:`limitd.options.declare_hook`)."""
     spec = JobSpec(
         name=name,
         origin=origin,
@@ -63,8 +56,7 @@ def define(
         options=options.validate(name, job_options),
         retry_in=retry_in,
         retries_exhausted=retries_exhausted,
-        tenant=tenant,
-        limiter_backoff=limiter_backoff,
+        hooks=hooks or {},
         is_async=is_async,
     )
     registry.register(spec)
@@ -153,14 +145,13 @@ def job(
     name: str | None = None,
     retry_in: RetryInHook | None = None,
     retries_exhausted: ExhaustedHook | None = None,
-    tenant: TenantHook | None = None,
-    limiter_backoff: LimiterBackoffHook | None = None,
     **job_options: Any,
 ) -> Any:
     """Decorator that turns a function into a job; usable bare or with options. The
-    hooks: ``retry_in``, ``retries_exhausted`` (see ``limitd.retry``), ``tenant``
-    (called with the job's arguments, see ``limitd.fair_tenant``) and
-    ``limiter_backoff`` (see ``limitd.limiters.middleware``)."""
+    hooks: ``retry_in``, ``retries_exhausted`` (see ``limitd.retry``) and those the
+    features declare, such as ``tenant`` (called with the job's arguments, see
+    ``limitd.fair_tenant``) and ``limiter_backoff`` (see ``limitd.limiters.middleware``)."""
+    hooks, job_options = options.split_hooks(job_options)
 
     def decorate(target: Callable[..., Any]) -> JobFunction:
         origin = f"{target.__module__}.{target.__qualname__}"
@@ -171,8 +162,7 @@ def job(
             job_options,
             retry_in=retry_in,
             retries_exhausted=retries_exhausted,
-            tenant=tenant,
-            limiter_backoff=limiter_backoff,
+            hooks=hooks,
             is_async=inspect.iscoroutinefunction(target),
         )
         return JobFunction(target, spec)
@@ -214,8 +204,7 @@ class Job:
             job_options,
             retry_in=_hook(cls, "retry_in"),
             retries_exhausted=_hook(cls, "retries_exhausted"),
-            tenant=_hook(cls, "fair_tenant"),
-            limiter_backoff=_hook(cls, "limiter_backoff"),
+            hooks=_feature_hooks(cls),
             is_async=inspect.iscoroutinefunction(cls.perform),  # type: ignore[attr-defined]
         )
 
@@ -249,6 +238,12 @@ def _run_instance(cls: type[Job], payload: Payload) -> Any:
     instance.jid = payload.get("jid", "")
     instance.payload = payload
     return instance.perform(*payload["args"])  # type: ignore[attr-defined]
+
+
+def _feature_hooks(cls: type[Job]) -> dict[str, Callable[..., Any]]:
+    """The declared hooks this class defines as methods, by keyword."""
+    found = {h.keyword: _hook(cls, h.method) for h in options.declared_hooks()}
+    return {keyword: hook for keyword, hook in found.items() if hook is not None}
 
 
 def _hook(cls: type[Job], method: str) -> Callable[..., Any] | None:

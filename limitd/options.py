@@ -4,6 +4,11 @@ Every option a job may carry is declared once by the code that understands it (t
 declares ``queue`` and the retry options; each middleware declares its own). Defining a
 job with an option nobody declared is an error at definition time, so a misspelled
 ``retyr=3`` fails at import instead of being silently ignored for months.
+
+Features also declare their job *hooks*: callables a job definition may give (a keyword
+of ``@limitd.job`` or a method of a ``limitd.Job`` class) that are not payload options,
+such as tenant fairness's ``tenant``. The spec keeps them in ``JobSpec.hooks`` under the
+keyword, so the core carries them without knowing any feature.
 """
 
 from __future__ import annotations
@@ -67,6 +72,44 @@ def validate(job_name: str, options: dict[str, Any]) -> dict[str, Any]:
                 f"job {job_name}: option {name!r}={value!r} is invalid: {exc}"
             ) from exc
     return normalized
+
+
+@dataclass(frozen=True)
+class HookSpec:
+    """One declared job hook: the ``@limitd.job`` keyword (also its key in
+    ``JobSpec.hooks``) and the ``limitd.Job`` method that gives it in class jobs."""
+
+    keyword: str
+    method: str
+    owner: str
+
+
+_HOOKS: dict[str, HookSpec] = {}
+
+
+def declare_hook(keyword: str, method: str, owner: str) -> None:
+    """Declare a job hook. The same keyword from two owners is a programming error."""
+    existing = _HOOKS.get(keyword)
+    if existing is not None and existing.owner != owner:
+        raise InvalidJobOption(
+            f"job hook {keyword!r} is already declared by {existing.owner}, not {owner}"
+        )
+    _HOOKS[keyword] = HookSpec(keyword, method, owner)
+
+
+def declared_hooks() -> tuple[HookSpec, ...]:
+    """The declared hooks, in declaration order."""
+    return tuple(_HOOKS.values())
+
+
+def split_hooks(
+    job_options: dict[str, Any],
+) -> tuple[dict[str, Callable[..., Any]], dict[str, Any]]:
+    """``@limitd.job`` keywords split into the declared hooks given (None: not given)
+    and the options, which :func:`validate` then checks."""
+    hooks = {k: v for k, v in job_options.items() if k in _HOOKS and v is not None}
+    rest = {k: v for k, v in job_options.items() if k not in _HOOKS}
+    return hooks, rest
 
 
 # Normalisers shared by several options.

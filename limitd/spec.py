@@ -8,7 +8,7 @@ another to learn what a job is.
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,9 +16,6 @@ from limitd.payload import DEFAULT_QUEUE, Payload
 
 RetryInHook = Callable[[int, BaseException, Payload], Any]
 ExhaustedHook = Callable[[Payload, BaseException], Any]
-TenantHook = Callable[..., Any]
-# (over-limit reschedules so far, the OverLimit, payload) -> seconds (limitd.limiters)
-LimiterBackoffHook = Callable[[int, BaseException, Payload], Any]
 
 _current_payload: contextvars.ContextVar[Payload | None] = contextvars.ContextVar(
     "limitd_current_payload", default=None
@@ -35,8 +32,9 @@ class JobSpec:
     options: dict[str, Any] = field(default_factory=dict)
     retry_in: RetryInHook | None = None
     retries_exhausted: ExhaustedHook | None = None
-    tenant: TenantHook | None = None  # called with the job's arguments (fair_tenant)
-    limiter_backoff: LimiterBackoffHook | None = None
+    # Feature hooks by keyword (declared with ``limitd.options.declare_hook``); each
+    # feature reads its own through a typed accessor of its own.
+    hooks: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
     # ``run`` returns a coroutine: the capsule runs the job on its event loop, not on a
     # processor thread (see ``limitd.supervisor.async_lane``).
     is_async: bool = False

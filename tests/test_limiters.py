@@ -300,6 +300,29 @@ def test_the_backoff_hook_chooses_the_delay(
         assert at == frozen().timestamp() + 42
 
 
+@limitd.job(name="limiters_test.OwnBackoff", limiter_backoff=lambda count, exc, payload: 7)
+def own_backoff() -> None: ...
+
+
+class ClassBackoff(limitd.Job, name="limiters_test.ClassBackoff"):
+    def perform(self) -> None: ...
+
+    def limiter_backoff(self, count: int, exc: BaseException, payload: Payload) -> float:
+        return 9 * count
+
+
+def test_a_jobs_own_backoff_hook_wins_over_the_global_one() -> None:
+    # The hook as a ``@limitd.job`` keyword and as a ``limitd.Job`` method.
+    exc = limitd.OverLimit("x", "concurrent", 0.0)
+    limiter_middleware.set_limiter_backoff(lambda count, exc, payload: 42)
+    try:
+        assert limiter_middleware.backoff_seconds(own_backoff.spec, 2, exc, {}) == 7
+        assert limiter_middleware.backoff_seconds(ClassBackoff.spec, 2, exc, {}) == 18
+        assert limiter_middleware.backoff_seconds(limited.spec, 2, exc, {}) == 42
+    finally:
+        limiter_middleware.set_limiter_backoff(None)
+
+
 def test_a_rescheduled_job_keeps_its_unique_lock_and_its_batch(
     redis: redis_py.Redis, capsule: Capsule, full: None
 ) -> None:

@@ -73,6 +73,15 @@ def _rule(entry: Any, index: int) -> dict[str, Any]:
 
 options.declare("fair_tenant_queues", _rules_option, owner="limitd.fair_tenant")
 options.declare("fair_tenant", options.non_empty_str, owner="limitd.fair_tenant")
+options.declare_hook("tenant", method="fair_tenant", owner="limitd.fair_tenant")
+
+# Called with the job's arguments; returns the tenant (None: no tenant).
+TenantHook = Callable[..., Any]
+
+
+def tenant_hook(spec: JobSpec | None) -> TenantHook | None:
+    """The job's ``tenant=`` hook (a class job's ``fair_tenant`` method), if it has one."""
+    return None if spec is None else spec.hooks.get("tenant")
 
 
 @dataclass(frozen=True)
@@ -199,8 +208,9 @@ class FairTenant(ClientMiddleware):
 
     def tenant_of(self, spec: JobSpec | None, payload: Payload) -> str | None:
         tenant = payload.get("fair_tenant")
-        if tenant is None and spec is not None and spec.tenant is not None:
-            tenant = spec.tenant(*payload["args"])
+        hook = tenant_hook(spec) if tenant is None else None
+        if hook is not None:
+            tenant = hook(*payload["args"])
             if tenant is not None:
                 payload["fair_tenant"] = str(tenant)
         return None if tenant is None else str(tenant)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
 from typing import Any
 
 from limitd import clock, keys, options
@@ -27,7 +28,7 @@ from limitd.middleware.base import Ending, ServerMiddleware
 from limitd.middleware.chain import Rescheduled
 from limitd.middleware.work import Command, RedisClient, Work
 from limitd.payload import Payload, dumps
-from limitd.spec import JobSpec, LimiterBackoffHook
+from limitd.spec import JobSpec
 
 log = logging.getLogger("limitd.limiters")
 
@@ -44,6 +45,16 @@ def _count_option(value: Any) -> int:
 
 
 options.declare("max_overlimit", _count_option, owner="limitd.limiters")
+options.declare_hook("limiter_backoff", method="limiter_backoff", owner="limitd.limiters")
+
+# (over-limit reschedules so far, the OverLimit, payload) -> seconds
+LimiterBackoffHook = Callable[[int, BaseException, Payload], Any]
+
+
+def backoff_hook(spec: JobSpec) -> LimiterBackoffHook | None:
+    """The job's own ``limiter_backoff`` hook (keyword or ``Job`` method), if any."""
+    return spec.hooks.get("limiter_backoff")
+
 
 _global_backoff: LimiterBackoffHook | None = None
 _rng = random.Random()
@@ -63,7 +74,7 @@ def default_backoff(count: int) -> float:
 
 
 def backoff_seconds(spec: JobSpec, count: int, exc: OverLimit, payload: Payload) -> float:
-    hook = spec.limiter_backoff or _global_backoff
+    hook = backoff_hook(spec) or _global_backoff
     if hook is not None:
         chosen = _call_hook(hook, count, exc, payload)
         if isinstance(chosen, (int, float)) and not isinstance(chosen, bool) and chosen >= 0:
