@@ -11,7 +11,7 @@ from contextlib import contextmanager
 
 import redis as redis_py
 
-from limitd.embedded import RedisServer
+from limitd.connection.embedded import RedisServer
 from limitd.supervisor import Capsule
 
 

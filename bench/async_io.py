@@ -55,7 +55,7 @@ from pathlib import Path
 import redis as redis_py
 
 import limitd
-from limitd.embedded import RedisServer
+from limitd.connection.embedded import RedisServer
 from limitd.job import JobFunction
 
 BENCH_DIR = Path(__file__).resolve().parent

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for tests.top
 
 import limitd
 from limitd import keys
-from limitd.redis import connect
+from limitd.connection import connect
 from tests.helpers import LimitdProcesses, wait_for
 from tests.topologies import ClusterGroup
 

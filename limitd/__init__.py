@@ -16,6 +16,7 @@ from limitd import retry as _retry  # noqa: F401  (declares the retry job option
 from limitd.batch.api import Batch, BatchNotOpen, BatchStatus
 from limitd.capacity.job import LimitedCapacityJob
 from limitd.client import Client, configure, default_client, redis_client, set_default_client
+from limitd.connection.replication import NotReplicated
 from limitd.fetch.recoveries import RecoveredTooOften
 from limitd.job import Enqueuer, Job, job
 from limitd.limiters.limiter import Limiter, OverLimit
@@ -38,6 +39,7 @@ __all__ = [
     "LimitedCapacityJob",
     "Limiter",
     "MalformedPayload",
+    "NotReplicated",
     "OverLimit",
     "RecoveredTooOften",
     "UnsafeArgument",

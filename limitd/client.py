@@ -20,7 +20,9 @@ from typing import Any
 
 import redis as redis_py
 
-from limitd import clock, keys, replication
+from limitd import clock, keys
+from limitd.connection import pipeline, replication, retry_on_failover
+from limitd.connection.pinned import pinned
 from limitd.locate import Location, app_location, connect_to
 from limitd.middleware.client_chain import ClientChain
 from limitd.middleware.defaults import default_client_chain
@@ -32,8 +34,6 @@ from limitd.payload import (
     dumps,
     new_jid,
 )
-from limitd.pinned import pinned
-from limitd.redis import pipeline, retry_on_failover
 from limitd.registry import registry
 from limitd.spec import JobSpec
 from limitd.transactions import hold as transactions

@@ -22,8 +22,8 @@ import logging
 from typing import Any, cast
 
 from limitd import keys
+from limitd.connection import LuaScript, apipeline, pipeline
 from limitd.payload import DEFAULT_QUEUE, MalformedPayload, dumps, parse
-from limitd.redis import LuaScript, apipeline, pipeline
 
 log = logging.getLogger("limitd.handoff")
 

@@ -5,7 +5,7 @@ same Redis; everything limitd adds lives under the ``limitd:`` prefix. Lua scrip
 build key names: callers pass the names built here through ``KEYS[]``.
 
 Two layouts. The standalone one above, and the cluster layout (``use_cluster_layout``,
-set by ``limitd.redis.connect`` for a Redis Cluster), in which every key an atomic
+set by ``limitd.connection.connect`` for a Redis Cluster), in which every key an atomic
 operation touches shares one hash slot:
 
 - everything about one queue carries the queue's hash tag: ``queue:{mail}``, and per
@@ -187,7 +187,7 @@ _GLOBAL_NAMES = (
 
 def use_cluster_layout(on: bool) -> None:
     """Switch every name to the cluster layout (or back). A process talks to one Redis:
-    ``limitd.redis.connect`` calls this for the kind it connects to, before anything
+    ``limitd.connection.connect`` calls this for the kind it connects to, before anything
     builds a key. The per-queue hashes (``LIMITS``...) are not used in cluster mode:
     their ``*_of(queue)`` functions name each queue's own."""
     global _cluster

@@ -29,8 +29,8 @@ from pathlib import Path
 import redis as redis_py
 
 from limitd.config import Config, RedisSettings, load_config
-from limitd.embedded import discover_embedded, embedded_dir, running_embedded_url
-from limitd.redis import DEFAULT_URL, URL_ENV_VARS, connect
+from limitd.connection import DEFAULT_URL, URL_ENV_VARS, connect
+from limitd.connection.embedded import discover_embedded, embedded_dir, running_embedded_url
 
 CONFIG_ENV = "LIMITD_CONFIG"
 

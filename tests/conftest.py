@@ -17,8 +17,8 @@ import redis as redis_py
 
 import limitd
 from limitd import keys
-from limitd.embedded import RedisServer
-from limitd.redis import connect
+from limitd.connection import connect
+from limitd.connection.embedded import RedisServer
 from tests.helpers import LimitdProcesses
 from tests.topologies import ClusterGroup
 

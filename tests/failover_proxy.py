@@ -11,7 +11,7 @@ import socket
 import threading
 from collections.abc import Callable
 
-from limitd.embedded import free_port
+from limitd.connection.embedded import free_port
 
 
 class FailoverProxy:

@@ -4,7 +4,7 @@ middleware bridged through a worker thread; held pushes in a transaction; failov
 loop kept free while Redis is slow; and an enqueue from a Starlette endpoint.
 
 Each test runs its coroutine with ``asyncio.run`` (a fresh loop, and so fresh asyncio
-connections: see ``limitd.redis.loop_twin``)."""
+connections: see ``limitd.connection.loop_twin``)."""
 
 from __future__ import annotations
 
@@ -30,9 +30,9 @@ from limitd import clock, keys
 from limitd.aio import client as aio_client
 from limitd.aio.client import AsyncClient
 from limitd.batch.api import AsyncBatchJobs
-from limitd.embedded import RedisServer
+from limitd.connection import loop_twin
+from limitd.connection.embedded import RedisServer
 from limitd.middleware import ClientChain
-from limitd.redis import loop_twin
 from limitd.supervisor import Capsule, CapsuleConfig
 from limitd.transactions import hold
 from limitd.unique import middleware as unique
@@ -583,7 +583,7 @@ def test_a_starlette_endpoint_enqueues_with_await(redis: redis_py.Redis) -> None
 def test_a_thousand_tasks_share_the_loops_pool_without_failing(redis: redis_py.Redis) -> None:
     """More tasks than connections wait for one: redis-py's plain asyncio pool would
     raise MaxConnectionsError past its cap. (On a cluster, redis-py's asyncio client
-    opens more connections instead: see limitd.cluster.ASYNC_MAX_CONNECTIONS.)"""
+    opens more connections instead: see limitd.connection.cluster.ASYNC_MAX_CONNECTIONS.)"""
 
     async def many() -> list[str | None]:
         jids = await asyncio.gather(*(send.aio.perform_async(i, "x") for i in range(1000)))

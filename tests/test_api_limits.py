@@ -15,8 +15,8 @@ from redis.client import PubSub
 
 from limitd import keys
 from limitd.api import Capsule, Capsules, Queue, QueueStatus, queue_overview
-from limitd.fetch.limits import LimitSettings
 from limitd.payload import dumps
+from limitd.queues.limits import LimitSettings
 
 START = dt.datetime(2026, 3, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
 T0 = START.timestamp()

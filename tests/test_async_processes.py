@@ -17,8 +17,8 @@ import redis as redis_py
 
 import limitd
 from limitd import keys
-from limitd.embedded import RedisServer
-from limitd.fetch import limits as queue_limits
+from limitd.connection.embedded import RedisServer
+from limitd.queues import limits as queue_limits
 from tests.helpers import LimitdProcesses, children, wait_for
 
 APP = textwrap.dedent('''

@@ -12,7 +12,7 @@ from pathlib import Path
 import redis as redis_py
 
 import limitd
-from limitd.embedded import RedisServer
+from limitd.connection.embedded import RedisServer
 from limitd.supervisor.poller import ScheduledPoller
 from tests.helpers import LimitdProcesses, wait_for
 

@@ -20,7 +20,7 @@ import redis as redis_py
 import limitd
 from limitd import keys
 from limitd.capacity.metrics import capacity_metrics
-from limitd.embedded import RedisServer
+from limitd.connection.embedded import RedisServer
 from tests.helpers import LimitdProcesses, wait_for
 
 ROWS = 200

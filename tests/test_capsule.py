@@ -12,7 +12,7 @@ import redis as redis_py
 
 import limitd
 from limitd import keys
-from limitd.embedded import RedisServer
+from limitd.connection.embedded import RedisServer
 from limitd.middleware import ServerChain
 from limitd.supervisor import Capsule, CapsuleConfig
 from tests.helpers import wait_for

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import redis as redis_py
 
-from limitd.embedded import RedisServer
+from limitd.connection.embedded import RedisServer
 from tests.helpers import wait_for
 
 APP = textwrap.dedent("""

@@ -27,7 +27,7 @@ from limitd import keys
 from limitd.api import DeadSet, Processes, Queue, RetrySet, ScheduledSet
 from limitd.commands import add_admin_commands
 from limitd.commands.common import ResolveRedis
-from limitd.embedded import RedisServer
+from limitd.connection.embedded import RedisServer
 from limitd.payload import dumps
 from limitd.supervisor.heartbeat import ProcessRecord, WorkItem
 

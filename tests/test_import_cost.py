@@ -21,7 +21,7 @@ import textwrap
 
 import limitd
 from limitd.cli import build_parser
-from limitd.embedded import RedisServer
+from limitd.connection.embedded import RedisServer
 from limitd.plugins import registered
 
 # The count with headroom for the core's own modules to grow or split (it was 140

@@ -1,12 +1,17 @@
-"""limitd's layers import downward only.
+"""limitd's layers import downward only, and the folders say which layer a module is in.
 
 Every ``import`` and ``from ... import`` statement in the package (at the top of a module,
 inside a function or under ``TYPE_CHECKING``: a late import is still a dependency) is
-read with ``ast`` and checked against the layer map below: a module may import modules of
-its own layer and of the layers under it. The client side and the server side share a
-rank but do not import each other. A feature folder (``batch``, ``unique``,
-``fair_tenant``) has a module in each layer it touches, so modules are placed by their
-own name, not by their folder.
+read with ``ast`` and checked: a module may import modules of its own layer and of the
+layers under it. The client side and the server side share a rank but do not import
+each other.
+
+Where a module sits follows from its folder (``FOLDERS``): ``connection/`` is the bottom,
+``queues/`` the queue model that config, the admin API and the fetch all read, and so on
+up to the front ends. A feature folder (``batch``, ``unique``, ``fair_tenant``...) plugs a
+module into each layer it touches, and those modules are named for their role
+(``ROLES``): a feature's ``store`` and ``middleware`` sit with the middleware, its
+``section`` with the config, its ``admin``, ``commands`` and ``plug`` on top.
 """
 
 from __future__ import annotations
@@ -18,123 +23,86 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "limitd"
 
-# (rank, side) per layer; a module's layer is the longest prefix of its name listed here.
 BOTTOM, SPEC, MIDDLEWARE, CONFIG, SIDES, TOP = 0, 1, 2, 3, 4, 5
-LAYERS: dict[str, tuple[int, str]] = {
-    # bottom: data formats, key names, connections, time
-    "limitd.clock": (BOTTOM, ""),
+Layer = tuple[int, str]  # (rank, side): side is "client", "server" or "" (both may use it)
+
+FOLDERS: dict[str, Layer] = {
+    # bottom: the Redis plumbing, key names, the payload format, time
+    "limitd.connection": (BOTTOM, ""),
     "limitd.keys": (BOTTOM, ""),
     "limitd.payload": (BOTTOM, ""),
-    "limitd.redis": (BOTTOM, ""),
-    "limitd.pinned": (BOTTOM, ""),
-    "limitd.sentinel": (BOTTOM, ""),
+    "limitd.clock": (BOTTOM, ""),
     "limitd.handoff": (BOTTOM, ""),
-    "limitd.hosts": (BOTTOM, ""),
-    "limitd.cluster": (BOTTOM, ""),
-    "limitd.replication": (BOTTOM, ""),
-    "limitd.backoff": (BOTTOM, ""),
-    "limitd.embedded": (BOTTOM, ""),
     "limitd.options": (BOTTOM, ""),
     "limitd.version": (BOTTOM, ""),
     # the job spec: what a job is, which jobs exist, which features are in use
     "limitd.spec": (SPEC, ""),
     "limitd.registry": (SPEC, ""),
     "limitd.plugins": (SPEC, ""),
-    # middleware and the pieces of the job's fate they share
+    # the middleware chains, retries, and the queue model
     "limitd.middleware": (MIDDLEWARE, ""),
     "limitd.retry": (MIDDLEWARE, ""),
-    "limitd.batch.store": (MIDDLEWARE, ""),
-    "limitd.batch.building": (MIDDLEWARE, ""),
-    "limitd.batch.middleware": (MIDDLEWARE, ""),
-    "limitd.unique.middleware": (MIDDLEWARE, ""),
-    "limitd.fair_tenant.middleware": (MIDDLEWARE, ""),
-    "limitd.limiters.store": (MIDDLEWARE, ""),
-    "limitd.limiters.middleware": (MIDDLEWARE, ""),
-    "limitd.fetch.order": (MIDDLEWARE, ""),
-    "limitd.fetch.limits": (MIDDLEWARE, ""),
-    "limitd.fetch.rates": (MIDDLEWARE, ""),
-    "limitd.fetch.per_queue": (MIDDLEWARE, ""),
-    "limitd.fetch.recoveries": (MIDDLEWARE, ""),
-    "limitd.capacity.store": (MIDDLEWARE, ""),
-    "limitd.capacity.leases": (MIDDLEWARE, ""),
-    "limitd.transactions.hold": (MIDDLEWARE, ""),
-    "limitd.periodic.store": (MIDDLEWARE, ""),
-    "limitd.metrics.jobs": (MIDDLEWARE, ""),
-    "limitd.outbox.table": (MIDDLEWARE, ""),
-    "limitd.outbox.held": (MIDDLEWARE, ""),
+    "limitd.queues": (MIDDLEWARE, ""),
     # configuration, and where Redis is
     "limitd.config": (CONFIG, ""),
-    "limitd.fair_tenant.section": (CONFIG, ""),
-    "limitd.fair_tenant.checks": (CONFIG, ""),
-    "limitd.periodic.section": (CONFIG, ""),
-    "limitd.periodic.checks": (CONFIG, ""),
-    "limitd.metrics.section": (CONFIG, ""),
-    "limitd.outbox.section": (CONFIG, ""),
     "limitd.locate": (CONFIG, ""),
     # the client side and the server side, beside each other
     "limitd.client": (SIDES, "client"),
-    "limitd.aio": (SIDES, "client"),
     "limitd.job": (SIDES, "client"),
-    "limitd.batch.api": (SIDES, "client"),
-    "limitd.limiters.limiter": (SIDES, "client"),
-    "limitd.limiters.aio": (SIDES, "client"),
-    "limitd.limiters.tries": (SIDES, "client"),
-    "limitd.capacity.job": (SIDES, "client"),
-    "limitd.periodic.scheduler": (SIDES, "client"),
-    "limitd.transactions.sqlalchemy": (SIDES, "client"),
-    "limitd.transactions.django": (SIDES, "client"),
-    "limitd.transactions.api": (SIDES, "client"),
-    "limitd.outbox.relay": (SIDES, "client"),
+    "limitd.aio": (SIDES, "client"),
     "limitd.fetch": (SIDES, "server"),
     "limitd.supervisor": (SIDES, "server"),
     "limitd.logs": (SIDES, "server"),
-    # on top: the admin API, the command line, the feature plugs, the public package
+    # on top: the admin API, the command line, the web front end, the list of features
     "limitd.api": (TOP, ""),
-    "limitd.batch.admin": (TOP, ""),
-    "limitd.fair_tenant.admin": (TOP, ""),
-    "limitd.limiters.admin": (TOP, ""),
-    "limitd.capacity.admin": (TOP, ""),
-    "limitd.periodic.admin": (TOP, ""),
     "limitd.commands": (TOP, ""),
-    "limitd.batch.commands": (TOP, ""),
-    "limitd.fair_tenant.commands": (TOP, ""),
-    "limitd.limiters.commands": (TOP, ""),
-    "limitd.capacity.commands": (TOP, ""),
-    "limitd.periodic.commands": (TOP, ""),
-    "limitd.metrics.commands": (TOP, ""),
-    "limitd.outbox.commands": (TOP, ""),
-    "limitd.capacity.metrics": (TOP, ""),
-    "limitd.periodic.metrics": (TOP, ""),
-    "limitd.fair_tenant.metrics": (TOP, ""),
-    "limitd.metrics.exporter": (TOP, ""),
-    "limitd.metrics.process": (TOP, ""),
-    "limitd.web": (TOP, ""),
-    "limitd.batch.plug": (TOP, ""),
-    "limitd.unique.plug": (TOP, ""),
-    "limitd.fair_tenant.plug": (TOP, ""),
-    "limitd.limiters.plug": (TOP, ""),
-    "limitd.capacity.plug": (TOP, ""),
-    "limitd.periodic.plug": (TOP, ""),
-    "limitd.metrics.plug": (TOP, ""),
-    "limitd.outbox.plug": (TOP, ""),
-    "limitd.features": (TOP, ""),
     "limitd.cli": (TOP, ""),
+    "limitd.web": (TOP, ""),
+    "limitd.features": (TOP, ""),
 }
-PUBLIC_PACKAGE = "limitd"  # its __init__ re-exports the public API: on top
-# Feature folders' __init__ modules hold only a docstring: importing one of their modules
-# runs them, so they must stay at the bottom.
-DOCSTRING_ONLY = (
+FEATURES = (
     "limitd.batch",
-    "limitd.unique",
+    "limitd.capacity",
     "limitd.fair_tenant",
     "limitd.limiters",
-    "limitd.capacity",
     "limitd.periodic",
     "limitd.metrics",
-    "limitd.transactions",
     "limitd.outbox",
-    "limitd.aio",
+    "limitd.transactions",
+    "limitd.unique",
 )
+ROLES: dict[str, Layer] = {
+    # the feature's share of the job's fate: its Redis state and its middleware
+    "store": (MIDDLEWARE, ""),
+    "middleware": (MIDDLEWARE, ""),
+    "building": (MIDDLEWARE, ""),  # batch: the batch being built, seen by its middleware
+    "leases": (MIDDLEWARE, ""),  # capacity: the lease a job holds
+    "hold": (MIDDLEWARE, ""),  # transactions: pushes held until commit
+    "held": (MIDDLEWARE, ""),  # outbox: the rows held in the app's database
+    "table": (MIDDLEWARE, ""),  # outbox: the table's definition
+    "jobs": (MIDDLEWARE, ""),  # metrics: the job metrics middleware
+    # the feature's config section and its checks
+    "section": (CONFIG, ""),
+    "checks": (CONFIG, ""),
+    # what app code calls
+    "api": (SIDES, "client"),
+    "job": (SIDES, "client"),
+    "limiter": (SIDES, "client"),
+    "aio": (SIDES, "client"),
+    "tries": (SIDES, "client"),
+    "scheduler": (SIDES, "client"),
+    "relay": (SIDES, "client"),
+    "django": (SIDES, "client"),
+    "sqlalchemy": (SIDES, "client"),
+    # the feature's admin API, commands, metrics and plug
+    "admin": (TOP, ""),
+    "commands": (TOP, ""),
+    "metrics": (TOP, ""),
+    "exporter": (TOP, ""),
+    "process": (TOP, ""),
+    "plug": (TOP, ""),
+}
+PUBLIC_PACKAGE = "limitd"  # its __init__ re-exports the public API: on top
 
 
 def module_name(path: Path) -> str:
@@ -142,15 +110,25 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def layer_of(module: str) -> tuple[int, str]:
-    if module in DOCSTRING_ONLY:
+def layer_of(module: str) -> Layer:
+    """A feature folder's module by its role; any other by its folder; a feature
+    folder's ``__init__`` (a docstring: importing any of its modules runs it) at the
+    bottom."""
+    if module in FEATURES:
         return (BOTTOM, "")
     if module == PUBLIC_PACKAGE:
         return (TOP, "")
-    prefixes = [name for name in LAYERS if module == name or module.startswith(name + ".")]
+    folder, _, role = module.rpartition(".")
+    if folder in FEATURES:
+        if role not in ROLES:
+            raise AssertionError(
+                f"{module}: no layer for the role {role!r}: see ROLES in {__file__}"
+            )
+        return ROLES[role]
+    prefixes = [name for name in FOLDERS if module == name or module.startswith(name + ".")]
     if not prefixes:
-        raise AssertionError(f"{module} has no layer: add it to LAYERS in {__file__}")
-    return LAYERS[max(prefixes, key=len)]
+        raise AssertionError(f"{module} has no layer: add its folder to FOLDERS in {__file__}")
+    return FOLDERS[max(prefixes, key=len)]
 
 
 def imported_modules(tree: ast.AST, module: str) -> set[str]:
@@ -202,7 +180,7 @@ def test_no_module_imports_upward() -> None:
     assert upward_imports() == []
 
 
-@pytest.mark.parametrize("folder", DOCSTRING_ONLY)
+@pytest.mark.parametrize("folder", FEATURES)
 def test_feature_folders_import_nothing_from_their_init(folder: str) -> None:
     init = PACKAGE.parent.joinpath(*folder.split("."), "__init__.py")
     assert imported_modules(ast.parse(init.read_text()), folder) == set()

@@ -11,8 +11,8 @@ import redis as redis_py
 
 import limitd
 from limitd import keys
-from limitd.embedded import RedisServer
-from limitd.fetch import limits as queue_limits
+from limitd.connection.embedded import RedisServer
+from limitd.queues import limits as queue_limits
 from limitd.supervisor import Capsule, CapsuleConfig
 from tests.helpers import wait_for
 

@@ -13,9 +13,9 @@ import redis as redis_py
 
 from limitd import keys
 from limitd.fetch import LimitFetch, QueueOrder
-from limitd.fetch import limits as queue_limits
 from limitd.fetch.factory import limit_fetch
-from limitd.fetch.limits import LimitSettings
+from limitd.queues import limits as queue_limits
+from limitd.queues.limits import LimitSettings
 from limitd.supervisor import liveness
 
 

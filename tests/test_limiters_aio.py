@@ -19,9 +19,9 @@ from freezegun import freeze_time
 
 import limitd
 from limitd import keys
+from limitd.connection import loop_twin
 from limitd.limiters import limiter as limiter_module
 from limitd.limiters.admin import LimiterStatus, limiters
-from limitd.redis import loop_twin
 from tests.test_limiters import T0, once, take
 
 T = TypeVar("T")

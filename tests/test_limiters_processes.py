@@ -14,7 +14,7 @@ import redis as redis_py
 
 import limitd
 from limitd import keys
-from limitd.embedded import RedisServer
+from limitd.connection.embedded import RedisServer
 from tests.helpers import LimitdProcesses, wait_for
 
 JOBS = 200

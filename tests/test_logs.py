@@ -26,7 +26,7 @@ import limitd
 from limitd import keys
 from limitd.cli import build_parser
 from limitd.config import ConfigError, LoggingSettings, load_config
-from limitd.embedded import RedisServer
+from limitd.connection.embedded import RedisServer
 from limitd.job import JobFunction
 from limitd.logs import JobContext, JsonFormatter, configure, own_frames, text_formatter
 from limitd.payload import MalformedPayload, parse

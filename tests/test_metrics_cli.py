@@ -22,7 +22,7 @@ import redis as redis_py
 import limitd
 from limitd import keys
 from limitd.api import Processes, Queue, Stats
-from limitd.embedded import RedisServer
+from limitd.connection.embedded import RedisServer
 from tests.helpers import LimitdProcesses, wait_for
 from tests.test_metrics_exporter import Samples, value
 from tests.test_metrics_process import free_ports, get_metrics

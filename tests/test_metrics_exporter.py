@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import limitd
 from limitd import clock, keys
 from limitd.api import Queue
-from limitd.embedded import RedisServer
+from limitd.connection.embedded import RedisServer
 from limitd.fair_tenant.metrics import fair_tenant_metrics
 from limitd.fair_tenant.plug import FAIR_TENANT
 from limitd.metrics.exporter import ClusterCollector

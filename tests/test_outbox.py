@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 import limitd
 from limitd import keys
-from limitd.embedded import RedisServer
+from limitd.connection.embedded import RedisServer
 from limitd.outbox.held import OutboxUnsupported
 from limitd.outbox.relay import Relay, RelayService
 from limitd.outbox.table import backlog, create_table, ddl, outbox_table, pushed_marker

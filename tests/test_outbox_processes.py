@@ -23,7 +23,7 @@ import limitd
 from limitd.cli import main
 from limitd.commands.start import EX_CONFIG
 from limitd.config import config_as_dict, load_config
-from limitd.embedded import RedisServer
+from limitd.connection.embedded import RedisServer
 from limitd.outbox.section import OutboxSettings
 from limitd.outbox.table import create_table
 from limitd.transactions import hold

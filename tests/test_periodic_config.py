@@ -21,7 +21,7 @@ from limitd.config import ConfigError, load_config
 from limitd.config.app_checks import check_app
 from limitd.config.files import Layers
 from limitd.config.values import Section
-from limitd.embedded import RedisServer
+from limitd.connection.embedded import RedisServer
 from limitd.periodic.scheduler import PeriodicScheduler
 from limitd.periodic.section import PeriodicSettings, read_periodic
 from limitd.registry import registry

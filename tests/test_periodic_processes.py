@@ -16,7 +16,7 @@ import pytest
 import redis as redis_py
 
 from limitd import clock, keys
-from limitd.embedded import RedisServer
+from limitd.connection.embedded import RedisServer
 from tests.helpers import LimitdProcesses, wait_for
 
 SUPERVISORS = 3

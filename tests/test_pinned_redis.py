@@ -13,9 +13,9 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 import limitd
-from limitd.embedded import RedisServer
-from limitd.pinned import PinnedRedis, pinned
-from limitd.redis import connect
+from limitd.connection import connect
+from limitd.connection.embedded import RedisServer
+from limitd.connection.pinned import PinnedRedis, pinned
 from limitd.supervisor import Capsule, CapsuleConfig
 from tests.helpers import LimitdProcesses, wait_for
 from tests.topologies import SentinelGroup

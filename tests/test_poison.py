@@ -17,7 +17,7 @@ import redis as redis_py
 
 import limitd
 from limitd import keys
-from limitd.embedded import RedisServer
+from limitd.connection.embedded import RedisServer
 from limitd.fetch import recoveries
 from limitd.middleware import ServerChain
 from limitd.payload import Payload, new_jid

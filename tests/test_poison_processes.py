@@ -18,7 +18,7 @@ import redis as redis_py
 
 import limitd
 from limitd import keys
-from limitd.embedded import RedisServer
+from limitd.connection.embedded import RedisServer
 from tests.helpers import LimitdProcesses, children, wait_for
 
 pytestmark = pytest.mark.standalone_only("limitd start on the session's server")

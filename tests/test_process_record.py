@@ -17,7 +17,7 @@ import redis as redis_py
 
 import limitd
 from limitd import keys
-from limitd.embedded import RedisServer
+from limitd.connection.embedded import RedisServer
 from limitd.supervisor import Capsule, CapsuleConfig, liveness
 from limitd.supervisor.heartbeat import ProcessRecord, WorkItem, forget_process, new_identity
 from tests.helpers import LimitdProcesses, children, wait_for

@@ -21,7 +21,7 @@ from limitd.api import Queue, queue_overview
 from limitd.config import ConfigError, config_as_dict, load_config
 from limitd.fetch import LimitFetch, QueueOrder
 from limitd.fetch.factory import limit_fetch
-from limitd.fetch.rates import Rate, parse_rate
+from limitd.queues.rates import Rate, parse_rate
 from limitd.supervisor import Capsule, CapsuleConfig
 from tests.helpers import wait_for
 from tests.test_cli_admin import Cli, make_cli

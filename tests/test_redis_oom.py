@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 import limitd
 from limitd import clock, keys
-from limitd.embedded import RedisServer
+from limitd.connection.embedded import RedisServer
 from limitd.metrics.process import RefusalCollector
 from limitd.supervisor import Capsule, CapsuleConfig, liveness
 from limitd.supervisor.refusals import WriteRefusals

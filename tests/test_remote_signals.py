@@ -10,7 +10,7 @@ import redis as redis_py
 
 from limitd import keys
 from limitd.api import Processes
-from limitd.embedded import RedisServer
+from limitd.connection.embedded import RedisServer
 from limitd.supervisor import Capsule, CapsuleConfig
 from tests.helpers import LimitdProcesses, wait_for
 

@@ -13,11 +13,11 @@ import pytest
 import redis as redis_py
 
 import limitd
-from limitd import keys, replication
-from limitd.backoff import Backoff
+from limitd import keys
 from limitd.config import ConfigError, load_config
-from limitd.embedded import RedisServer
-from limitd.redis import connect, loop_twin
+from limitd.connection import connect, loop_twin, replication
+from limitd.connection.backoff import Backoff
+from limitd.connection.embedded import RedisServer
 from limitd.supervisor import Capsule, CapsuleConfig
 from limitd.unique import middleware as unique
 from tests.helpers import wait_for

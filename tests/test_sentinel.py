@@ -17,10 +17,10 @@ import pytest
 import redis as redis_py
 
 import limitd
-from limitd import keys, sentinel
+from limitd import keys
 from limitd.config import ConfigError, load_config
-from limitd.embedded import RedisServer
-from limitd.redis import connect, loop_twin
+from limitd.connection import connect, loop_twin, sentinel
+from limitd.connection.embedded import RedisServer
 from limitd.supervisor import Capsule, CapsuleConfig
 from tests.helpers import LimitdProcesses, wait_for
 from tests.web import free_port

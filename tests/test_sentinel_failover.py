@@ -19,10 +19,10 @@ import pytest
 import redis as redis_py
 
 import limitd
-from limitd import keys, replication
-from limitd.embedded import RedisServer
-from limitd.fetch import limits as queue_limits
-from limitd.redis import connect
+from limitd import keys
+from limitd.connection import connect, replication
+from limitd.connection.embedded import RedisServer
+from limitd.queues import limits as queue_limits
 from tests.helpers import LimitdProcesses, wait_for
 from tests.topologies import SentinelGroup
 

@@ -20,7 +20,7 @@ import pytest
 import redis as redis_py
 
 import limitd
-from limitd.embedded import RedisServer
+from limitd.connection.embedded import RedisServer
 from limitd.supervisor import Capsule, CapsuleConfig
 from tests.helpers import LimitdProcesses, children, wait_for
 

@@ -18,7 +18,7 @@ import redis as redis_py
 
 from limitd import keys
 from limitd.api import Processes
-from limitd.embedded import RedisServer
+from limitd.connection.embedded import RedisServer
 from tests.helpers import children, limitd_start, running, wait_for
 
 APP = textwrap.dedent("""

@@ -21,7 +21,7 @@ import redis as redis_py
 
 import limitd
 from limitd.config import CapsuleConfig
-from limitd.embedded import RedisServer
+from limitd.connection.embedded import RedisServer
 from limitd.supervisor.capsule import Capsule
 from limitd.transactions import django as tx_django
 from limitd.transactions import hold

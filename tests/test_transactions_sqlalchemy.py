@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 import limitd
 from limitd.config import CapsuleConfig
-from limitd.embedded import RedisServer
+from limitd.connection.embedded import RedisServer
 from limitd.supervisor.capsule import Capsule
 from limitd.transactions import hold
 from limitd.transactions.hold import PushAfterCommitFailed

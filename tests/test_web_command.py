@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx2 as httpx
 import redis as redis_py
 
-from limitd.embedded import RedisServer
+from limitd.connection.embedded import RedisServer
 from tests.helpers import wait_for
 from tests.web import free_port
 

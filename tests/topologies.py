@@ -11,8 +11,8 @@ from pathlib import Path
 
 import redis as redis_py
 
-from limitd import sentinel
-from limitd.embedded import RedisServer, find_redis_binary, find_redis_server, free_port
+from limitd.connection import sentinel
+from limitd.connection.embedded import RedisServer, find_redis_binary, find_redis_server, free_port
 from tests.helpers import wait_for
 
 SERVICE = "mymaster"

@@ -82,7 +82,7 @@ def incr_round_trip_us(url: str, calls: int, *, pinned: bool = False) -> float:
     ``pinned``, through the client limitd gives jobs (``limitd.redis_client()``)."""
     conn = redis.Redis.from_url(url)
     if pinned:
-        from limitd.pinned import pinned as pin  # the project venv only
+        from limitd.connection.pinned import pinned as pin  # the project venv only
 
         conn = pin(conn)
     conn.incr(KEYS[1])

@@ -34,7 +34,7 @@ from report import Baseline, Outcome
 from systems import all_systems
 from systems.base import PEERS_BIN, PEERS_DIR, Context, System
 
-from limitd.embedded import RedisServer
+from limitd.connection.embedded import RedisServer
 
 DATABASES = 32  # 0 for the baseline, then one per system
 

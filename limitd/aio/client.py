@@ -9,7 +9,7 @@ that decide what is written are the sync client's, so both put the same thing in
 
 The default async client (:func:`default_async_client`) is the default sync client's
 twin: the same middleware chain and ``strict_args``, and each event loop's own asyncio
-connections to the same Redis (:func:`limitd.redis.loop_twin`).
+connections to the same Redis (:func:`limitd.connection.loop_twin`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import redis as redis_py
 import redis.asyncio
 from redis.exceptions import ResponseError
 
-from limitd import replication
 from limitd.client import (
     Client,
     bulk_chunks,
@@ -31,10 +30,10 @@ from limitd.client import (
     normalize,
     queue_write,
 )
+from limitd.connection import apipeline, is_failover_error, loop_twin, replication
 from limitd.middleware.client_chain import ClientChain
 from limitd.middleware.defaults import default_client_chain
 from limitd.payload import STRICT_ARGS_MODES, Payload
-from limitd.redis import apipeline, is_failover_error, loop_twin
 from limitd.registry import registry
 from limitd.spec import JobSpec
 from limitd.transactions import hold as transactions
@@ -181,7 +180,7 @@ async def _keep(payload: Payload) -> Payload:
 
 
 async def retry_on_failover(conn: redis.asyncio.Redis, operation: Callable[[], Awaitable[T]]) -> T:
-    """``limitd.redis.retry_on_failover`` on an asyncio client: after a failover error,
+    """``limitd.connection.retry_on_failover`` on an asyncio client: after a failover error,
     drop the pool's sockets (they point at the old primary) and try exactly once more."""
     try:
         return await operation()
@@ -201,7 +200,7 @@ _SYNC_CONNECTIONS = {
 
 def sync_twin(client: redis.asyncio.Redis) -> redis_py.Redis:
     """A sync client for the server an asyncio client talks to, with its settings: the
-    reverse of :func:`limitd.redis.async_twin`, for the few things that run in a worker
+    reverse of :func:`limitd.connection.async_twin`, for the few things that run in a worker
     thread."""
     pool = client.connection_pool
     kind = _SYNC_CONNECTIONS.get(pool.connection_class)

@@ -21,7 +21,7 @@ import redis as redis_py
 
 from limitd import keys
 from limitd.api.records import _connection, _text
-from limitd.redis import set_members
+from limitd.connection import set_members
 
 NO_KEY = -2  # TTL's reply for a key that does not exist
 

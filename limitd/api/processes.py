@@ -25,7 +25,7 @@ import redis as redis_py
 
 from limitd import clock, keys
 from limitd.api.records import _connection, _text
-from limitd.redis import set_members
+from limitd.connection import set_members
 
 RECORD_FIELDS = ("info", "busy", "beat", "quiet")
 

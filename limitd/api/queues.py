@@ -20,9 +20,9 @@ import redis as redis_py
 
 from limitd import keys
 from limitd.api.records import PAGE_SIZE, JobRecord, _connection, _Seen
-from limitd.fetch import limits, rates
-from limitd.fetch.rates import Rate
-from limitd.redis import LuaScript, set_members
+from limitd.connection import LuaScript, set_members
+from limitd.queues import limits, rates
+from limitd.queues.rates import Rate
 
 QUEUE_PAGE = LuaScript("limitd.api", "queue_page.lua")
 

@@ -28,7 +28,7 @@ def _connection(redis: redis_py.Redis | None) -> redis_py.Redis:
 
 
 def _text(value: bytes | str) -> str:
-    """A name read from Redis (responses stay bytes, see ``limitd.redis.connect``)."""
+    """A name read from Redis (responses stay bytes, see ``limitd.connection.connect``)."""
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 

@@ -23,8 +23,8 @@ import redis as redis_py
 
 from limitd import clock, keys
 from limitd.api.records import PAGE_SIZE, JobRecord, _connection, _Seen
+from limitd.connection import LuaScript
 from limitd.payload import MalformedPayload, dead_entry_for_malformed
-from limitd.redis import LuaScript
 from limitd.retry import DeadSetPolicy, trim_dead
 from limitd.retry.moves import bury_member, enqueue_member
 

@@ -17,8 +17,8 @@ import redis as redis_py
 
 from limitd import clock, keys
 from limitd.api.records import JobRecord, _connection, _text
-from limitd.fetch import limits, rates
-from limitd.fetch.per_queue import hash_by_queue
+from limitd.queues import limits, rates
+from limitd.queues.per_queue import hash_by_queue
 
 
 class Stats:

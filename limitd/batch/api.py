@@ -60,8 +60,8 @@ from limitd.batch.store import (
     read_status,
 )
 from limitd.client import Client, default_client, normalize
+from limitd.connection import loop_twin
 from limitd.payload import Payload, check_args, dumps
-from limitd.redis import loop_twin
 from limitd.registry import registry
 from limitd.spec import JobSpec, current_payload
 from limitd.transactions import hold as transactions

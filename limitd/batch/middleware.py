@@ -15,9 +15,9 @@ import logging
 
 from limitd.batch.building import building_bid
 from limitd.batch.store import add_jobs_call, job_settled_call, remove_jobs_call
+from limitd.connection import ScriptCall
 from limitd.middleware.base import ClientMiddleware, ServerMiddleware
 from limitd.payload import Payload
-from limitd.redis import ScriptCall
 from limitd.retry import error_class_name
 from limitd.spec import JobSpec
 

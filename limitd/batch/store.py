@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from limitd import clock, handoff, keys
+from limitd.connection import LuaScript, ScriptCall
 from limitd.middleware.work import RedisClient
-from limitd.redis import LuaScript, ScriptCall
 
 _PACKAGE = __package__ or "limitd.batch"
 _LIB = ("batch_lib.lua",)

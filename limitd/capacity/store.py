@@ -30,8 +30,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from limitd import clock, keys
+from limitd.connection import LuaScript
 from limitd.middleware.work import RedisClient
-from limitd.redis import LuaScript
 
 PACKAGE = __package__ or "limitd.capacity"
 _LIB = ("capacity_lib.lua",)

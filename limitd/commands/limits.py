@@ -27,7 +27,7 @@ from limitd.commands.common import (
     check_queue,
     parse_count,
 )
-from limitd.fetch.rates import Rate, parse_rate
+from limitd.queues.rates import Rate, parse_rate
 
 PROCESS_HELP = "the limit within each process (default: the limit across all processes)"
 CLEAR_DESCRIPTION = (

@@ -28,7 +28,7 @@ from typing import Any
 import redis as redis_py
 import yaml
 
-from limitd import cluster, logs
+from limitd import logs
 from limitd.client import Client, set_default_client
 from limitd.commands.common import EX_UNAVAILABLE, EX_USAGE, Subparsers
 from limitd.commands.start_flags import (
@@ -47,7 +47,8 @@ from limitd.config import (
     config_as_dict,
     load_config,
 )
-from limitd.embedded import RedisServer, start_embedded, stop_embedded
+from limitd.connection import URL_ENV_VARS, cluster, connect, masked, unreachable
+from limitd.connection.embedded import RedisServer, start_embedded, stop_embedded
 from limitd.locate import (
     CONFIG_ENV,
     CONFIGURED,
@@ -59,7 +60,6 @@ from limitd.locate import (
 )
 from limitd.middleware.defaults import default_client_chain, default_server_chain
 from limitd.plugins import ProcessContext, start_process_services, stop_process_services
-from limitd.redis import URL_ENV_VARS, connect, masked, unreachable
 from limitd.supervisor.capsule import Capsule, import_app
 from limitd.supervisor.launcher import Launcher
 from limitd.supervisor.signals import SignalQueue

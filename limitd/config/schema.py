@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from limitd import cluster, replication, sentinel
 from limitd.config.files import KeyPath, interpolate, merge_files
 from limitd.config.settings import (
     FETCHES,
@@ -49,8 +48,9 @@ from limitd.config.settings import (
     RedisSettings,
 )
 from limitd.config.values import Section, describe
-from limitd.fetch.order import QueueOrder, QueueSpec
+from limitd.connection import cluster, replication, sentinel
 from limitd.plugins import sections
+from limitd.queues.order import QueueOrder, QueueSpec
 from limitd.retry import DeadSetPolicy
 
 DAY = 86_400

@@ -9,11 +9,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from limitd.fetch.limits import LimitSettings, check_limit
-from limitd.fetch.order import QueueOrder, QueueSpec
-from limitd.fetch.rates import Rate, parse_rate
-from limitd.replication import DEFAULT_TIMEOUT as DEFAULT_WAIT_TIMEOUT
-from limitd.replication import ReplicaWait
+from limitd.connection.replication import DEFAULT_TIMEOUT as DEFAULT_WAIT_TIMEOUT
+from limitd.connection.replication import ReplicaWait
+from limitd.queues.limits import LimitSettings, check_limit
+from limitd.queues.order import QueueOrder, QueueSpec
+from limitd.queues.rates import Rate, parse_rate
 from limitd.retry import DeadSetPolicy, DeathHandler
 
 FETCHES = ("limit", "basic")

@@ -25,8 +25,8 @@ from typing import Any
 
 from limitd.config.files import Interpolated, KeyPath, Layers
 from limitd.config.settings import ConfigError
-from limitd.fetch.order import QueueOrder, QueueSpec
-from limitd.fetch.rates import FORMS, Rate, parse_rate
+from limitd.queues.order import QueueOrder, QueueSpec
+from limitd.queues.rates import FORMS, Rate, parse_rate
 
 ENVIRONMENT = "environment"  # the "file" named by errors in environment variables
 _INTEGER = re.compile(r"[+-]?\d+")

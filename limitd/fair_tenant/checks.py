@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from limitd.config.app_checks import NO_FILE
 from limitd.config.settings import Config, ConfigError
-from limitd.fetch.order import QueueOrder
+from limitd.queues.order import QueueOrder
 from limitd.spec import JobSpec
 
 

@@ -36,9 +36,9 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from limitd import clock, keys, options
+from limitd.connection import LuaScript, ScriptCall
 from limitd.middleware.base import ClientMiddleware
 from limitd.payload import Payload
-from limitd.redis import LuaScript, ScriptCall
 from limitd.spec import JobSpec
 
 FAIR_TENANT = LuaScript(__package__ or "limitd.fair_tenant", "fair_tenant.lua")

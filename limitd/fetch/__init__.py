@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
+from limitd.connection import Conn
 from limitd.fetch.basic import BasicFetch, UnitOfWork
 from limitd.fetch.limit import LimitFetch, LimitUnitOfWork
-from limitd.fetch.order import QueueOrder
-from limitd.redis import Conn
+from limitd.queues.order import QueueOrder
 
 
 class Fetch(Protocol):

@@ -17,10 +17,10 @@ from typing import ClassVar, cast
 import redis as redis_py
 
 from limitd import keys
+from limitd.connection import Conn, ScriptCall, retry_on_failover
 from limitd.fetch import recoveries
-from limitd.fetch.order import QueueOrder
 from limitd.payload import Payload
-from limitd.redis import Conn, ScriptCall, retry_on_failover
+from limitd.queues.order import QueueOrder
 
 # BRPOP returns at least this often so a stopping processor notices promptly.
 BLOCK_SECONDS = 1.0

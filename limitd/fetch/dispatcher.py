@@ -42,11 +42,11 @@ from collections.abc import Callable, Iterable, Sequence
 
 import redis as redis_py
 
-from limitd.backoff import Backoff
+from limitd.connection import OwnConnection, own_connection
+from limitd.connection.backoff import Backoff
 from limitd.fetch.basic import UnitOfWork
 from limitd.fetch.limit import LimitFetch
 from limitd.fetch.wakeup import IdleGate
-from limitd.redis import OwnConnection, own_connection
 
 log = logging.getLogger("limitd.fetch")
 

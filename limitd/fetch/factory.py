@@ -18,10 +18,10 @@ from limitd.fetch.basic import BasicFetch
 from limitd.fetch.direct import DirectDispatch
 from limitd.fetch.dispatcher import Dispatcher
 from limitd.fetch.limit import LimitFetch
-from limitd.fetch.limits import LimitSettings
-from limitd.fetch.order import QueueOrder
 from limitd.fetch.sharded import ShardedLimitFetch
 from limitd.fetch.wakeup import IdleGate
+from limitd.queues.limits import LimitSettings
+from limitd.queues.order import QueueOrder
 
 
 def build_fetch(

@@ -33,22 +33,23 @@ from typing import Any, ClassVar, cast
 import redis as redis_py
 from redis.exceptions import NoScriptError
 
-from limitd import clock, keys, replication
-from limitd.fetch import recoveries
-from limitd.fetch.basic import UnitOfWork, as_units
-from limitd.fetch.limits import LimitSettings
-from limitd.fetch.order import QueueOrder
-from limitd.fetch.wakeup import IdleGate
-from limitd.payload import Payload
-from limitd.redis import (
+from limitd import clock, keys
+from limitd.connection import (
     Conn,
     LuaScript,
     ScriptCall,
     pack_command,
+    replication,
     send_calls_then,
     send_packed,
     set_members,
 )
+from limitd.fetch import recoveries
+from limitd.fetch.basic import UnitOfWork, as_units
+from limitd.fetch.wakeup import IdleGate
+from limitd.payload import Payload
+from limitd.queues.limits import LimitSettings
+from limitd.queues.order import QueueOrder
 
 log = logging.getLogger("limitd.fetch")
 

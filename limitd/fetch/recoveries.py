@@ -48,8 +48,8 @@ import json
 import redis as redis_py
 
 from limitd import keys
+from limitd.connection import LuaScript
 from limitd.payload import dumps
-from limitd.redis import LuaScript
 
 RECOVER_JOB = LuaScript(__package__ or "limitd.fetch", "recover_job.lua")
 SUSPECT_STARTED = LuaScript(__package__ or "limitd.fetch", "suspect_started.lua")

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 
 import redis as redis_py
 
-from limitd import cluster
+from limitd.connection import cluster
 
 log = logging.getLogger("limitd.wakeup")
 

@@ -12,7 +12,7 @@
 The sync ``within_limit`` sleeps with ``time.sleep`` and blocks on a sync connection:
 in an async job that would freeze every job on the loop. This form makes the same
 script calls on the loop's asyncio twin of the limiter's client
-(:func:`limitd.redis.loop_twin`), sleeps with ``asyncio.sleep`` and blocks on the wake
+(:func:`limitd.connection.loop_twin`), sleeps with ``asyncio.sleep`` and blocks on the wake
 list with an asyncio BLPOP; what to do after each try is decided by the same
 :class:`~limitd.limiters.tries.Tries` as the sync form, so both forms admit the same
 calls, share the same slots and counts, and raise the same ``OverLimit``.
@@ -27,9 +27,9 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from limitd import clock
+from limitd.connection import apipeline, loop_twin
 from limitd.limiters import store
 from limitd.limiters.store import Definition, OverLimit
-from limitd.redis import apipeline, loop_twin
 
 if TYPE_CHECKING:  # the limiter module imports this one
     from limitd.limiters.limiter import Limiter

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from limitd import keys
+from limitd.connection import LuaScript
 from limitd.middleware.work import RedisClient
-from limitd.redis import LuaScript
 
 PACKAGE = __package__ or "limitd.limiters"
 KINDS = ("concurrent", "bucket", "window", "leaky")

@@ -33,9 +33,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from limitd.connection import ScriptCall
 from limitd.middleware.work import RedisClient, Work
 from limitd.payload import Payload
-from limitd.redis import ScriptCall
 from limitd.spec import JobSpec
 
 

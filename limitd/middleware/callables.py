@@ -18,8 +18,8 @@ import asyncio
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+from limitd.connection import ScriptCall
 from limitd.payload import Payload
-from limitd.redis import ScriptCall
 from limitd.spec import JobSpec
 
 AsyncPushNext = Callable[[Payload], Coroutine[Any, Any, "Payload | None"]]

@@ -16,7 +16,7 @@ no-op defaults are not called.
 
 ``settled`` exists because a middleware around ``perform`` sees an exception but not
 what becomes of the job: the retry decision is taken after the chain unwinds. The
-script calls it returns (``limitd.redis.ScriptCall``, one or a list) are made before the
+script calls it returns (``limitd.connection.ScriptCall``, one or a list) are made before the
 job is acknowledged, in the same round trip as the acknowledgement when the fetch can
 (the limit fetch does): bookkeeping such as a batch's costs no round trip of its own.
 """
@@ -26,11 +26,11 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
+from limitd.connection import ScriptCall, loop_twin
 from limitd.middleware.base import Ending, ServerMiddleware
 from limitd.middleware.callables import CallableServer
 from limitd.middleware.work import AsyncRedisClient, RedisClient, arun_work, run_work
 from limitd.payload import Payload
-from limitd.redis import ScriptCall, loop_twin
 from limitd.spec import JobSpec
 
 

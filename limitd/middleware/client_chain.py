@@ -10,12 +10,12 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from limitd.connection.replication import NotReplicated
 from limitd.middleware.base import ClientMiddleware
 from limitd.middleware.callables import AsyncPushNext, CallableClient
 from limitd.middleware.chain import Chain
 from limitd.middleware.work import AsyncRedisClient, RedisClient, arun_work, run_work
 from limitd.payload import Payload
-from limitd.replication import NotReplicated
 from limitd.spec import JobSpec
 
 log = logging.getLogger("limitd.client")
@@ -29,7 +29,7 @@ def call_next_or_undo(
 ) -> Payload | None:
     """For client middleware that reserve something before the push (a unique lock, a
     place in a batch): run the rest of the chain, and ``undo`` the reservation if it
-    halts the push or raises (except :class:`~limitd.replication.NotReplicated`: the job
+    halts the push or raises (except :class:`~limitd.connection.replication.NotReplicated`: the job
     was pushed)."""
     try:
         pushed = call_next(payload)

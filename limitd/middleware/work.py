@@ -1,7 +1,7 @@
 """Redis work described as data, and the two runners that make it.
 
 Middleware hooks do not talk to Redis: they return the work to do, a
-:class:`~limitd.redis.ScriptCall` (``SCRIPT.later(keys, args)``) or a :class:`Command`,
+:class:`~limitd.connection.ScriptCall` (``SCRIPT.later(keys, args)``) or a :class:`Command`,
 and the chain runs it, with :func:`run_work` for sync code and :func:`arun_work` on an
 event loop. Those two functions are the only place where a feature's Redis work differs
 by ``await``: each feature's decisions are written once.
@@ -18,8 +18,7 @@ import redis.asyncio.cluster
 import redis.cluster
 from redis.exceptions import NoScriptError
 
-from limitd import cluster
-from limitd.redis import ScriptCall, pipeline
+from limitd.connection import ScriptCall, cluster, pipeline
 
 # The clients limitd talks to: a standalone (or Sentinel) client, or a cluster client.
 RedisClient: TypeAlias = "redis_py.Redis | redis.cluster.RedisCluster"

@@ -35,10 +35,10 @@ import redis as redis_py
 
 from limitd import clock, handoff, keys
 from limitd.client import Client
+from limitd.connection import LuaScript, retry_on_failover
 from limitd.outbox.section import DEFAULT_CHUNK, DEFAULT_POLL_INTERVAL
 from limitd.outbox.table import DEFAULT_TABLE, PUSHED_MARKER_TTL, outbox_table, pushed_marker
 from limitd.payload import MalformedPayload, Payload, dead_entry, dumps, parse
-from limitd.redis import LuaScript, retry_on_failover
 from limitd.registry import registry
 
 log = logging.getLogger("limitd.outbox")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from limitd import keys
-from limitd.redis import LuaScript, set_members
+from limitd.connection import LuaScript, set_members
 
 
 def names_key() -> str:

@@ -27,8 +27,8 @@ from redis.client import Pipeline
 from redis.cluster import ClusterPipeline
 
 from limitd import clock, keys, options
+from limitd.connection import pipeline
 from limitd.payload import Payload, dumps, to_seconds
-from limitd.redis import pipeline
 from limitd.spec import JobSpec
 
 log = logging.getLogger("limitd.retry")

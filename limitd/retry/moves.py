@@ -13,8 +13,8 @@ from __future__ import annotations
 import redis as redis_py
 
 from limitd import handoff, keys
+from limitd.connection import LuaScript
 from limitd.payload import DEFAULT_QUEUE, Payload, dumps
-from limitd.redis import LuaScript
 
 ENQUEUE_MEMBER = LuaScript(__package__ or "limitd.retry", "enqueue_member.lua")
 

@@ -33,11 +33,11 @@ from limitd import clock
 from limitd.config import CapsuleConfig
 from limitd.fetch import UnitOfWork
 from limitd.fetch.factory import build_fetch
-from limitd.fetch.order import QueueOrder
 from limitd.fetch.wakeup import IdleGate, WakeupListener
 from limitd.locate import app_location, connect_to
 from limitd.middleware.chain import ServerChain
 from limitd.middleware.defaults import default_server_chain
+from limitd.queues.order import QueueOrder
 from limitd.retry import RetryHandler
 from limitd.supervisor import liveness
 from limitd.supervisor.async_lane import build_lane

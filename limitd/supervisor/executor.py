@@ -19,11 +19,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from limitd import clock
+from limitd.connection import ScriptCall
 from limitd.fetch.recoveries import RecoveredTooOften, count_in
 from limitd.logs import job_fields, own_frames
 from limitd.middleware.chain import Rescheduled, ServerChain
 from limitd.payload import MalformedPayload, Payload, dead_entry, parse
-from limitd.redis import ScriptCall
 from limitd.registry import JobRegistry, registry
 from limitd.retry import Fate, RetryHandler, error_class_name
 from limitd.spec import JobSpec, finished, running

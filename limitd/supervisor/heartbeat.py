@@ -29,7 +29,7 @@ import redis as redis_py
 
 from limitd import clock, keys
 from limitd.config import CapsuleConfig
-from limitd.redis import set_members
+from limitd.connection import set_members
 from limitd.supervisor.refusals import REFUSALS
 from limitd.version import __version__
 

@@ -24,8 +24,8 @@ import math
 import redis as redis_py
 
 from limitd import clock, keys
+from limitd.connection import LuaScript, set_members
 from limitd.fetch.recoveries import RECOVERIES_TTL
-from limitd.redis import LuaScript, set_members
 from limitd.supervisor.heartbeat import forget_process
 
 log = logging.getLogger("limitd.liveness")

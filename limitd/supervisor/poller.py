@@ -35,8 +35,8 @@ from typing import TypeVar, cast
 import redis as redis_py
 
 from limitd import clock, handoff, keys
-from limitd.backoff import Backoff
 from limitd.batch.store import prune_index
+from limitd.connection.backoff import Backoff
 from limitd.payload import MalformedPayload, dead_entry_for_malformed, parse
 from limitd.retry import DeadSetPolicy, trim_dead
 from limitd.retry.moves import bury_member, enqueue_member

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import redis as redis_py
 
 from limitd import clock
-from limitd.backoff import Backoff
+from limitd.connection.backoff import Backoff
 from limitd.fetch import Dispatch, UnitOfWork
 from limitd.payload import describe_job
 from limitd.supervisor.executor import HANDED_OFF, JobExecutor, Shutdown

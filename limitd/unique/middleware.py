@@ -33,10 +33,10 @@ import math
 from typing import Any
 
 from limitd import clock, keys, options
+from limitd.connection import LuaScript, ScriptCall
 from limitd.middleware.base import ClientMiddleware, ServerMiddleware
 from limitd.middleware.work import RedisClient
 from limitd.payload import Payload
-from limitd.redis import LuaScript, ScriptCall
 from limitd.spec import JobSpec
 
 log = logging.getLogger("limitd.unique")

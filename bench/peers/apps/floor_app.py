@@ -26,7 +26,7 @@ from typing import Any
 import redis
 from bench_counter import COUNTER_KEY, QUEUE, redis_url
 
-from limitd.pinned import pinned
+from limitd.connection.pinned import pinned
 
 QUEUE_KEY = f"queue:{QUEUE}"  # limitd.keys.queue(QUEUE): where perform_bulk LPUSHes
 BRPOP_SECONDS = 1  # how long a thread waits before it looks at the stop flag again

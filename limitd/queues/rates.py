@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import redis as redis_py
 
 from limitd import keys
-from limitd.fetch.per_queue import hash_by_queue
-from limitd.redis import pipeline
+from limitd.connection import pipeline
+from limitd.queues.per_queue import hash_by_queue
 
 NO_RATE = "none"
 UNITS = {"second": 1, "minute": 60, "hour": 3_600, "day": 86_400}

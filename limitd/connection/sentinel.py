@@ -9,7 +9,7 @@ The password, if any, is the primary's (sentinels are asked without one). Client
 redis-py's Sentinel clients: each new connection asks the sentinels for the primary's
 address, so after a failover the pool's connections reconnect to the new primary (a
 command that hit the old one fails with READONLY or a connection error first; see
-``limitd.redis.retry_on_failover``).
+``limitd.connection.retry_on_failover``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import redis.sentinel
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from limitd.hosts import split_hosts
+from limitd.connection.hosts import split_hosts
 
 SCHEME = "redis+sentinel://"
 
@@ -136,7 +136,7 @@ def is_sentinel_client(client: redis.Redis) -> bool:
 
 def async_twin(client: redis.Redis, max_connections: int, skip: frozenset[str], wait: float) -> Any:
     """An asyncio client on the same service, asking the same sentinels (see
-    ``limitd.redis.async_twin``); ``skip`` names connection settings asyncio lacks,
+    ``limitd.connection.async_twin``); ``skip`` names connection settings asyncio lacks,
     ``wait`` is how long a call waits for one of ``max_connections``."""
     pool = client.connection_pool
     assert isinstance(pool, redis.sentinel.SentinelConnectionPool)

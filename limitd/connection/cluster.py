@@ -22,7 +22,7 @@ import redis.cluster
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from limitd.hosts import split_hosts
+from limitd.connection.hosts import split_hosts
 
 SCHEME = "redis+cluster://"
 SLOTS = 16384

@@ -16,9 +16,9 @@ from typing import cast
 import redis as redis_py
 
 from limitd import keys
-from limitd.fetch.per_queue import hash_by_queue
-from limitd.fetch.rates import Rate, parse_rate
-from limitd.redis import pipeline, set_members
+from limitd.connection import pipeline, set_members
+from limitd.queues.per_queue import hash_by_queue
+from limitd.queues.rates import Rate, parse_rate
 
 NO_LIMIT = "none"
 

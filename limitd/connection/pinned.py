@@ -32,8 +32,7 @@ import hiredis
 import redis as redis_py
 from redis.exceptions import ConnectionError, TimeoutError
 
-from limitd import cluster
-from limitd.redis import OwnConnection
+from limitd.connection import OwnConnection, cluster
 
 _generation = 0  # bumped in a forked child: the parent's sockets are not its own
 

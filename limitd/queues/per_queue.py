@@ -9,7 +9,7 @@ from typing import cast
 import redis as redis_py
 
 from limitd import keys
-from limitd.redis import set_members
+from limitd.connection import set_members
 
 
 def hash_by_queue(redis: redis_py.Redis, key_of: Callable[[str], str]) -> dict[bytes, bytes]:
