@@ -20,7 +20,7 @@ from typing import Any
 
 import redis as redis_py
 
-from limitd import clock, keys
+from limitd import clock, keys, plugins
 from limitd.connection import pipeline, replication, retry_on_failover
 from limitd.connection.pinned import pinned
 from limitd.locate import Location, app_location, connect_to
@@ -34,9 +34,9 @@ from limitd.payload import (
     dumps,
     new_jid,
 )
+from limitd.plugins import Push
 from limitd.registry import registry
 from limitd.spec import JobSpec
-from limitd.transactions import hold as transactions
 
 
 class Client:
@@ -63,17 +63,22 @@ class Client:
 
     def push(self, item: Payload, spec: JobSpec | None = None) -> str | None:
         """Enqueue one job described by ``item`` (``class``, ``args``, options, and ``at``
-        for a scheduled job). Returns the jid, or None when a middleware halted it."""
+        for a scheduled job). Returns the jid, or None when a middleware halted it.
+
+        The push is offered to the features' push gates first (see
+        :func:`limitd.plugins.gate_push`): inside a database transaction, the
+        transactions feature validates it, returns its jid now and holds the whole push,
+        middleware included, until the commit."""
         spec = spec or registry.resolve(str(item.get("class")))
         payload = normalize(item, spec)
-        held = transactions.current()
-        if held is not None:  # a transaction is open: push after it commits
-            check_args(payload["class"], payload["args"], self.strict_args)
-            held.add_push([payload], lambda: self._invoke(spec, payload), _what(payload))
+        push = Push([payload], functools.partial(self.push_now, spec, payload), self.strict_args)
+        if plugins.gate_push(push):
             return str(payload["jid"])
-        return self._invoke(spec, payload)
+        return self.push_now(spec, payload)
 
-    def _invoke(self, spec: JobSpec | None, payload: Payload) -> str | None:
+    def push_now(self, spec: JobSpec | None, payload: Payload) -> str | None:
+        """Push a normalized payload through the middleware chain and write it, now,
+        asking no gate: what a gate runs when it lets a held push go."""
         pushed = self.middleware.invoke(spec, payload, self.redis, self._push_one)
         return pushed["jid"] if pushed else None
 
@@ -86,20 +91,19 @@ class Client:
         spec: JobSpec | None = None,
     ) -> list[str | None]:
         """Enqueue one job per entry of ``args_list``, each through the middleware chain
-        on its own, written in chunks of ``batch_size``. Returns jids in input order."""
+        on its own, written in chunks of ``batch_size``. Returns jids in input order.
+        Each chunk is offered to the push gates as one push, as :meth:`push` does."""
         spec = spec or registry.resolve(str(item.get("class")))
-        held = transactions.current()
         jids: list[str | None] = []
         for chunk in bulk_chunks(item, args_list, batch_size, spec):
-            if held is None:
-                jids += self._push_chunk(spec, chunk)
-                continue
-            check_all(chunk, self.strict_args)  # validated now, pushed after the commit
-            held.add_push(chunk, functools.partial(self._push_chunk, spec, chunk), _what(*chunk))
-            jids += [payload["jid"] for payload in chunk]
+            later = functools.partial(self.push_chunk_now, spec, chunk)
+            if plugins.gate_push(Push(chunk, later, self.strict_args)):
+                jids += [payload["jid"] for payload in chunk]
+            else:
+                jids += self.push_chunk_now(spec, chunk)
         return jids
 
-    def _push_chunk(self, spec: JobSpec | None, chunk: list[Payload]) -> list[str | None]:
+    def push_chunk_now(self, spec: JobSpec | None, chunk: list[Payload]) -> list[str | None]:
         """Each job through the chain, then one write for those it kept. If anything
         raises, the chunk counts as not written: middleware give back what they reserved
         for it (unique locks, places in a batch) before the error goes on. (A write that
@@ -146,7 +150,7 @@ def check_replicated(
     """After a write whose pipeline ended with ``WAIT``: raise ``NotReplicated``, naming
     the jobs, when too few replicas confirmed it."""
     if not replication.confirmed(replies, wait):
-        message = replication.shortfall(wait, int(replies[-1]), _what(*pushed))
+        message = replication.shortfall(wait, int(replies[-1]), plugins.describe(pushed))
         raise replication.NotReplicated(message)
 
 
@@ -192,13 +196,6 @@ def bulk_chunks(
             normalize({**item, "args": args}, spec)
             for args in args_list[start : start + batch_size]
         ]
-
-
-def _what(*payloads: Payload) -> str:
-    """The held push as the log names it when it fails after the commit."""
-    jids = ",".join(str(payload.get("jid")) for payload in payloads[:5])
-    more = f" (+{len(payloads) - 5} more)" if len(payloads) > 5 else ""
-    return f"jid={jids}{more} class={payloads[0].get('class')}"
 
 
 def _keep(payload: Payload) -> Payload:

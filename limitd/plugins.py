@@ -11,6 +11,15 @@ the features above them, and a new feature is a folder plus a line in
 This module is at the bottom of the job-spec layer: it names the pieces only by the
 plain types they are called with.
 
+Two seams let a feature step into the core's own work without the core naming it:
+
+- push gates (:func:`add_push_gate`): every push is offered to them first, as a
+  :class:`Push` to run; a gate may take it (to run later, or never). Transactions hold
+  pushes until the app's database commits this way.
+- housekeeping (:attr:`Feature.housekeeping`): periodic upkeep of the feature's Redis
+  state, run by every capsule's scheduled poller between looks (batches prune their
+  index this way).
+
 ``import limitd`` imports every shipped ``plug`` module, so a plug imports at its top
 only what enqueueing needs (its middleware, config section and checks). The pieces for
 the command line, ``limitd metrics`` and ``limitd start`` (argparse, prometheus-client,
@@ -27,6 +36,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from limitd.payload import Payload, check_args
 from limitd.spec import JobSpec
 
 log = logging.getLogger("limitd.plugins")
@@ -96,7 +106,12 @@ class Feature:
       reverse order after it;
     - ``metrics(redis)``: its part of ``limitd metrics``: prometheus-client metric
       families read from Redis at each scrape, in a bounded number of round trips
-      whatever the amount of state.
+      whatever the amount of state;
+    - ``housekeeping(redis)``: upkeep of its Redis state, called by the scheduled poller
+      of every capsule at each of its upkeeps (together about every
+      ``average_scheduled_poll_interval`` seconds); work that must happen less often
+      or in one process at a time takes a lock key for it. A ``RedisError`` it raises
+      backs the poller off; any other error is logged and the poller goes on.
 
     The hooks a capsule or the command line calls (``add_commands``, ``metrics``,
     ``process_services``) import their heavy modules inside the function, when called.
@@ -112,6 +127,7 @@ class Feature:
     check_app: Callable[[Any, Sequence[JobSpec]], None] | None = None
     process_services: Callable[[ProcessContext], Sequence[Service]] | None = None
     metrics: Callable[[Any], Iterable[Any]] | None = None
+    housekeeping: Callable[[Any], Any] | None = None
 
 
 _features: list[Feature] = []
@@ -166,3 +182,58 @@ def stop_process_services(context: ProcessContext) -> None:
             service.stop()
         except Exception:
             log.exception("could not stop %s", type(service).__name__)
+
+
+@dataclass(frozen=True)
+class Push:
+    """A push as the client offers it to the push gates: ``payloads`` (complete, jids
+    set, before any middleware) and ``run``, which sends them through the client
+    middleware chain and writes them now (returning what the client's push returns)."""
+
+    payloads: list[Payload]
+    run: Callable[[], Any]
+    strict_args: str = "raise"
+
+    def validate(self) -> None:
+        """Check the arguments as the write would (``limitd.payload.check_args``): a gate
+        that holds the push calls this first, so a bad argument fails at the caller."""
+        for payload in self.payloads:
+            check_args(payload["class"], payload["args"], self.strict_args)
+
+    def what(self) -> str:
+        """The push as logs name it."""
+        return describe(self.payloads)
+
+
+PushGate = Callable[[Push], bool]
+"""Given a push, takes it (True: the gate runs it later, or drops it) or lets it go on
+(False: the client runs it now)."""
+
+_push_gates: list[PushGate] = []
+
+
+def add_push_gate(gate: PushGate) -> None:
+    """Offer every push to ``gate`` from now on, after the gates added before it. Adding
+    the same gate again changes nothing."""
+    with _lock:
+        if gate not in _push_gates:
+            _push_gates.append(gate)
+
+
+def remove_push_gate(gate: PushGate) -> None:
+    with _lock:
+        if gate in _push_gates:
+            _push_gates.remove(gate)
+
+
+def gate_push(push: Push) -> bool:
+    """Whether a push gate took ``push``; False: the caller runs it now. Costs one
+    empty-list check when no feature has added a gate."""
+    return bool(_push_gates) and any(gate(push) for gate in _push_gates)
+
+
+def describe(payloads: Sequence[Payload]) -> str:
+    """Payloads as a log line or an error names them: the first five jids and the class."""
+    jids = ",".join(str(payload.get("jid")) for payload in payloads[:5])
+    more = f" (+{len(payloads) - 5} more)" if len(payloads) > 5 else ""
+    return f"jid={jids}{more} class={payloads[0].get('class')}"

@@ -14,6 +14,7 @@ connections to the same Redis (:func:`limitd.connection.loop_twin`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -21,6 +22,7 @@ import redis as redis_py
 import redis.asyncio
 from redis.exceptions import ResponseError
 
+from limitd import plugins
 from limitd.client import (
     Client,
     bulk_chunks,
@@ -34,9 +36,9 @@ from limitd.connection import apipeline, is_failover_error, loop_twin, replicati
 from limitd.middleware.client_chain import ClientChain
 from limitd.middleware.defaults import default_client_chain
 from limitd.payload import STRICT_ARGS_MODES, Payload
+from limitd.plugins import Push
 from limitd.registry import registry
 from limitd.spec import JobSpec
-from limitd.transactions import hold as transactions
 
 T = TypeVar("T")
 
@@ -96,13 +98,14 @@ class AsyncClient:
         """Enqueue one job described by ``item`` (``class``, ``args``, options, and
         ``at`` for a scheduled job). Returns the jid, or None when a middleware halted it.
 
-        Inside a database transaction (:func:`limitd.transactions.hold.current`), the push
-        is handed to the sync client, as a sync push would be: validated now, jid returned
-        now, pushed after the commit (by the sync client, in the committing thread)."""
+        The push is offered to the features' push gates first, as a sync push is: one
+        that holds it (inside a database transaction, until the commit) gets it as the
+        sync client's push, run later in the thread that commits, with no event loop."""
         spec = spec or registry.resolve(str(item.get("class")))
-        if transactions.current() is not None:
-            return self.sync_client().push(item, spec)
         payload = normalize(item, spec)
+        push = Push([payload], functools.partial(self._sync_push, spec, payload), self.strict_args)
+        if plugins.gate_push(push):
+            return str(payload["jid"])
         pushed = await self.middleware.ainvoke(
             spec, payload, self.redis, self._push_one, sync_redis=self._sync_redis
         )
@@ -118,17 +121,27 @@ class AsyncClient:
     ) -> list[str | None]:
         """Enqueue one job per entry of ``args_list``, each through the middleware chain
         on its own, written in chunks of ``batch_size``. Returns jids in input order.
-        In a transaction, handed to the sync client like :meth:`push`."""
+        Each chunk is offered to the push gates as one push, like :meth:`push`."""
         spec = spec or registry.resolve(str(item.get("class")))
-        if transactions.current() is not None:
-            return self.sync_client().push_bulk(item, args_list, batch_size=batch_size, spec=spec)
         jids: list[str | None] = []
         for chunk in bulk_chunks(item, args_list, batch_size, spec):
-            jids += await self._push_chunk(spec, chunk)
+            later = functools.partial(self._sync_push_chunk, spec, chunk)
+            if plugins.gate_push(Push(chunk, later, self.strict_args)):
+                jids += [payload["jid"] for payload in chunk]
+            else:
+                jids += await self._push_chunk(spec, chunk)
         return jids
 
+    def _sync_push(self, spec: JobSpec | None, payload: Payload) -> str | None:
+        """A held push, run by the sync client when its gate lets it go."""
+        return self.sync_client().push_now(spec, payload)
+
+    def _sync_push_chunk(self, spec: JobSpec | None, chunk: list[Payload]) -> list[str | None]:
+        """A held chunk of a bulk push, run by the sync client when its gate lets it go."""
+        return self.sync_client().push_chunk_now(spec, chunk)
+
     async def _push_chunk(self, spec: JobSpec | None, chunk: list[Payload]) -> list[str | None]:
-        """As ``Client._push_chunk``: each job through the chain, one write for those it
+        """As ``Client.push_chunk_now``: each job through the chain, one write for those it
         kept; if anything raises, middleware give back what they reserved for the chunk."""
         redis = self.redis
         try:

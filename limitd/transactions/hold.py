@@ -2,12 +2,15 @@
 
 The most common bug with a job queue: a job enqueued inside a transaction runs before
 the transaction commits (the worker cannot find the row) or although it rolled back.
-The client asks :func:`current` before every push; when an ORM adapter says a
-transaction is open (``limitd.transactions.sqlalchemy``, ``.django``), the push is
-validated at once (so a bad argument fails inside the transaction, where the mistake
-is) and its jid returned, but the Redis work is held in that transaction's
-:class:`Held`: run in order when it commits, dropped when it rolls back. A savepoint
-has a ``Held`` of its own, handed to its parent when released.
+Once an ORM adapter is set up (``limitd.transactions.sqlalchemy``, ``.django``: each
+adds its provider with :func:`add_provider`), the client offers every push to
+:func:`hold_until_commit`, a push gate (``limitd.plugins.add_push_gate``); the client
+itself knows nothing of transactions. When a provider says a transaction is open, the
+push is validated at once (so a bad argument fails inside the transaction, where the
+mistake is) and its jid returned, but the whole push (client middleware and Redis
+write) is held in that transaction's :class:`Held`: run in order when it commits,
+dropped when it rolls back. A savepoint has a ``Held`` of its own, handed to its parent
+when released. With no provider, no gate is added and pushes pay nothing.
 
 Held work runs with the context it was enqueued in (``contextvars``), so a job
 enqueued inside a batch's ``jobs()`` block still joins that batch after the commit.
@@ -24,6 +27,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from limitd import plugins
 
 log = logging.getLogger("limitd.transactions")
 
@@ -99,12 +104,15 @@ def add_provider(provider: Provider) -> None:
     with _lock:
         if provider not in _providers:
             _providers.append(provider)
+        plugins.add_push_gate(hold_until_commit)
 
 
 def remove_provider(provider: Provider) -> None:
     with _lock:
         if provider in _providers:
             _providers.remove(provider)
+        if not _providers:
+            plugins.remove_push_gate(hold_until_commit)
 
 
 def current() -> Held | None:
@@ -115,3 +123,14 @@ def current() -> Held | None:
         if held is not None:
             return held
     return None
+
+
+def hold_until_commit(push: plugins.Push) -> bool:
+    """The push gate: inside a transaction, validate ``push`` now and hold it until the
+    commit (True); outside, let the client run it (False)."""
+    held = current()
+    if held is None:
+        return False
+    push.validate()
+    held.add_push(push.payloads, push.run, push.what())
+    return True
