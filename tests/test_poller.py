@@ -14,6 +14,8 @@ from freezegun import freeze_time
 
 import limitd
 from limitd import clock, keys
+from limitd.batch.plug import BATCH
+from limitd.batch.store import prune_index_hourly
 from limitd.config import CapsuleConfig, ConfigError, load_config
 from limitd.fetch.wakeup import WakeupListener
 from limitd.retry import RetryHandler
@@ -123,11 +125,11 @@ def test_expired_batches_leave_the_index_once_an_hour(redis: redis_py.Redis) -> 
             pass
         redis.zadd(keys.BATCHES, {batch.bid: score})
         live.append(batch.bid)
-    poller = ScheduledPoller(redis)
-    assert poller.prune_batch_index() == 1_200
+    assert BATCH.housekeeping is prune_index_hourly, "the pollers' upkeep runs it"
+    assert prune_index_hourly(redis) == 1_200
     assert [bid.decode() for bid in redis.zrange(keys.BATCHES, 0, -1)] == live
     redis.zadd(keys.BATCHES, {"expired-later": 1})
-    assert poller.prune_batch_index() == 0, "one pruning an hour across the cluster"
+    assert prune_index_hourly(redis) == 0, "one pruning an hour across the cluster"
     assert 3_590 < redis.ttl(keys.BATCH_INDEX_PRUNE_LOCK) <= 3_600
 
 

@@ -1,6 +1,7 @@
 """Batches as a feature: jobs pushed inside ``Batch.jobs()`` join the batch (client
 middleware), each run is recorded with the job's acknowledgement (server middleware),
-and ``limitd batches`` shows them. The admin calls are in ``batch.admin``.
+``limitd batches`` shows them, and the pollers' housekeeping drops expired batches from
+the index once an hour. The admin calls are in ``batch.admin``.
 
 The middleware is imported with ``import limitd`` (enqueueing needs it); the command
 is imported by :func:`add_commands` when the command line builds its parser."""
@@ -10,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from limitd.batch.middleware import BatchMembership, BatchProgress
+from limitd.batch.store import prune_index_hourly
 from limitd.plugins import Feature
 
 if TYPE_CHECKING:
@@ -28,4 +30,5 @@ BATCH = Feature(
     client_middleware=lambda _settings: BatchMembership(),
     server_middleware=lambda _redis: BatchProgress(),
     add_commands=add_commands,
+    housekeeping=prune_index_hourly,
 )

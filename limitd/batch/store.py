@@ -166,6 +166,18 @@ def prune_index(redis: RedisClient, page: int = 500) -> int:
         start += len(bids) - len(gone)
 
 
+PRUNE_EVERY = 3600  # seconds between two prunings of the index, across all processes
+
+
+def prune_index_hourly(redis: RedisClient) -> int:
+    """The batch feature's housekeeping, asked by every capsule's poller at each of its
+    upkeeps: :func:`prune_index`, by one process an hour (the lock key), since it reads
+    the whole index. Returns how many entries went (0 when another process pruned)."""
+    if not redis.set(keys.BATCH_INDEX_PRUNE_LOCK, "1", nx=True, ex=PRUNE_EVERY):
+        return 0
+    return prune_index(redis)
+
+
 def _callbacks_json(new: NewBatch | None, event: str) -> str:
     entries = new.callbacks.get(event) if new else None
     return json.dumps(entries) if entries else ""

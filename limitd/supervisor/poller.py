@@ -20,11 +20,14 @@ seconds. It caps every sleep: a job whose announcement was lost (pushed by a cli
 does not publish, such as Ruby Sidekiq, or while the subscription was being remade)
 waits no longer than it would with Sidekiq. It also paces the upkeep: the first one (after
 heartbeats have registered) prunes ``processes`` of identities whose heartbeat hash has
-expired, and once an hour across the cluster one drops expired batches from the index.
+expired, and each one runs the housekeeping the features registered
+(``limitd.plugins.Feature.housekeeping``; batches drop expired entries from their index,
+one process an hour).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import random
@@ -34,8 +37,7 @@ from typing import TypeVar, cast
 
 import redis as redis_py
 
-from limitd import clock, handoff, keys
-from limitd.batch.store import prune_index
+from limitd import clock, handoff, keys, plugins
 from limitd.connection.backoff import Backoff
 from limitd.payload import MalformedPayload, dead_entry_for_malformed, parse
 from limitd.retry import DeadSetPolicy, trim_dead
@@ -55,7 +57,6 @@ PEEK = 100
 INITIAL_WAIT = 10.0
 ERROR_PAUSE = 5.0
 CLEANUP_LOCK_SECONDS = 60
-BATCH_PRUNE_SECONDS = 3600
 
 
 class ScheduledPoller:
@@ -161,12 +162,6 @@ class ScheduledPoller:
         gone = [ident for ident, info in zip(identities, infos, strict=True) if info is None]
         return int(self.redis.srem(keys.PROCESSES, *gone)) if gone else 0
 
-    def prune_batch_index(self) -> int:
-        """Forget batches whose data expired; one process an hour does it (the lock)."""
-        if not self.redis.set(keys.BATCH_INDEX_PRUNE_LOCK, "1", nx=True, ex=BATCH_PRUNE_SECONDS):
-            return 0
-        return prune_index(self.redis)
-
     def random_poll_interval(self) -> float:
         """Random around the average, ±50% for small clusters, so restarts don't
         synchronise the pollers (a thundering herd)."""
@@ -220,7 +215,19 @@ class ScheduledPoller:
         if not self._cleaned:
             self._cleaned = True
             self._safely(self.cleanup_processes)
-        self._safely(self.prune_batch_index)
+        for feature in plugins.registered():
+            if feature.housekeeping is not None:
+                self._safely(functools.partial(self._housekeep, feature.name, feature.housekeeping))
+
+    def _housekeep(self, name: str, housekeeping: Callable[[redis_py.Redis], object]) -> None:
+        """One feature's upkeep. A Redis error goes up (the poller backs off); any other
+        is the feature's bug: logged, and the poller and the other features go on."""
+        try:
+            housekeeping(self.redis)
+        except redis_py.RedisError:
+            raise
+        except Exception:
+            log.exception("housekeeping of the %s feature failed", name)
 
     def _initial_wait(self) -> float:
         """Give heartbeats time to register (they size the interval), plus jitter so
