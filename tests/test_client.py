@@ -9,7 +9,7 @@ import pytest
 import redis as redis_py
 
 import limitd
-from limitd import keys
+from limitd import keys, plugins
 from limitd.connection.embedded import RedisServer
 from limitd.middleware import ClientChain
 from tests.failover_proxy import FailoverProxy
@@ -72,6 +72,33 @@ def test_halted_push_returns_none_and_writes_nothing(
     assert ping.perform_in(60, -1) is None
     assert redis.dbsize() == 0
     assert ping.perform_async(1) is not None
+
+
+def test_a_push_gate_takes_the_whole_push_and_runs_it_later(
+    client: limitd.Client, redis: redis_py.Redis
+) -> None:
+    """The seam the transactions feature holds pushes through: the client names no
+    feature, it offers each push (single, or a bulk chunk) to the gates first."""
+    log: list[str] = []
+    client.middleware.add(Record("m", log))
+    taken: list[plugins.Push] = []
+
+    def gate(push: plugins.Push) -> bool:
+        taken.append(push)
+        return True
+
+    plugins.add_push_gate(gate)
+    try:
+        jid = ping.perform_async(1)
+        bulk = ping.perform_bulk([[2], [3]])
+    finally:
+        plugins.remove_push_gate(gate)
+    assert [push.payloads[0]["jid"] for push in taken] == [jid, bulk[0]]
+    assert (redis.dbsize(), log) == (0, []), "the middleware run when the push does"
+    for push in taken:
+        push.run()
+    assert redis.llen(keys.queue("default")) == 3 and log[0] == "m>"
+    assert ping.perform_async(4) is not None and len(taken) == 2, "the gate is gone"
 
 
 def test_chain_order_and_ordering_verbs(client: limitd.Client) -> None:
