@@ -71,8 +71,9 @@ class Client:
         middleware included, until the commit."""
         spec = spec or registry.resolve(str(item.get("class")))
         payload = normalize(item, spec)
-        push = Push([payload], functools.partial(self.push_now, spec, payload), self.strict_args)
-        if plugins.gate_push(push):
+        if plugins.has_push_gates() and plugins.gate_push(
+            Push([payload], functools.partial(self.push_now, spec, payload), self.strict_args)
+        ):
             return str(payload["jid"])
         return self.push_now(spec, payload)
 
@@ -96,8 +97,9 @@ class Client:
         spec = spec or registry.resolve(str(item.get("class")))
         jids: list[str | None] = []
         for chunk in bulk_chunks(item, args_list, batch_size, spec):
-            later = functools.partial(self.push_chunk_now, spec, chunk)
-            if plugins.gate_push(Push(chunk, later, self.strict_args)):
+            if plugins.has_push_gates() and plugins.gate_push(
+                Push(chunk, functools.partial(self.push_chunk_now, spec, chunk), self.strict_args)
+            ):
                 jids += [payload["jid"] for payload in chunk]
             else:
                 jids += self.push_chunk_now(spec, chunk)

@@ -226,10 +226,15 @@ def remove_push_gate(gate: PushGate) -> None:
             _push_gates.remove(gate)
 
 
+def has_push_gates() -> bool:
+    """Whether any gate is set: the client asks this first, so that a push builds no
+    :class:`Push` while no feature gates pushes (the usual case)."""
+    return bool(_push_gates)
+
+
 def gate_push(push: Push) -> bool:
-    """Whether a push gate took ``push``; False: the caller runs it now. Costs one
-    empty-list check when no feature has added a gate."""
-    return bool(_push_gates) and any(gate(push) for gate in _push_gates)
+    """Whether a push gate took ``push``; False: the caller runs it now."""
+    return any(gate(push) for gate in _push_gates)
 
 
 def describe(payloads: Sequence[Payload]) -> str:

@@ -103,8 +103,9 @@ class AsyncClient:
         sync client's push, run later in the thread that commits, with no event loop."""
         spec = spec or registry.resolve(str(item.get("class")))
         payload = normalize(item, spec)
-        push = Push([payload], functools.partial(self._sync_push, spec, payload), self.strict_args)
-        if plugins.gate_push(push):
+        if plugins.has_push_gates() and plugins.gate_push(
+            Push([payload], functools.partial(self._sync_push, spec, payload), self.strict_args)
+        ):
             return str(payload["jid"])
         pushed = await self.middleware.ainvoke(
             spec, payload, self.redis, self._push_one, sync_redis=self._sync_redis
@@ -125,8 +126,9 @@ class AsyncClient:
         spec = spec or registry.resolve(str(item.get("class")))
         jids: list[str | None] = []
         for chunk in bulk_chunks(item, args_list, batch_size, spec):
-            later = functools.partial(self._sync_push_chunk, spec, chunk)
-            if plugins.gate_push(Push(chunk, later, self.strict_args)):
+            if plugins.has_push_gates() and plugins.gate_push(
+                Push(chunk, functools.partial(self._sync_push_chunk, spec, chunk), self.strict_args)
+            ):
                 jids += [payload["jid"] for payload in chunk]
             else:
                 jids += await self._push_chunk(spec, chunk)
