@@ -32,6 +32,7 @@ import redis as redis_py
 from _common import RoundSignal, command_counts, redis_cpu_seconds, redis_for_bench
 
 import limitd
+from limitd import keys
 from limitd.capacity.store import queued_key, running_key
 from limitd.supervisor import Capsule, CapsuleConfig
 
@@ -101,8 +102,8 @@ def copies_settled(conn: redis_py.Redis) -> bool:
     """No copy running or reserved, and none left in the queue."""
     name = CapacityNoop.spec.name
     return (
-        conn.zcard(running_key(name)) == 0
-        and conn.zcard(queued_key(name)) == 0
+        conn.zcard(running_key(keys.of(conn), name)) == 0
+        and conn.zcard(queued_key(keys.of(conn), name)) == 0
         and conn.llen(f"queue:{QUEUE}") == 0
     )
 

@@ -125,7 +125,7 @@ def one_round(shards: int, args: argparse.Namespace) -> tuple[float, list[float]
             start_cluster(group)
             conn = connect(group.url)
             for queue in QUEUES:  # the shards as numbered here are the cluster's
-                port = cast(RedisCluster, conn).get_node_from_key(keys.queue(queue)).port
+                port = cast(RedisCluster, conn).get_node_from_key(keys.of(conn).queue(queue)).port
                 if port != group.nodes[shard_of(queue, shards)].port:
                     raise RuntimeError(f"{queue} is not on shard {shard_of(queue, shards)}")
             client = limitd.Client(conn)

@@ -210,21 +210,25 @@ def reset(conn: redis_py.Redis, names: Sequence[str]) -> None:
     template = FairTenantSettings.from_env().enqueues_key
     pipe = conn.pipeline(transaction=False)
     for queue in QUEUE_NAMES:
-        pipe.delete(keys.queue(queue))
+        pipe.delete(keys.of(conn).queue(queue))
     for tenant in names:  # counted under the job's own queue, before any reroute
         pipe.delete(
-            keys.fair_tenant_enqueues(template, queue="default", job_class=JOB_NAME, tenant=tenant)
+            keys.of(conn).fair_tenant_enqueues(
+                template, queue="default", job_class=JOB_NAME, tenant=tenant
+            )
         )
-    ours = [f for f in conn.hkeys(keys.FAIR_TENANT_REROUTES) if json.loads(f)[0] == JOB_NAME]
+    ours = [
+        f for f in conn.hkeys(keys.of(conn).FAIR_TENANT_REROUTES) if json.loads(f)[0] == JOB_NAME
+    ]
     if ours:
-        pipe.hdel(keys.FAIR_TENANT_REROUTES, *ours)
+        pipe.hdel(keys.of(conn).FAIR_TENANT_REROUTES, *ours)
     pipe.execute()
 
 
 def reroutes(conn: redis_py.Redis) -> Counter[str]:
     """The middleware's own count of this job's reroutes, per tenant kind and queue."""
     counts: Counter[str] = Counter()
-    for raw, value in conn.hgetall(keys.FAIR_TENANT_REROUTES).items():
+    for raw, value in conn.hgetall(keys.of(conn).FAIR_TENANT_REROUTES).items():
         job, tenant, queue, _rule = json.loads(raw)
         if job == JOB_NAME:
             counts[f"{kind(tenant)} -> {queue}"] += int(value)

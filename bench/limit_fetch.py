@@ -217,10 +217,10 @@ def reset_queue(conn: redis_py.Redis, name: str) -> None:
     """Empty the queue and forget its limits, pause and busy count (a shared --redis may
     hold values from an earlier run; the capsule writes its configured limits back)."""
     pipe = conn.pipeline(transaction=False)
-    pipe.delete(keys.queue(name))
-    for hash_key in (keys.LIMITS, keys.PROCESS_LIMITS, keys.BUSY):
+    pipe.delete(keys.of(conn).queue(name))
+    for hash_key in (keys.of(conn).LIMITS, keys.of(conn).PROCESS_LIMITS, keys.of(conn).BUSY):
         pipe.hdel(hash_key, name)
-    pipe.srem(keys.PAUSED, name)
+    pipe.srem(keys.of(conn).PAUSED, name)
     pipe.execute()
 
 
@@ -308,7 +308,7 @@ def fetch_cost(conn: redis_py.Redis, queue_count: int, fetches: int = 2000) -> f
     names = [f"bench_many_{i:03d}" for i in range(queue_count)]
     for name in names:
         queue_limits.set_limit(conn, name, UNBINDING_LIMIT)
-    conn.lpush(keys.queue(names[-1]), *[b'{"class":"X","args":[]}'] * fetches)
+    conn.lpush(keys.of(conn).queue(names[-1]), *[b'{"class":"X","args":[]}'] * fetches)
     fetch = LimitFetch(conn, QueueOrder(names), "bench-many")
     started = time.perf_counter()
     units: list = []

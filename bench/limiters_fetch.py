@@ -39,7 +39,9 @@ def noop(n: int) -> None:
 
 def _prepare(conn: redis_py.Redis, case: str) -> dict[str, str]:
     """Redis as the case wants it; returns the capsule's configured rate limits."""
-    conn.delete(keys.RATE_LIMITS, keys.rate_state(QUEUE), keys.queue(QUEUE))
+    conn.delete(
+        keys.of(conn).RATE_LIMITS, keys.of(conn).rate_state(QUEUE), keys.of(conn).queue(QUEUE)
+    )
     if case == "other queue":
         Queue("elsewhere", conn).rate_limit = NON_BINDING
     if case == "own queue":

@@ -58,7 +58,7 @@ def fill_dead(conn: redis_py.Redis, count: int, rng: random.Random) -> None:
                 "created_at": died - 90_000,
             }
             members[dumps(payload)] = died
-        conn.zadd(keys.DEAD, members)
+        conn.zadd(keys.of(conn).DEAD, members)
 
 
 def fill_queue(conn: redis_py.Redis, count: int) -> None:
@@ -76,8 +76,8 @@ def fill_queue(conn: redis_py.Redis, count: int) -> None:
             )
             for i in range(first, min(count, first + CHUNK))
         ]
-        conn.lpush(keys.queue(QUEUE), *batch)
-    conn.sadd(keys.QUEUES, QUEUE)
+        conn.lpush(keys.of(conn).queue(QUEUE), *batch)
+    conn.sadd(keys.of(conn).QUEUES, QUEUE)
 
 
 def median_seconds(client: TestClient, path: str, rounds: int) -> float:
@@ -100,12 +100,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     with redis_for_bench(args.redis_url) as conn:
-        conn.delete(keys.DEAD, keys.queue(QUEUE))
+        k = keys.of(conn)
+        conn.delete(k.DEAD, k.queue(QUEUE))
         started = time.perf_counter()
         fill_dead(conn, args.dead, random.Random(args.seed))
         fill_queue(conn, args.queued)
         print(
-            f"filled: {conn.zcard(keys.DEAD):,} dead, {conn.llen(keys.queue(QUEUE)):,} "
+            f"filled: {conn.zcard(k.DEAD):,} dead, {conn.llen(k.queue(QUEUE)):,} "
             f"queued in {QUEUE!r} ({time.perf_counter() - started:.1f} s)"
         )
         last_dead = max(1, -(-args.dead // 25))
@@ -126,8 +127,8 @@ def main() -> None:
                 verdict = "ok" if seconds < TARGET_SECONDS else "OVER TARGET"
                 print(f"  {label:<40} {seconds * 1000:8.1f} ms  {verdict}")
         finally:
-            conn.delete(keys.DEAD, keys.queue(QUEUE))
-            conn.srem(keys.QUEUES, QUEUE)
+            conn.delete(keys.of(conn).DEAD, keys.of(conn).queue(QUEUE))
+            conn.srem(keys.of(conn).QUEUES, QUEUE)
 
 
 if __name__ == "__main__":

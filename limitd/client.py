@@ -172,12 +172,13 @@ def queue_write(pipe: Any, payloads: list[Payload]) -> None:
         else:
             payload["enqueued_at"] = now
             immediate.setdefault(payload["queue"], []).append(dumps(payload))
+    k = keys.of(pipe)
     if scheduled:
-        pipe.zadd(keys.SCHEDULE, scheduled)
+        pipe.zadd(k.SCHEDULE, scheduled)
         pipe.publish(keys.DUE_CHANNEL, repr(min(scheduled.values())))
     for queue, bodies in immediate.items():
-        pipe.sadd(keys.QUEUES, queue)
-        pipe.lpush(keys.queue(queue), *bodies)
+        pipe.sadd(k.QUEUES, queue)
+        pipe.lpush(k.queue(queue), *bodies)
         pipe.publish(keys.WAKE_CHANNEL, queue)  # idle capsules start it at once
 
 

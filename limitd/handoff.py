@@ -40,25 +40,28 @@ CLAIM_WAITING = LuaScript(__package__ or "limitd", "handoff_claim.lua")
 def claim_from(redis: Any, zset: str, member: bytes, now: float) -> bool:
     """Take ``member`` out of ``zset`` into the hand-off set, claimed now; False when
     another process took it first."""
-    return bool(CLAIM_MEMBER(redis, [zset, keys.MOVING], [member, now]))
+    k = keys.of(redis)
+    return bool(CLAIM_MEMBER(redis, [zset, k.MOVING], [member, now]))
 
 
 def push_claimed(redis: Any, member: bytes, now: float) -> None:
     """Push a claimed entry (a job payload) to its queue with ``enqueued_at = now``,
     then release it. An unreadable entry is left in place and logged."""
+    k = keys.of(redis)
     queue, body = _destination(member, now)
     if queue is None:
         return
     pipe = pipeline(redis)
     _queue_push(pipe, queue, body)
     pipe.execute()
-    redis.zrem(keys.MOVING, member)
+    redis.zrem(k.MOVING, member)
 
 
 def _queue_push(pipe: Any, queue: str, body: str) -> None:
     """The push of one entry, queued on a sync or asyncio pipeline (as a client's)."""
-    pipe.sadd(keys.QUEUES, queue)
-    pipe.lpush(keys.queue(queue), body)
+    k = keys.of(pipe)
+    pipe.sadd(k.QUEUES, queue)
+    pipe.lpush(k.queue(queue), body)
     pipe.publish(keys.WAKE_CHANNEL, queue)
 
 
@@ -68,7 +71,8 @@ def _destination(member: bytes, now: float) -> tuple[str | None, str]:
     try:
         payload = parse(member)
     except MalformedPayload as exc:
-        log.error("unreadable entry in %s left as is (%s): %r", keys.MOVING, exc, member[:200])
+        moving = keys.CLUSTER.MOVING  # only a cluster hands off
+        log.error("unreadable entry in %s left as is (%s): %r", moving, exc, member[:200])
         return None, ""
     queue = str(payload.get("queue") or DEFAULT_QUEUE)
     return queue, dumps({**payload, "enqueued_at": now})
@@ -76,10 +80,11 @@ def _destination(member: bytes, now: float) -> tuple[str | None, str]:
 
 async def apush_waiting(redis: Any, now: float) -> int:
     """:func:`push_waiting` on an asyncio cluster client."""
+    k = keys.of(redis)
     pushed = 0
     while True:
         claimed = await CLAIM_WAITING.acall(
-            redis, [keys.MOVING], [now, now - STALLED_SECONDS, CLAIM_BATCH]
+            redis, [k.MOVING], [now, now - STALLED_SECONDS, CLAIM_BATCH]
         )
         for member in claimed:
             await apush_claimed(redis, member, now)
@@ -90,23 +95,25 @@ async def apush_waiting(redis: Any, now: float) -> int:
 
 async def apush_claimed(redis: Any, member: bytes, now: float) -> None:
     """:func:`push_claimed` on an asyncio cluster client."""
+    k = keys.of(redis)
     queue, body = _destination(member, now)
     if queue is None:
         return
     pipe = apipeline(redis)
     _queue_push(pipe, queue, body)
     await pipe.execute()
-    await redis.zrem(keys.MOVING, member)
+    await redis.zrem(k.MOVING, member)
 
 
 def push_waiting(redis: Any, now: float) -> int:
     """Claim and push every entry nobody is pushing (see the module docstring); returns
     how many. Cheap when there are none: one script call that finds nothing."""
+    k = keys.of(redis)
     pushed = 0
     while True:
         claimed = cast(
             "list[bytes]",
-            CLAIM_WAITING(redis, [keys.MOVING], [now, now - STALLED_SECONDS, CLAIM_BATCH]),
+            CLAIM_WAITING(redis, [k.MOVING], [now, now - STALLED_SECONDS, CLAIM_BATCH]),
         )
         for member in claimed:
             push_claimed(redis, member, now)

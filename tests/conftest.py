@@ -16,7 +16,6 @@ import pytest
 import redis as redis_py
 
 import limitd
-from limitd import keys
 from limitd.connection import connect
 from limitd.connection.embedded import RedisServer
 from tests.helpers import LimitdProcesses
@@ -98,7 +97,7 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterG
 def redis(request: pytest.FixtureRequest, redis_server: RedisServer) -> Iterator[redis_py.Redis]:
     """A flushed Redis, the default client's: the session's server, or (for the
     modules above, parametrised) the session's cluster, through ``connect``, which
-    switches the key layout."""
+    attaches the cluster key layout to its client (``keys.of``)."""
     if getattr(request, "param", "standalone") == "cluster":
         yield request.getfixturevalue("clustered")
         return
@@ -116,7 +115,6 @@ def _as_default(conn: redis_py.Redis) -> Iterator[redis_py.Redis]:
     limitd.set_default_client(limitd.Client(conn))
     yield conn
     limitd.set_default_client(None)
-    keys.use_cluster_layout(False)
     conn.close()
 
 

@@ -78,27 +78,27 @@ def stripped(raw: bytes) -> dict[str, Any]:
 
 def queued(redis: redis_py.Redis, queue: str) -> list[dict[str, Any]]:
     """The queue's payloads, oldest first."""
-    return [json.loads(raw) for raw in reversed(redis.lrange(keys.queue(queue), 0, -1))]
+    return [json.loads(raw) for raw in reversed(redis.lrange(keys.of(redis).queue(queue), 0, -1))]
 
 
 def scheduled(redis: redis_py.Redis) -> list[tuple[dict[str, Any], float]]:
     return [
         (json.loads(raw), score)
-        for raw, score in redis.zrange(keys.SCHEDULE, 0, -1, withscores=True)
+        for raw, score in redis.zrange(keys.of(redis).SCHEDULE, 0, -1, withscores=True)
     ]
 
 
 def everything(redis: redis_py.Redis) -> dict[str, Any]:
     """What the enqueues left in Redis, minus what differs from push to push."""
     return {
-        "queues": redis.smembers(keys.QUEUES),
+        "queues": redis.smembers(keys.of(redis).QUEUES),
         **{
-            q: [stripped(r) for r in redis.lrange(keys.queue(q), 0, -1)]
+            q: [stripped(r) for r in redis.lrange(keys.of(redis).queue(q), 0, -1)]
             for q in ("webhooks", "low", "critical")
         },
         "schedule": sorted(
             (json.dumps(stripped(raw), sort_keys=True), round(score))
-            for raw, score in redis.zrange(keys.SCHEDULE, 0, -1, withscores=True)
+            for raw, score in redis.zrange(keys.of(redis).SCHEDULE, 0, -1, withscores=True)
         ),
     }
 
@@ -134,9 +134,11 @@ async def enqueue_async() -> list[object]:
 
 def all_jids(redis: redis_py.Redis) -> set[str]:
     bodies = [
-        raw for q in ("webhooks", "low", "critical") for raw in redis.lrange(keys.queue(q), 0, -1)
+        raw
+        for q in ("webhooks", "low", "critical")
+        for raw in redis.lrange(keys.of(redis).queue(q), 0, -1)
     ]
-    bodies += redis.zrange(keys.SCHEDULE, 0, -1)
+    bodies += redis.zrange(keys.of(redis).SCHEDULE, 0, -1)
     return {json.loads(raw)["jid"] for raw in bodies}
 
 
@@ -214,7 +216,7 @@ def test_a_duplicate_is_skipped_until_the_lock_is_released(redis: redis_py.Redis
     first, duplicate, other = asyncio.run(twice())
     assert first and other and duplicate is None
     assert import_account.perform_async(42) is None  # the sync client sees the same lock
-    assert int(redis.get(keys.UNIQUE_SKIPPED)) == 2
+    assert int(redis.get(keys.of(redis).UNIQUE_SKIPPED)) == 2
     assert capsule.drain() == {"done": 2}  # success releases the locks
     assert asyncio.run(import_account.aio.perform_async(42)) is not None
 
@@ -222,12 +224,14 @@ def test_a_duplicate_is_skipped_until_the_lock_is_released(redis: redis_py.Redis
 def test_bulk_skips_duplicates_and_frees_locks_when_the_chunk_fails(redis: redis_py.Redis) -> None:
     jids = asyncio.run(import_account.aio.perform_bulk([[1], [1], [2]]))
     assert jids[0] and jids[2] and jids[1] is None
-    assert redis.llen(keys.queue("default")) == 2
+    assert redis.llen(keys.of(redis).queue("default")) == 2
 
     with pytest.raises(TypeError):  # a chunk that cannot be written
         asyncio.run(import_account.aio.perform_bulk([[3], [object()]]))
     assert not redis.exists(
-        unique.lock_key({"class": "aio_test.Import", "queue": "default", "args": [3]})
+        unique.lock_key(
+            keys.of(redis), {"class": "aio_test.Import", "queue": "default", "args": [3]}
+        )
     )
     assert asyncio.run(import_account.aio.perform_async(3)) is not None
 
@@ -260,7 +264,8 @@ def test_a_batch_built_in_async_code_counts_its_jobs_and_fires(redis: redis_py.R
 
     assert capsule.drain() == {"done": 6}
     fired = [
-        json.loads(raw)["args"] for raw in reversed(redis.lrange(keys.queue("callbacks"), 0, -1))
+        json.loads(raw)["args"]
+        for raw in reversed(redis.lrange(keys.of(redis).queue("callbacks"), 0, -1))
     ]
     assert [(status["event"], status["total"], options) for status, options in fired] == [
         ("complete", 5, {"was": "complete"}),
@@ -283,7 +288,7 @@ def test_an_async_block_writes_the_batch_a_sync_block_writes(redis: redis_py.Red
 
     def batch_hash(batch: limitd.Batch, parent: limitd.Batch) -> dict[str, str]:
         """The child's hash, its own ids and its parent's replaced by placeholders."""
-        raw = redis.hgetall(keys.batch(batch.bid))
+        raw = redis.hgetall(keys.of(redis).batch(batch.bid))
         fields = {k.decode(): v.decode() for k, v in raw.items()}
         fields.pop("created_at")
         # The callback's template carries its own jid and creation time.
@@ -294,7 +299,7 @@ def test_an_async_block_writes_the_batch_a_sync_block_writes(redis: redis_py.Red
         }
 
     assert batch_hash(child_async, parent_async) == batch_hash(child_sync, parent_sync)
-    assert redis.ttl(keys.batch(child_async.bid)) == pytest.approx(3600, abs=5)
+    assert redis.ttl(keys.of(redis).batch(child_async.bid)) == pytest.approx(3600, abs=5)
     assert isinstance(parent_async.aio, AsyncBatchJobs)
 
     async def reopen_completed() -> None:
@@ -530,7 +535,7 @@ def test_the_loop_keeps_running_while_a_push_waits_on_redis(redis: redis_py.Redi
     ticks, waited = asyncio.run(slow_push())
     assert waited >= 0.15  # the pause held the push
     assert ticks >= 10  # and the loop ran other tasks meanwhile
-    assert redis.llen(keys.queue("default")) == 2
+    assert redis.llen(keys.of(redis).queue("default")) == 2
 
 
 class RefusingPool(redis_py.ConnectionPool):
@@ -555,8 +560,8 @@ def test_a_plain_push_never_touches_the_sync_clients_redis(redis: redis_py.Redis
             await work.aio.perform_async(1)
 
     asyncio.run(enqueue())
-    assert redis.llen(keys.queue("webhooks")) == 2
-    assert redis.llen(keys.queue("default")) == 5
+    assert redis.llen(keys.of(redis).queue("webhooks")) == 2
+    assert redis.llen(keys.of(redis).queue("default")) == 5
     status = limitd.Batch.status(batch.bid, client=limitd.Client(redis))
     assert status is not None and status.total == 1
 
@@ -591,4 +596,4 @@ def test_a_thousand_tasks_share_the_loops_pool_without_failing(redis: redis_py.R
         return list(jids)
 
     jids = asyncio.run(many())
-    assert all(jids) and redis.llen(keys.queue("webhooks")) == 1000
+    assert all(jids) and redis.llen(keys.of(redis).queue("webhooks")) == 1000

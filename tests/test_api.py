@@ -54,7 +54,7 @@ def args_of(entries: Iterable[JobRecord]) -> list[object]:
 def fail(redis: redis_py.Redis, job: JobFunction, *args: object) -> str:
     """Run the real retry handler on a job that raised, as a processor would."""
     jid = job.perform_async(*args)
-    payload = json.loads(redis.rpop(keys.queue(job.spec.queue)))  # type: ignore[arg-type]
+    payload = json.loads(redis.rpop(keys.of(redis).queue(job.spec.queue)))  # type: ignore[arg-type]
     RetryHandler(redis).job_failed(job.spec, payload, job.spec.queue, ValueError("boom"))
     return str(jid)
 
@@ -85,7 +85,7 @@ def test_queue_latency_is_the_age_of_the_oldest_job(redis: redis_py.Redis) -> No
 
 def test_queue_reads_millisecond_timestamps(redis: redis_py.Redis) -> None:
     enqueued_ms = int((T0 - 30) * 1000)
-    redis.lpush(keys.queue("default"), raw_payload("a" * 24, enqueued_at=enqueued_ms))
+    redis.lpush(keys.of(redis).queue("default"), raw_payload("a" * 24, enqueued_at=enqueued_ms))
     with freeze_time(START):
         assert Queue("default").latency() == pytest.approx(30.0)
         (entry,) = Queue("default")
@@ -199,7 +199,7 @@ def test_queue_clear_removes_the_list_and_its_name(redis: redis_py.Redis) -> Non
 
 def test_malformed_queue_entry_is_listed_and_deletable(redis: redis_py.Redis) -> None:
     jid = echo.perform_async(1)
-    redis.lpush(keys.queue("default"), b"not json \xff")
+    redis.lpush(keys.of(redis).queue("default"), b"not json \xff")
     entries = list(Queue("default"))
     assert [e.jid for e in entries] == [jid, None]
     bad = entries[1]
@@ -251,7 +251,7 @@ def test_equal_scores_page_without_skips_even_while_deleting(redis: redis_py.Red
 def test_set_iteration_under_random_actions(redis: redis_py.Redis, seed: int) -> None:
     rng = random.Random(seed)
     members = {raw_payload(f"{i:024x}", args=[i]): T0 + rng.randrange(4) for i in range(30)}
-    redis.zadd(keys.RETRY, members)
+    redis.zadd(keys.of(redis).RETRY, members)
     retries = RetrySet()
     retries.page_size = rng.randrange(1, 5)
     expected = args_of(retries)
@@ -314,7 +314,7 @@ def test_kill_moves_to_the_dead_set(redis: redis_py.Redis) -> None:
 
 
 def test_kill_trims_the_dead_set(redis: redis_py.Redis) -> None:
-    redis.zadd(keys.DEAD, {raw_payload(f"{i:024x}"): T0 - 100 + i for i in range(3)})
+    redis.zadd(keys.of(redis).DEAD, {raw_payload(f"{i:024x}"): T0 - 100 + i for i in range(3)})
     with freeze_time(START):
         jid = echo.perform_in(60, 1)
         scheduled = ScheduledSet(dead_policy=DeadSetPolicy(max_jobs=2))
@@ -325,7 +325,7 @@ def test_kill_trims_the_dead_set(redis: redis_py.Redis) -> None:
 
 
 def test_dead_entries_can_be_retried_into_their_queue(redis: redis_py.Redis) -> None:
-    redis.zadd(keys.DEAD, {raw_payload("d" * 24, queue="mail", retry_count=25): T0})
+    redis.zadd(keys.of(redis).DEAD, {raw_payload("d" * 24, queue="mail", retry_count=25): T0})
     (entry,) = DeadSet()
     assert isinstance(entry, SortedEntry)
     assert entry.retry() is True
@@ -349,7 +349,7 @@ def test_delete_and_clear_sorted_sets(redis: redis_py.Redis) -> None:
 
 
 def test_malformed_member_does_not_break_a_set(redis: redis_py.Redis) -> None:
-    redis.zadd(keys.RETRY, {b"{broken": T0 + 5, raw_payload("b" * 24).encode(): T0})
+    redis.zadd(keys.of(redis).RETRY, {b"{broken": T0 + 5, raw_payload("b" * 24).encode(): T0})
     retries = RetrySet()
     bad, good = list(retries)
     assert (bad.payload, bad.jid, bad.text, good.jid) == (None, None, "{broken", "b" * 24)
@@ -363,7 +363,7 @@ def test_malformed_member_does_not_break_a_set(redis: redis_py.Redis) -> None:
 
 
 def test_killing_a_malformed_member_keeps_its_text(redis: redis_py.Redis) -> None:
-    redis.zadd(keys.SCHEDULE, {b"[1, 2]": T0})
+    redis.zadd(keys.of(redis).SCHEDULE, {b"[1, 2]": T0})
     (bad,) = ScheduledSet()
     with freeze_time(START):
         assert bad.kill() is True
@@ -389,7 +389,9 @@ def test_retry_all_and_kill_all(redis: redis_py.Redis) -> None:
 
 def test_sorted_entries_read_millisecond_timestamps(redis: redis_py.Redis) -> None:
     ms = int(T0 * 1000)
-    redis.zadd(keys.RETRY, {raw_payload("c" * 24, created_at=ms, failed_at=ms + 1500): T0})
+    redis.zadd(
+        keys.of(redis).RETRY, {raw_payload("c" * 24, created_at=ms, failed_at=ms + 1500): T0}
+    )
     (entry,) = RetrySet()
     assert (entry.created_at, entry.failed_at) == (T0, T0 + 1.5)
 
@@ -398,15 +400,15 @@ def test_sorted_entries_read_millisecond_timestamps(redis: redis_py.Redis) -> No
 
 
 def test_stats_snapshot(redis: redis_py.Redis) -> None:
-    redis.set(keys.STAT_PROCESSED, 12)
-    redis.set(keys.STAT_FAILED, 3)
-    redis.sadd(keys.PROCESSES, "host:1", "host:2")
+    redis.set(keys.of(redis).STAT_PROCESSED, 12)
+    redis.set(keys.of(redis).STAT_FAILED, 3)
+    redis.sadd(keys.of(redis).PROCESSES, "host:1", "host:2")
     for i in range(3):
         echo.perform_async(i)
     mail.perform_async(1)
     echo.perform_in(60, 1)
-    redis.zadd(keys.RETRY, {raw_payload("1" * 24): T0})
-    redis.zadd(keys.DEAD, {raw_payload("2" * 24): T0, raw_payload("3" * 24): T0})
+    redis.zadd(keys.of(redis).RETRY, {raw_payload("1" * 24): T0})
+    redis.zadd(keys.of(redis).DEAD, {raw_payload("2" * 24): T0, raw_payload("3" * 24): T0})
     stats = Stats()
     assert (stats.processed, stats.failed, stats.processes_size) == (12, 3, 2)
     assert stats.queues == {"default": 3, "mail": 1}

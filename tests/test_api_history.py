@@ -42,7 +42,7 @@ def test_minute_counters_expire_after_two_hours(redis: redis_py.Redis) -> None:
     with freeze_time(T0):
         flush(redis, 1, 1)
     minute = int(T0.timestamp() // 60)
-    for stat in (keys.STAT_PROCESSED, keys.STAT_FAILED):
+    for stat in (keys.of(redis).STAT_PROCESSED, keys.of(redis).STAT_FAILED):
         assert 0 < redis.ttl(keys.minute_stat(stat, minute)) <= keys.MINUTE_STAT_TTL
 
 
@@ -53,4 +53,4 @@ def test_the_last_days_from_the_per_day_keys(redis: redis_py.Redis) -> None:
         flush(redis, 2, 0)
         history = daily_history(redis, days=3)
     assert history == [("2026-11-22", 0, 0), ("2026-11-23", 4, 1), ("2026-11-24", 2, 0)]
-    assert int(redis.get(keys.STAT_PROCESSED)) == 6
+    assert int(redis.get(keys.of(redis).STAT_PROCESSED)) == 6

@@ -79,12 +79,12 @@ def test_limit_get_set_and_clear(redis: redis_py.Redis) -> None:
     assert (queue.limit, queue.process_limit) == (None, None)
     queue.limit = 3
     assert (queue.limit, queue.process_limit) == (3, None)
-    assert redis.hget(keys.LIMITS, "mail") == b"3"
+    assert redis.hget(keys.of(redis).LIMITS, "mail") == b"3"
     queue.limit = 0
     assert queue.limit == 0
     queue.limit = None
     assert queue.limit is None
-    assert redis.hget(keys.LIMITS, "mail") == b"none"
+    assert redis.hget(keys.of(redis).LIMITS, "mail") == b"none"
     queue.limit = 4
     queue.clear_limit()
     assert queue.limit is None
@@ -103,7 +103,7 @@ def test_cleared_limit_stays_cleared_until_reset(redis: redis_py.Redis) -> None:
     assert queue.limit == 2
     queue.reset_limit()
     assert queue.limit is None
-    assert not redis.hexists(keys.LIMITS, "mail")
+    assert not redis.hexists(keys.of(redis).LIMITS, "mail")
     settings.apply_defaults(redis)
     assert queue.limit == 5
 
@@ -115,7 +115,7 @@ def test_process_limit_is_kept_apart_from_the_global_limit(redis: redis_py.Redis
     assert (queue.limit, queue.process_limit) == (10, 2)
     queue.process_limit = 1
     assert (queue.limit, queue.process_limit) == (10, 1)
-    assert redis.hget(keys.PROCESS_LIMITS, "mail") == b"1"
+    assert redis.hget(keys.of(redis).PROCESS_LIMITS, "mail") == b"1"
     queue.process_limit = None
     settings.apply_defaults(redis)
     assert (queue.limit, queue.process_limit) == (10, None)
@@ -148,7 +148,7 @@ def test_pause_and_resume_keep_the_limit(redis: redis_py.Redis) -> None:
     assert queue.paused is False
     queue.pause()
     assert queue.paused is True
-    assert redis.smembers(keys.PAUSED) == {b"mail"}
+    assert redis.smembers(keys.of(redis).PAUSED) == {b"mail"}
     assert Queue("default").paused is False
     assert queue.limit == 4
     queue.resume()
@@ -173,11 +173,11 @@ def test_resume_and_limit_changes_wake_fetchers(redis: redis_py.Redis, wake: Pub
 
 
 def test_busy_counts_globally_and_per_capsule(redis: redis_py.Redis) -> None:
-    redis.hset(keys.BUSY, mapping={"mail": 3, "default": 0})
-    redis.sadd(keys.CAPSULES, "c1", "c2", "c3")
-    redis.rpush(keys.in_progress("c1", "mail"), "job-a", "job-b")
-    redis.rpush(keys.in_progress("c2", "mail"), "job-c")
-    redis.rpush(keys.in_progress("c3", "reports"), "job-d")
+    redis.hset(keys.of(redis).BUSY, mapping={"mail": 3, "default": 0})
+    redis.sadd(keys.of(redis).CAPSULES, "c1", "c2", "c3")
+    redis.rpush(keys.of(redis).in_progress("c1", "mail"), "job-a", "job-b")
+    redis.rpush(keys.of(redis).in_progress("c2", "mail"), "job-c")
+    redis.rpush(keys.of(redis).in_progress("c3", "reports"), "job-d")
     assert Queue("mail").busy() == 3
     assert Queue("mail").busy_by_capsule() == {"c1": 2, "c2": 1}
     assert (Queue("default").busy(), Queue("default").busy_by_capsule()) == (0, {})
@@ -189,12 +189,12 @@ def test_busy_counts_globally_and_per_capsule(redis: redis_py.Redis) -> None:
 
 def test_capsules_show_heartbeats_and_jobs_in_progress(redis: redis_py.Redis) -> None:
     assert list(Capsules()) == []
-    redis.sadd(keys.CAPSULES, "live", "gone")
-    redis.set(keys.capsule_heartbeat("live"), "1", ex=60)
-    redis.sadd(keys.capsule_queues("live"), "mail", "default")
-    redis.rpush(keys.in_progress("live", "mail"), "job-a", "job-b")
-    redis.sadd(keys.capsule_queues("gone"), "mail")
-    redis.rpush(keys.in_progress("gone", "mail"), "job-c")
+    redis.sadd(keys.of(redis).CAPSULES, "live", "gone")
+    redis.set(keys.of(redis).capsule_heartbeat("live"), "1", ex=60)
+    redis.sadd(keys.of(redis).capsule_queues("live"), "mail", "default")
+    redis.rpush(keys.of(redis).in_progress("live", "mail"), "job-a", "job-b")
+    redis.sadd(keys.of(redis).capsule_queues("gone"), "mail")
+    redis.rpush(keys.of(redis).in_progress("gone", "mail"), "job-c")
     gone, live = Capsules(redis)
     assert gone == Capsule("gone", alive=False, ttl=None, in_progress={"mail": 1})
     assert (live.id, live.alive, live.in_progress) == ("live", True, {"default": 0, "mail": 2})
@@ -205,8 +205,8 @@ def test_capsules_show_heartbeats_and_jobs_in_progress(redis: redis_py.Redis) ->
 def test_capsules_refresh_and_a_heartbeat_without_expiry(redis: redis_py.Redis) -> None:
     capsules = Capsules()
     assert len(capsules) == 0
-    redis.sadd(keys.CAPSULES, "pinned")
-    redis.set(keys.capsule_heartbeat("pinned"), "1")
+    redis.sadd(keys.of(redis).CAPSULES, "pinned")
+    redis.set(keys.of(redis).capsule_heartbeat("pinned"), "1")
     capsules.refresh()
     assert list(capsules) == [Capsule("pinned", alive=True, ttl=None, in_progress={})]
 
@@ -215,10 +215,10 @@ def test_capsules_are_read_in_a_fixed_number_of_round_trips(
     redis: redis_py.Redis, round_trips: Callable[[], int]
 ) -> None:
     for i in range(20):
-        redis.sadd(keys.CAPSULES, f"c{i}")
-        redis.set(keys.capsule_heartbeat(f"c{i}"), "1", ex=60)
-        redis.sadd(keys.capsule_queues(f"c{i}"), "mail", "default")
-        redis.rpush(keys.in_progress(f"c{i}", "mail"), "job")
+        redis.sadd(keys.of(redis).CAPSULES, f"c{i}")
+        redis.set(keys.of(redis).capsule_heartbeat(f"c{i}"), "1", ex=60)
+        redis.sadd(keys.of(redis).capsule_queues(f"c{i}"), "mail", "default")
+        redis.rpush(keys.of(redis).in_progress(f"c{i}", "mail"), "job")
     before = round_trips()
     capsules = Capsules(redis)
     assert round_trips() - before == 3
@@ -229,12 +229,14 @@ def test_capsules_are_read_in_a_fixed_number_of_round_trips(
 
 
 def test_queue_overview(redis: redis_py.Redis) -> None:
-    redis.sadd(keys.QUEUES, "default")
-    redis.lpush(keys.queue("default"), payload("a" * 24, T0 - 10), payload("b" * 24, T0 - 5))
+    redis.sadd(keys.of(redis).QUEUES, "default")
+    redis.lpush(
+        keys.of(redis).queue("default"), payload("a" * 24, T0 - 10), payload("b" * 24, T0 - 5)
+    )
     mail = Queue("mail")  # limited, busy and paused, nothing waiting
     mail.limit, mail.process_limit = 5, 2
     mail.pause()
-    redis.hset(keys.BUSY, mapping={"mail": 3, "finished": 0})
+    redis.hset(keys.of(redis).BUSY, mapping={"mail": 3, "finished": 0})
     Queue("cleared").clear_limit()
     with freeze_time(START):
         rows = queue_overview()
@@ -263,9 +265,9 @@ def test_queue_overview_round_trips_do_not_grow_with_queues(
     redis: redis_py.Redis, round_trips: Callable[[], int]
 ) -> None:
     for i in range(30):
-        redis.sadd(keys.QUEUES, f"q{i}")
-        redis.lpush(keys.queue(f"q{i}"), payload(f"{i:024d}", T0))
-        redis.hset(keys.LIMITS, f"q{i}", i)
+        redis.sadd(keys.of(redis).QUEUES, f"q{i}")
+        redis.lpush(keys.of(redis).queue(f"q{i}"), payload(f"{i:024d}", T0))
+        redis.hset(keys.of(redis).LIMITS, f"q{i}", i)
     before = round_trips()
     rows = queue_overview(redis)
     assert round_trips() - before == 3

@@ -30,7 +30,7 @@ def calls(redis: redis_py.Redis, command: str) -> int:
 
 @pytest.mark.standalone_only("counts one server's commands")
 def test_page_by_offset_newest_or_oldest_first_in_one_call(redis: redis_py.Redis) -> None:
-    fill(redis, keys.DEAD, 60)
+    fill(redis, keys.of(redis).DEAD, 60)
     dead = DeadSet(redis)
     before = calls(redis, "zrevrange")
     page = dead.page(25, 25)
@@ -46,7 +46,7 @@ def test_page_by_offset_newest_or_oldest_first_in_one_call(redis: redis_py.Redis
 
 def test_filtered_page_by_name_and_text_in_the_set_order(redis: redis_py.Redis) -> None:
     redis.zadd(
-        keys.RETRY,
+        keys.of(redis).RETRY,
         {
             member("a" * 24, "app.SendMail", args=["ann@example.com"]): T0 + 1,
             member("b" * 24, "app.SendMail", args=["bob@example.com"]): T0 + 3,
@@ -69,7 +69,7 @@ def test_filtered_page_by_name_and_text_in_the_set_order(redis: redis_py.Redis) 
 
 def test_filter_text_is_literal_not_a_glob(redis: redis_py.Redis) -> None:
     redis.zadd(
-        keys.DEAD,
+        keys.of(redis).DEAD,
         {member("a" * 24, args=["x*y[1]"]): T0, member("b" * 24, args=["xzy1"]): T0 + 1},
     )
     found = DeadSet(redis).filtered_page(EntryFilter(text="x*y[1]"), 0, 25)
@@ -78,7 +78,7 @@ def test_filter_text_is_literal_not_a_glob(redis: redis_py.Redis) -> None:
 
 @pytest.mark.standalone_only("counts one server's commands")
 def test_filtered_page_stops_at_its_bound_and_says_so(redis: redis_py.Redis) -> None:
-    fill(redis, keys.DEAD, 5 * SCAN_COUNT)
+    fill(redis, keys.of(redis).DEAD, 5 * SCAN_COUNT)
     dead = DeadSet(redis)
     before = calls(redis, "zscan")
     bounded = dead.filtered_page(EntryFilter(name="Echo"), 0, 25, scan_limit=SCAN_COUNT)
@@ -95,7 +95,7 @@ def test_filtered_page_stops_at_its_bound_and_says_so(redis: redis_py.Redis) -> 
 def test_find_job_with_a_score_tells_duplicate_jids_apart(redis: redis_py.Redis) -> None:
     jid = "d" * 24
     redis.zadd(
-        keys.SCHEDULE,
+        keys.of(redis).SCHEDULE,
         {member(jid, args=[1]): T0 + 10, member(jid, args=[2]): T0 + 20, b"{bad": T0 + 10},
     )
     scheduled = ScheduledSet(redis)
@@ -112,8 +112,10 @@ def test_find_job_with_a_score_tells_duplicate_jids_apart(redis: redis_py.Redis)
 
 
 def test_retry_and_kill_only_the_matching_entries(redis: redis_py.Redis) -> None:
-    fill(redis, keys.RETRY, 3, klass="pages.Mail", queue="mail")
-    redis.zadd(keys.RETRY, {member(f"{i:024x}", "pages.Sms"): T0 + i for i in range(10, 12)})
+    fill(redis, keys.of(redis).RETRY, 3, klass="pages.Mail", queue="mail")
+    redis.zadd(
+        keys.of(redis).RETRY, {member(f"{i:024x}", "pages.Sms"): T0 + i for i in range(10, 12)}
+    )
     retries = RetrySet(redis)
     assert retries.retry_all(retries.matching(EntryFilter(name="Mail"))) == 3
     assert (Queue("mail", redis).size(), retries.size()) == (3, 2)

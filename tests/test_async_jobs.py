@@ -230,16 +230,16 @@ def capsules(redis: redis_py.Redis) -> Iterator[Capsules]:
 
 
 def in_progress(redis: redis_py.Redis) -> int:
-    return sum(int(redis.llen(k)) for k in redis.scan_iter(keys.in_progress("*", "*")))
+    return sum(int(redis.llen(k)) for k in redis.scan_iter(keys.of(redis).in_progress("*", "*")))
 
 
 def queued_or_held(redis: redis_py.Redis) -> int:
     """Jobs of "default" waiting or held by a capsule, read at one instant (a MULTI: the
     queue and the in-progress lists share its slot in both layouts), so a job fetched
     between two reads is not counted twice."""
-    held = list(redis.scan_iter(keys.in_progress("*", "default")))
+    held = list(redis.scan_iter(keys.of(redis).in_progress("*", "default")))
     pipe = redis.pipeline(transaction=True)
-    pipe.llen(keys.queue("default"))
+    pipe.llen(keys.of(redis).queue("default"))
     for key in held:
         pipe.llen(key)
     return sum(int(n) for n in pipe.execute())
@@ -247,7 +247,7 @@ def queued_or_held(redis: redis_py.Redis) -> int:
 
 def settled(redis: redis_py.Redis) -> Callable[[], bool]:
     """True once no job is queued or held by any capsule (every job acknowledged)."""
-    return lambda: redis.llen(keys.queue("default")) == 0 and in_progress(redis) == 0
+    return lambda: redis.llen(keys.of(redis).queue("default")) == 0 and in_progress(redis) == 0
 
 
 def messages(caplog: pytest.LogCaptureFixture, containing: str) -> list[str]:
@@ -278,7 +278,7 @@ def test_the_basic_fetch_runs_async_jobs_too(capsules: Capsules, redis) -> None:
     assert sorted(meter.seen) == sorted(
         [("async", n) for n in range(5)] + [("sync", n) for n in range(5)]
     )
-    assert redis.llen(keys.queue("default")) == 0
+    assert redis.llen(keys.of(redis).queue("default")) == 0
 
 
 def test_fifty_async_jobs_in_flight_on_two_threads_and_never_more(
@@ -304,7 +304,7 @@ def test_fifty_async_jobs_in_flight_on_two_threads_and_never_more(
 def retry_entries(redis: redis_py.Redis) -> dict[str, tuple[dict[str, Any], float]]:
     return {
         json.loads(raw)["class"]: (json.loads(raw), score)
-        for raw, score in redis.zrange(keys.RETRY, 0, -1, withscores=True)
+        for raw, score in redis.zrange(keys.of(redis).RETRY, 0, -1, withscores=True)
     }
 
 
@@ -312,7 +312,7 @@ def test_an_async_failure_is_retried_as_a_sync_one(capsules: Capsules, redis) ->
     capsules.start()
     async_fails.perform_async(1)
     sync_fails.perform_async(1)
-    wait_for(lambda: redis.zcard(keys.RETRY) == 2, message="both jobs in the retry set")
+    wait_for(lambda: redis.zcard(keys.of(redis).RETRY) == 2, message="both jobs in the retry set")
     entries = retry_entries(redis)
     (failed_async, at_async) = entries["async_test.AsyncFails"]
     (failed_sync, at_sync) = entries["async_test.SyncFails"]
@@ -330,15 +330,15 @@ def test_an_async_failure_is_retried_as_a_sync_one(capsules: Capsules, redis) ->
 def test_an_async_job_out_of_retries_is_dead(capsules: Capsules, redis) -> None:
     capsules.start()
     jid = doomed.perform_async(3)
-    wait_for(lambda: redis.zcard(keys.DEAD) == 1, message="the job in the dead set")
-    [raw] = redis.zrange(keys.DEAD, 0, -1)
+    wait_for(lambda: redis.zcard(keys.of(redis).DEAD) == 1, message="the job in the dead set")
+    [raw] = redis.zrange(keys.of(redis).DEAD, 0, -1)
     dead = json.loads(raw)
     assert (dead["jid"], dead["error_class"], dead["error_message"]) == (
         jid,
         "ValueError",
         "never works 3",
     )
-    assert redis.zcard(keys.RETRY) == 0
+    assert redis.zcard(keys.of(redis).RETRY) == 0
     wait_for(settled(redis), message="acknowledged")
 
 
@@ -371,7 +371,7 @@ def test_current_payload_is_each_async_jobs_own_while_interleaved(
 
 
 def lock_of(redis: redis_py.Redis, job: str, args: list[Any]) -> bytes | None:
-    return redis.get(keys.unique_lock(job, "default", unique.args_digest(args)))
+    return redis.get(keys.of(redis).unique_lock(job, "default", unique.args_digest(args)))
 
 
 def test_unique_until_executed_frees_the_lock_after_the_async_job_ran(
@@ -406,7 +406,9 @@ def test_unique_until_executing_frees_the_lock_when_the_async_job_starts(
 
 
 def callback_events(redis: redis_py.Redis) -> list[str]:
-    bodies = [json.loads(raw) for raw in reversed(redis.lrange(keys.queue("callbacks"), 0, -1))]
+    bodies = [
+        json.loads(raw) for raw in reversed(redis.lrange(keys.of(redis).queue("callbacks"), 0, -1))
+    ]
     return [body["args"][0]["event"] for body in bodies]
 
 
@@ -422,7 +424,7 @@ def test_a_batch_of_async_jobs_fires_its_success_once(capsules: Capsules, redis)
     wait_for(settled(redis), message="every job acknowledged")
     # In cluster mode the callbacks wait in the hand-off set until the acknowledging
     # capsule pushes them, just after the batch records its success.
-    wait_for(lambda: redis.zcard(keys.MOVING) == 0, message="the callbacks pushed")
+    wait_for(lambda: redis.zcard(keys.of(redis).MOVING) == 0, message="the callbacks pushed")
     assert sorted(callback_events(redis)) == ["complete", "success"]
     status = limitd.Batch.status(batch.bid)
     assert (status.total, status.pending, status.complete) == (10, 0, True)
@@ -436,12 +438,12 @@ def test_over_limit_out_of_an_async_job_reschedules_it(
 ) -> None:
     capsules.start()
     jid = over_limited.perform_async(1)
-    wait_for(lambda: redis.zcard(keys.SCHEDULE) == 1, message="the job rescheduled")
-    [raw] = redis.zrange(keys.SCHEDULE, 0, -1)
+    wait_for(lambda: redis.zcard(keys.of(redis).SCHEDULE) == 1, message="the job rescheduled")
+    [raw] = redis.zrange(keys.of(redis).SCHEDULE, 0, -1)
     payload = json.loads(raw)
     assert (payload["jid"], payload["overlimit_count"]) == (jid, 1)
     assert "retry_count" not in payload
-    assert redis.zcard(keys.RETRY) == redis.zcard(keys.DEAD) == 0
+    assert redis.zcard(keys.of(redis).RETRY) == redis.zcard(keys.of(redis).DEAD) == 0
     wait_for(lambda: messages(caplog, f"rescheduled jid={jid}"), message="its outcome logged")
     wait_for(settled(redis), message="acknowledged")
 
@@ -454,15 +456,15 @@ def test_a_stop_past_the_timeout_requeues_and_cancels_async_jobs(capsules: Capsu
     forever.perform_bulk([[n] for n in range(5)])
     wait_for(lambda: meter.now == 5, message="five jobs on the loop")
     assert capsules.stop(capsule, timeout=0.5) == 5
-    assert redis.llen(keys.queue("default")) == 5
+    assert redis.llen(keys.of(redis).queue("default")) == 5
     requeued = sorted(
-        json.loads(raw)["args"][0] for raw in redis.lrange(keys.queue("default"), 0, -1)
+        json.loads(raw)["args"][0] for raw in redis.lrange(keys.of(redis).queue("default"), 0, -1)
     )
     assert requeued == [0, 1, 2, 3, 4]
     assert in_progress(redis) == 0
     wait_for(lambda: len(meter.cancelled) == 5, message="every task cancelled")
     assert sorted(meter.cancelled) == [0, 1, 2, 3, 4] and meter.done == []
-    assert redis.zcard(keys.RETRY) == redis.zcard(keys.DEAD) == 0
+    assert redis.zcard(keys.of(redis).RETRY) == redis.zcard(keys.of(redis).DEAD) == 0
     assert capsule.busy() == 0
 
 
@@ -515,7 +517,7 @@ def test_drain_runs_async_and_sync_jobs_in_the_calling_thread(unstarted: Capsule
     sync_job.perform_async(2)
     jid = ClassJob.perform_async(3)
     outcomes = unstarted.drain()
-    assert redis.llen(keys.queue("default")) == 0 and in_progress(redis) == 0
+    assert redis.llen(keys.of(redis).queue("default")) == 0 and in_progress(redis) == 0
     assert sorted(map(repr, meter.seen)) == sorted(
         map(repr, [("async", 1), ("sync", 2), (3, jid, [3], jid)])
     )
@@ -572,8 +574,8 @@ def test_a_middleware_without_acall_wraps_async_jobs(
     assert (before, args, after, args_after) == ("before", [1], "after", [1])
     assert "async-worker" in thread
     quick.perform_async(99)
-    wait_for(lambda: redis.zcard(keys.RETRY) == 1, message="the stopped job retried")
-    [raw] = redis.zrange(keys.RETRY, 0, -1)
+    wait_for(lambda: redis.zcard(keys.of(redis).RETRY) == 1, message="the stopped job retried")
+    [raw] = redis.zrange(keys.of(redis).RETRY, 0, -1)
     assert json.loads(raw)["error_class"] == "PermissionError"
     assert meter.seen == [("async", 1)], "the stopped job did not run"
 
@@ -583,7 +585,7 @@ def test_jobs_waiting_for_a_loop_slot_are_not_counted_as_running(capsules: Capsu
     gated.perform_bulk([[n] for n in range(60)])
     wait_for(lambda: meter.now == 50, message="fifty async jobs at once")
     # Both processors then fetch one more job each and wait for a slot with it.
-    wait_for(lambda: redis.llen(keys.queue("default")) == 8, message="52 fetched")
+    wait_for(lambda: redis.llen(keys.of(redis).queue("default")) == 8, message="52 fetched")
     assert capsule.busy() == 50
 
 

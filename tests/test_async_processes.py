@@ -94,7 +94,11 @@ def processes(
 
 
 def wait_capsules(redis: redis_py.Redis, count: int) -> None:
-    wait_for(lambda: redis.scard(keys.CAPSULES) == count, timeout=20, message=f"{count} capsules")
+    wait_for(
+        lambda: redis.scard(keys.of(redis).CAPSULES) == count,
+        timeout=20,
+        message=f"{count} capsules",
+    )
 
 
 def push(redis: redis_py.Redis, job: str, args: list[list[object]]) -> None:
@@ -148,7 +152,7 @@ def test_sigkill_of_a_child_with_async_jobs_in_flight_loses_none(
     wait_for(lambda: in_progress_total(redis) == 0, message="nothing left in progress")
     wait_capsules(redis, 2)  # the child was restarted, the dead capsule reaped
     assert victim not in children(supervisor.pid)
-    assert redis.llen(keys.queue("q")) == 0
+    assert redis.llen(keys.of(redis).queue("q")) == 0
     supervisor.send_signal(signal.SIGTERM)
     assert supervisor.wait(timeout=15) == 0
 
@@ -162,8 +166,8 @@ def test_term_past_the_timeout_requeues_the_async_jobs(
     wait_for(lambda: redis.scard("a:started") == 6, timeout=15, message="six jobs on loops")
     supervisor.send_signal(signal.SIGTERM)
     assert supervisor.wait(timeout=20) == 0
-    assert redis.llen(keys.queue("q")) == 6, "every job back in its queue"
+    assert redis.llen(keys.of(redis).queue("q")) == 6, "every job back in its queue"
     assert in_progress_total(redis) == 0
-    assert redis.zcard(keys.RETRY) == redis.zcard(keys.DEAD) == 0
+    assert redis.zcard(keys.of(redis).RETRY) == redis.zcard(keys.of(redis).DEAD) == 0
     assert redis.scard("a:cancelled") == 6, "their tasks were cancelled"
-    assert redis.scard(keys.CAPSULES) == 0
+    assert redis.scard(keys.of(redis).CAPSULES) == 0

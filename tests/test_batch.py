@@ -63,7 +63,9 @@ def capsule(redis: redis_py.Redis) -> Iterator[Capsule]:
 
 def fired(redis: redis_py.Redis) -> list[tuple[str, dict, dict]]:
     """Callback jobs enqueued so far, oldest first: (event, status, options)."""
-    bodies = [json.loads(raw) for raw in reversed(redis.lrange(keys.queue("callbacks"), 0, -1))]
+    bodies = [
+        json.loads(raw) for raw in reversed(redis.lrange(keys.of(redis).queue("callbacks"), 0, -1))
+    ]
     return [(body["args"][0]["event"], body["args"][0], body["args"][1]) for body in bodies]
 
 
@@ -107,11 +109,11 @@ def test_jobs_carry_the_batch_id(redis) -> None:
     with batch.jobs():
         work.perform_async(1)
         work.perform_in(30, 2)
-    [raw] = redis.lrange(keys.queue("default"), 0, -1)
-    [scheduled] = redis.zrange(keys.SCHEDULE, 0, -1)
+    [raw] = redis.lrange(keys.of(redis).queue("default"), 0, -1)
+    [scheduled] = redis.zrange(keys.of(redis).SCHEDULE, 0, -1)
     assert json.loads(raw)["bid"] == json.loads(scheduled)["bid"] == batch.bid
     work.perform_async(3)
-    assert "bid" not in json.loads(redis.lindex(keys.queue("default"), 0))
+    assert "bid" not in json.loads(redis.lindex(keys.of(redis).queue("default"), 0))
 
 
 def test_a_job_that_fails_then_succeeds_counts_as_success(capsule: Capsule, redis) -> None:
@@ -184,8 +186,10 @@ def test_a_job_run_twice_is_counted_once(capsule: Capsule, redis) -> None:
     with batch.jobs():
         work.perform_async(1)
         work.perform_async(2)
-    raw = redis.lindex(keys.queue("default"), -1)
-    redis.rpush(keys.queue("default"), raw)  # the first job will run twice (crash recovery)
+    raw = redis.lindex(keys.of(redis).queue("default"), -1)
+    redis.rpush(
+        keys.of(redis).queue("default"), raw
+    )  # the first job will run twice (crash recovery)
     assert capsule.drain() == {"done": 3}
     assert limitd.Batch.status(batch.bid).pending == 0
     assert events(redis) == ["complete", "success"]
@@ -305,7 +309,7 @@ def test_pending_never_goes_below_zero(redis) -> None:
         store.job_settled(redis, batch.bid, jid, "success")
     store.job_settled(redis, batch.bid, "not-in-the-batch", "success")
     assert limitd.Batch.status(batch.bid).pending == 0
-    assert int(redis.hget(keys.batch(batch.bid), "pending")) == 0
+    assert int(redis.hget(keys.of(redis).batch(batch.bid), "pending")) == 0
 
 
 def test_callbacks_must_be_registered_before_jobs_are_added(redis) -> None:
@@ -322,7 +326,7 @@ def test_a_callback_queue_overrides_the_callbacks_own(capsule: Capsule, redis) -
     batch = limitd.Batch(callback_queue="default").on("success", "batch_test.Callback")
     with batch.jobs():
         pass
-    [raw] = redis.lrange(keys.queue("default"), 0, -1)
+    [raw] = redis.lrange(keys.of(redis).queue("default"), 0, -1)
     body = json.loads(raw)
     assert body["class"] == "batch_test.Callback"
     assert body["queue"] == "default"

@@ -44,9 +44,9 @@ def test_list_is_newest_first_and_forgets_expired_batches(redis) -> None:
     old, running, building = make_batches(redis)
     assert [s.bid for s in list_batches(redis)] == [building, running, old]
     assert [s.bid for s in list_batches(redis, limit=2)] == [building, running]
-    redis.delete(*keys.batch_keys(running))  # its data expired
+    redis.delete(*keys.of(redis).batch_keys(running))  # its data expired
     assert [s.bid for s in list_batches(redis)] == [building, old]
-    assert redis.zscore(keys.BATCHES, running) is None
+    assert redis.zscore(keys.of(redis).BATCHES, running) is None
     assert batch_status(redis, running) is None
 
 

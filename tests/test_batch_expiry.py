@@ -22,11 +22,11 @@ AGED = 100  # seconds left on a key, as if the batch had sat still for most of i
 def ttls(redis: redis_py.Redis, bid: str) -> list[int]:
     """Seconds left on the batch's meta, pending, unfinished and failures keys (-2: the
     key does not exist, -1: it would live for ever)."""
-    return [int(redis.ttl(key)) for key in keys.batch_keys(bid)]
+    return [int(redis.ttl(key)) for key in keys.of(redis).batch_keys(bid)]
 
 
 def age(redis: redis_py.Redis, bid: str) -> None:
-    for key in keys.batch_keys(bid):
+    for key in keys.of(redis).batch_keys(bid):
         redis.expire(key, AGED)
 
 
@@ -79,11 +79,11 @@ def test_a_lifetime_is_renewed_once_it_has_run_down_by_an_hour(redis) -> None:
     batch = limitd.Batch(expires_in=DAYS_2)
     with batch.jobs():
         jids = work.perform_bulk([[1], [2], [3]])
-    for key in keys.batch_keys(batch.bid):
+    for key in keys.of(redis).batch_keys(batch.bid):
         redis.expire(key, DAYS_2 - 600)  # ten minutes old
     store.job_settled(redis, batch.bid, jids[0], "success")
     assert DAYS_2 - 605 <= ttls(redis, batch.bid)[0] <= DAYS_2 - 600
-    for key in keys.batch_keys(batch.bid):
+    for key in keys.of(redis).batch_keys(batch.bid):
         redis.expire(key, DAYS_2 - 3_700)  # over an hour old
     store.job_settled(redis, batch.bid, jids[1], "success")
     assert fresh(ttls(redis, batch.bid)[0])

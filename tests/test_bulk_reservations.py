@@ -19,7 +19,9 @@ def sync(account: object) -> None: ...
 
 
 def lock_holder(redis: redis_py.Redis, account: object) -> bytes | None:
-    return redis.get(keys.unique_lock("bulk_test.Sync", "bulk", unique.args_digest([account])))
+    return redis.get(
+        keys.of(redis).unique_lock("bulk_test.Sync", "bulk", unique.args_digest([account]))
+    )
 
 
 def test_a_chunk_whose_arguments_fail_frees_its_locks_and_batch_places(redis) -> None:

@@ -82,7 +82,7 @@ def store(redis: redis_py.Redis, timing: Timing | None = None) -> CapacityStore:
 
 
 def queued_copies(redis: redis_py.Redis) -> int:
-    return int(redis.llen(keys.queue(QUEUE)))
+    return int(redis.llen(keys.of(redis).queue(QUEUE)))
 
 
 def drain(redis: redis_py.Redis) -> None:
@@ -107,7 +107,7 @@ def test_refill_pushes_no_more_copies_than_work_left(
     backlog.rows = [1]
     assert len(Import.perform_with_capacity()) == 1
     backlog.rows = []
-    redis.delete(keys.queue(QUEUE), queued_key(Import.spec.name))
+    redis.delete(keys.of(redis).queue(QUEUE), queued_key(keys.of(redis), Import.spec.name))
     assert Import.perform_with_capacity() == []
     assert queued_copies(redis) == 0
 
@@ -120,8 +120,8 @@ def test_copies_hand_over_until_the_backlog_is_empty(
     drain(redis)
     assert sorted(backlog.done) == list(range(20))
     assert queued_copies(redis) == 0
-    assert redis.zcard(running_key(Import.spec.name)) == 0
-    assert redis.zcard(queued_key(Import.spec.name)) == 0
+    assert redis.zcard(running_key(keys.of(redis), Import.spec.name)) == 0
+    assert redis.zcard(queued_key(keys.of(redis), Import.spec.name)) == 0
 
 
 def test_a_copy_without_a_place_does_no_work_and_pushes_no_successor(
@@ -144,11 +144,13 @@ def test_a_failing_copy_goes_dead_unretried_and_pushes_no_successor(
     Import.fail_on = {7}
     [jid] = Import.perform_with_capacity()
     drain(redis)
-    assert redis.zcard(keys.RETRY) == 0
+    assert redis.zcard(keys.of(redis).RETRY) == 0
     [dead] = limitd.api.DeadSet()
     assert dead.jid == jid and dead.error_class == "RuntimeError"
     assert queued_copies(redis) == 0
-    assert redis.zcard(running_key(Import.spec.name)) == 0  # its place is free again
+    assert (
+        redis.zcard(running_key(keys.of(redis), Import.spec.name)) == 0
+    )  # its place is free again
     assert Import.spec.options["retry"] == 0
 
 
@@ -202,15 +204,15 @@ def test_the_keeper_renews_what_it_holds_until_dropped(redis: redis_py.Redis) ->
     places = store(redis, Timing(lease=0.6, queued_ttl=100))
     keeper = LeaseKeeper()
     assert places.claim("a" * 24, 1)
-    first = redis.zscore(running_key(Import.spec.name), "a" * 24)
+    first = redis.zscore(running_key(keys.of(redis), Import.spec.name), "a" * 24)
     keeper.hold(places, "a" * 24)
     assert keeper.held() == {Import.spec.name: {"a" * 24}}
     deadline = threading.Event()
     for _ in range(100):  # renewed every lease / 3 = 0.2 s
-        if redis.zscore(running_key(Import.spec.name), "a" * 24) != first:
+        if redis.zscore(running_key(keys.of(redis), Import.spec.name), "a" * 24) != first:
             break
         deadline.wait(0.05)
-    assert redis.zscore(running_key(Import.spec.name), "a" * 24) > first
+    assert redis.zscore(running_key(keys.of(redis), Import.spec.name), "a" * 24) > first
     keeper.drop(places, "a" * 24)
     assert keeper.held() == {}
 
@@ -223,7 +225,7 @@ def test_a_halted_push_gives_its_place_back(redis: redis_py.Redis, backlog: Back
     backlog.rows = list(range(5))
     limitd.default_client().middleware.add(Halt())
     assert Import.perform_with_capacity() == []
-    assert redis.zcard(queued_key(Import.spec.name)) == 0
+    assert redis.zcard(queued_key(keys.of(redis), Import.spec.name)) == 0
 
 
 def test_the_state_the_gauges_read(redis: redis_py.Redis, backlog: Backlog) -> None:

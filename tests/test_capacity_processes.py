@@ -147,7 +147,9 @@ def test_three_copies_drain_a_table_through_a_kill_and_a_failure(
     supervisor = processes.start("capacity.yml")
     most_queued, gauge_full = 0, False
     try:
-        wait_for(lambda: redis.scard(keys.CAPSULES) == 2, timeout=30, message="two capsules")
+        wait_for(
+            lambda: redis.scard(keys.of(redis).CAPSULES) == 2, timeout=30, message="two capsules"
+        )
         deadline = time.monotonic() + 90
         while unprocessed(url, table) > 0:
             assert time.monotonic() < deadline, "the backlog was not drained in 90 s"
@@ -178,7 +180,7 @@ def test_three_copies_drain_a_table_through_a_kill_and_a_failure(
         [dead] = limitd.api.DeadSet()
         assert dead.jid == redis.get("capacity_test:failed").decode()
         assert dead.error_class == "RuntimeError" and dead.retry_count == 0  # failed once
-        assert redis.zcard(keys.RETRY) == 0, "a failed copy is not retried"
+        assert redis.zcard(keys.of(redis).RETRY) == 0, "a failed copy is not retried"
         assert gauges(redis)["remaining_work_count"] == 0
     finally:
         supervisor.send_signal(signal.SIGTERM)

@@ -91,7 +91,7 @@ def test_graceful_stop_waits_for_running_jobs(redis: redis_py.Redis) -> None:
     threading.Timer(0.2, gate.set).start()
     assert capsule.stop(timeout=10) == 0
     assert running["done"] == 1
-    assert redis.llen(keys.queue("default")) == 0
+    assert redis.llen(keys.of(redis).queue("default")) == 0
 
 
 def test_hard_stop_requeues_unfinished_jobs(redis: redis_py.Redis) -> None:
@@ -100,9 +100,9 @@ def test_hard_stop_requeues_unfinished_jobs(redis: redis_py.Redis) -> None:
     slow.perform_async("a")
     wait_for(lambda: attempts == ["a"], message="slow job started")
     assert capsule.stop(timeout=0.2) == 1
-    [job] = redis.lrange(keys.queue("default"), 0, -1)
+    [job] = redis.lrange(keys.of(redis).queue("default"), 0, -1)
     assert json.loads(job)["args"] == ["a"]
-    assert redis.zcard(keys.RETRY) == 0, "an abandoned job must not also be retried"
+    assert redis.zcard(keys.of(redis).RETRY) == 0, "an abandoned job must not also be retried"
     assert capsule.busy() == 0
 
 
@@ -113,7 +113,7 @@ def test_quiet_takes_no_new_jobs(started: Capsule, redis: redis_py.Redis) -> Non
     gate.set()
     wait_for(lambda: started.processor_count() == 0, message="processors to finish")
     counted.perform_async()
-    assert redis.llen(keys.queue("default")) == 1
+    assert redis.llen(keys.of(redis).queue("default")) == 1
     assert running["done"] == 1
     assert started.record.quiet
 

@@ -87,7 +87,7 @@ def park(redis: redis_py.Redis, key: str, score: float, *args: object, **fields:
     """Push a real job with the client, take it back off its queue, and put it in a
     sorted set with extra fields (an error, a retry count), as a failure would."""
     jid = str(echo.perform_async(*args))
-    payload = json.loads(redis.rpop(keys.queue("default")))  # type: ignore[arg-type]
+    payload = json.loads(redis.rpop(keys.of(redis).queue("default")))  # type: ignore[arg-type]
     redis.zadd(key, {dumps({**payload, **fields}): score})
     return jid
 
@@ -131,13 +131,13 @@ def beat(redis: redis_py.Redis, identity: str, busy: int = 1, **info: object) ->
 
 def test_status_lists_processes_and_totals(cli: Cli, redis: redis_py.Redis) -> None:
     beat(redis, "host-a:4242:abc", busy=2)
-    redis.sadd(keys.PROCESSES, "host-gone:1:dead")  # no hash: expired, not shown
-    redis.set(keys.STAT_PROCESSED, 120)
-    redis.set(keys.STAT_FAILED, 7)
+    redis.sadd(keys.of(redis).PROCESSES, "host-gone:1:dead")  # no hash: expired, not shown
+    redis.set(keys.of(redis).STAT_PROCESSED, 120)
+    redis.set(keys.of(redis).STAT_FAILED, 7)
     echo.perform_async(1)
     mail.perform_async(2)
-    failed(redis, keys.RETRY, time.time() + HOUR)
-    failed(redis, keys.DEAD, time.time())
+    failed(redis, keys.of(redis).RETRY, time.time() + HOUR)
+    failed(redis, keys.of(redis).DEAD, time.time())
     result = cli("status")
     assert result.code == 0, result.err
     lines = result.out.splitlines()
@@ -189,7 +189,7 @@ def test_processes_snapshot_reads_records_of_other_implementations(
 ) -> None:
     """A Sidekiq (Ruby) record has no capsule fields and may carry odd values: it is
     listed anyway, with None where limitd's fields are missing."""
-    redis.sadd(keys.PROCESSES, "ruby:1:x")
+    redis.sadd(keys.of(redis).PROCESSES, "ruby:1:x")
     redis.hset(
         "ruby:1:x",
         mapping={"info": '{"hostname": "ruby", "pid": 1}', "busy": "0", "beat": "x"},
@@ -208,14 +208,14 @@ def two_queues(redis: redis_py.Redis) -> None:
     """``default``: one job queued 30 s ago. ``mail``: two jobs, limits 3 and 1,
     paused, two running."""
     old = {"class": "cli_admin_test.Echo", "args": [], "jid": "j1", "queue": "default"}
-    redis.lpush(keys.queue("default"), dumps({**old, "enqueued_at": time.time() - 30}))
-    redis.sadd(keys.QUEUES, "default")
+    redis.lpush(keys.of(redis).queue("default"), dumps({**old, "enqueued_at": time.time() - 30}))
+    redis.sadd(keys.of(redis).QUEUES, "default")
     mail.perform_async("a")
     mail.perform_async("b")
     Queue("mail", redis).limit = 3
     Queue("mail", redis).process_limit = 1
     Queue("mail", redis).pause()
-    redis.hset(keys.BUSY, "mail", 2)
+    redis.hset(keys.of(redis).BUSY, "mail", 2)
 
 
 @pytest.mark.usefixtures("two_queues")
@@ -273,13 +273,13 @@ def test_limit_set_clear_reset(cli: Cli, redis: redis_py.Redis) -> None:
 
     assert cli("limit", "clear", "webhooks").code == 0
     assert queue.limit is None
-    assert redis.hget(keys.LIMITS, "webhooks") == b"none"  # kept unlimited over config
+    assert redis.hget(keys.of(redis).LIMITS, "webhooks") == b"none"  # kept unlimited over config
     assert queue.process_limit == 2
 
     assert cli("limit", "reset", "webhooks", "--process").code == 0
-    assert redis.hget(keys.PROCESS_LIMITS, "webhooks") is None
+    assert redis.hget(keys.of(redis).PROCESS_LIMITS, "webhooks") is None
     assert cli("limit", "reset", "webhooks").code == 0
-    assert redis.hget(keys.LIMITS, "webhooks") is None
+    assert redis.hget(keys.of(redis).LIMITS, "webhooks") is None
 
 
 def test_limit_zero_is_allowed(cli: Cli, redis: redis_py.Redis) -> None:
@@ -349,8 +349,8 @@ def test_unreachable_redis_exits_69(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_retries_list_newest_first_with_errors(cli: Cli, redis: redis_py.Redis) -> None:
     now = time.time()
-    first = failed(redis, keys.RETRY, now + HOUR, "soon")
-    last = failed(redis, keys.RETRY, now + 3 * HOUR, "x" * 100)
+    first = failed(redis, keys.of(redis).RETRY, now + HOUR, "soon")
+    last = failed(redis, keys.of(redis).RETRY, now + 3 * HOUR, "x" * 100)
     result = cli("retries", "list")
     assert result.code == 0, result.err
     header, newest, oldest = result.out.splitlines()
@@ -364,7 +364,7 @@ def test_retries_list_newest_first_with_errors(cli: Cli, redis: redis_py.Redis) 
 
 def test_list_limit_says_how_many_are_left(cli: Cli, redis: redis_py.Redis) -> None:
     now = time.time()
-    jids = [failed(redis, keys.DEAD, now - i, i) for i in range(3)]
+    jids = [failed(redis, keys.of(redis).DEAD, now - i, i) for i in range(3)]
     result = cli("dead", "list", "--limit", "2")
     lines = result.out.splitlines()
     assert [line.split()[0] for line in lines[1:3]] == jids[:2]
@@ -373,7 +373,7 @@ def test_list_limit_says_how_many_are_left(cli: Cli, redis: redis_py.Redis) -> N
 
 def test_list_json(cli: Cli, redis: redis_py.Redis) -> None:
     at = 1_800_000_000.0
-    jid = failed(redis, keys.DEAD, at, 1, {"k": "v"})
+    jid = failed(redis, keys.of(redis).DEAD, at, 1, {"k": "v"})
     rows = cli("dead", "list", "--json").json()
     assert rows == [
         {
@@ -402,7 +402,7 @@ def test_scheduled_list_has_no_error_columns(cli: Cli, redis: redis_py.Redis) ->
 
 
 def test_malformed_entries_are_listed(cli: Cli, redis: redis_py.Redis) -> None:
-    redis.zadd(keys.DEAD, {b"not json": time.time()})
+    redis.zadd(keys.of(redis).DEAD, {b"not json": time.time()})
     result = cli("dead", "list")
     assert "(malformed)" in result.out
     (row,) = cli("dead", "list", "--json").json()  # type: ignore[misc]
@@ -418,8 +418,8 @@ def test_empty_set(cli: Cli) -> None:
 
 
 def test_retry_by_jid_enqueues_it(cli: Cli, redis: redis_py.Redis) -> None:
-    jid = failed(redis, keys.RETRY, time.time() + HOUR, "again")
-    other = failed(redis, keys.RETRY, time.time() + HOUR, "stays")
+    jid = failed(redis, keys.of(redis).RETRY, time.time() + HOUR, "again")
+    other = failed(redis, keys.of(redis).RETRY, time.time() + HOUR, "stays")
     result = cli("retries", "retry", jid)
     assert (result.code, result.out) == (0, "retried 1 job from the retry set\n")
     assert RetrySet(redis).find_job(jid) is None
@@ -429,7 +429,7 @@ def test_retry_by_jid_enqueues_it(cli: Cli, redis: redis_py.Redis) -> None:
 
 
 def test_delete_by_jid(cli: Cli, redis: redis_py.Redis) -> None:
-    jids = [failed(redis, keys.DEAD, time.time(), i) for i in range(3)]
+    jids = [failed(redis, keys.of(redis).DEAD, time.time(), i) for i in range(3)]
     result = cli("dead", "delete", jids[0], jids[2])
     assert (result.code, result.err) == (0, "")
     assert [entry.jid for entry in DeadSet(redis)] == [jids[1]]
@@ -437,7 +437,7 @@ def test_delete_by_jid(cli: Cli, redis: redis_py.Redis) -> None:
 
 
 def test_unknown_jid_exits_1_and_the_others_are_processed(cli: Cli, redis: redis_py.Redis) -> None:
-    jid = failed(redis, keys.RETRY, time.time() + HOUR)
+    jid = failed(redis, keys.of(redis).RETRY, time.time() + HOUR)
     result = cli("retries", "delete", "nope-123", jid)
     assert result.code == 1
     assert result.err == "limitd retries delete: no job with jid nope-123 in the retry set\n"
@@ -447,7 +447,7 @@ def test_unknown_jid_exits_1_and_the_others_are_processed(cli: Cli, redis: redis
 
 def test_retry_all_and_delete_all(cli: Cli, redis: redis_py.Redis) -> None:
     for i in range(3):
-        failed(redis, keys.DEAD, time.time(), i)
+        failed(redis, keys.of(redis).DEAD, time.time(), i)
     echo.perform_in(HOUR, "a")
     echo.perform_in(2 * HOUR, "b")
     assert cli("dead", "retry", "--all").out == "retried 3 jobs from the dead set\n"
@@ -458,8 +458,8 @@ def test_retry_all_and_delete_all(cli: Cli, redis: redis_py.Redis) -> None:
 
 
 def test_retry_all_reports_malformed_entries_left(cli: Cli, redis: redis_py.Redis) -> None:
-    failed(redis, keys.RETRY, time.time())
-    redis.zadd(keys.RETRY, {b"not json": time.time()})
+    failed(redis, keys.of(redis).RETRY, time.time())
+    redis.zadd(keys.of(redis).RETRY, {b"not json": time.time()})
     result = cli("retries", "retry", "--all")
     assert (result.code, result.out) == (0, "retried 1 job from the retry set\n")
     assert "1 malformed entries stay in the retry set" in result.err

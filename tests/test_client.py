@@ -43,7 +43,7 @@ class Record:
         self.log.append(f"{self.name}>")
         result = call_next(payload)
         # Runs after the push: the job is already in Redis.
-        self.log.append(f"<{self.name}:{redis.llen(keys.queue(payload['queue']))}")
+        self.log.append(f"<{self.name}:{redis.llen(keys.of(redis).queue(payload['queue']))}")
         return result
 
 
@@ -59,9 +59,9 @@ def test_middleware_can_change_the_queue(client: limitd.Client, redis: redis_py.
     client.middleware.add(Reroute())
     ping.perform_async(1)
     ping.perform_async(2)
-    assert json.loads(redis.lindex(keys.queue("odd"), 0))["queue"] == "odd"
-    assert redis.llen(keys.queue("default")) == 1
-    assert redis.smembers(keys.QUEUES) == {b"odd", b"default"}
+    assert json.loads(redis.lindex(keys.of(redis).queue("odd"), 0))["queue"] == "odd"
+    assert redis.llen(keys.of(redis).queue("default")) == 1
+    assert redis.smembers(keys.of(redis).QUEUES) == {b"odd", b"default"}
 
 
 def test_halted_push_returns_none_and_writes_nothing(
@@ -97,7 +97,7 @@ def test_a_push_gate_takes_the_whole_push_and_runs_it_later(
     assert (redis.dbsize(), log) == (0, []), "the middleware run when the push does"
     for push in taken:
         push.run()
-    assert redis.llen(keys.queue("default")) == 3 and log[0] == "m>"
+    assert redis.llen(keys.of(redis).queue("default")) == 3 and log[0] == "m>"
     assert ping.perform_async(4) is not None and len(taken) == 2, "the gate is gone"
 
 
@@ -133,8 +133,8 @@ def test_bulk_runs_middleware_per_job(client: limitd.Client, redis: redis_py.Red
     jids = ping.perform_bulk([[1], [2], [-3], [4], [5]], batch_size=2)
     assert jids[2] is None
     assert all(jids[i] for i in (0, 1, 3, 4))
-    assert redis.llen(keys.queue("odd")) == 2
-    assert redis.llen(keys.queue("default")) == 2
+    assert redis.llen(keys.of(redis).queue("odd")) == 2
+    assert redis.llen(keys.of(redis).queue("default")) == 2
 
 
 def test_strict_args_modes(redis: redis_py.Redis) -> None:
@@ -145,7 +145,7 @@ def test_strict_args_modes(redis: redis_py.Redis) -> None:
             {"class": "client_test.Ping", "args": [(1, 2)]}
         )
     limitd.Client(redis, strict_args="off").push({"class": "client_test.Ping", "args": [(1, 2)]})
-    assert redis.llen(keys.queue("default")) == 2
+    assert redis.llen(keys.of(redis).queue("default")) == 2
     with pytest.raises(ValueError, match="strict_args"):
         limitd.Client(redis, strict_args="loud")
 

@@ -19,8 +19,9 @@ from redis.cluster import key_slot
 import limitd
 from limitd import Limiter, keys
 from limitd.config import ConfigError, load_config
-from limitd.connection import LuaScript, cluster, connect
+from limitd.connection import LuaScript, async_twin, cluster, connect, pipeline
 from limitd.connection.embedded import RedisServer
+from limitd.connection.wire import OwnConnection, own_connection
 from limitd.fetch.factory import limit_fetch
 from limitd.queues import limits as queue_limits
 from limitd.queues.order import QueueOrder
@@ -84,19 +85,21 @@ def test_the_url_and_the_config_name_the_nodes(tmp_path: Path) -> None:
 
 
 def test_keys_of_one_queue_share_a_slot_and_queues_spread(clustered: redis_py.Redis) -> None:
+    k = keys.of(clustered)
+    assert k is keys.CLUSTER, "connect() attaches the cluster layout"
     for name in QUEUES:
         per_queue = [
-            keys.queue(name),
-            keys.limits_of(name),
-            keys.busy_of(name),
-            keys.in_progress("c1", name),
-            keys.rate_state(name),
-            keys.recoveries_of(name),
+            k.queue(name),
+            k.limits_of(name),
+            k.busy_of(name),
+            k.in_progress("c1", name),
+            k.rate_state(name),
+            k.recoveries_of(name),
         ]
         assert len({key_slot(key.encode()) for key in per_queue}) == 1
-    shards = {clustered.get_node_from_key(keys.queue(name)).name for name in QUEUES}
+    shards = {clustered.get_node_from_key(k.queue(name)).name for name in QUEUES}
     assert len(shards) >= 2, "the test's queues live on more than one shard"
-    assert len({key_slot(k.encode()) for k in (keys.SCHEDULE, keys.RETRY, keys.DEAD)}) == 1
+    assert len({key_slot(key.encode()) for key in (k.SCHEDULE, k.RETRY, k.DEAD)}) == 1
 
 
 def test_every_script_call_touches_one_slot(
@@ -128,13 +131,15 @@ def test_every_script_call_touches_one_slot(
     capsule = Capsule(CapsuleConfig(queues=queues), redis=clustered)
     assert capsule.drain(scheduled=True) == {"done": 6, "retry": 1}
     assert sorted(n for kind, n in (r for r in ran if isinstance(r, tuple))) == [0, 1, 2, 3]
-    assert clustered.llen(keys.queue("alpha_slow")) == 0
-    [waiting] = clustered.zrange(keys.RETRY, 0, 0)
-    clustered.zadd(keys.RETRY, {waiting: 0})  # due now: the poller moves it
+    assert clustered.llen(keys.of(clustered).queue("alpha_slow")) == 0
+    [waiting] = clustered.zrange(keys.of(clustered).RETRY, 0, 0)
+    clustered.zadd(keys.of(clustered).RETRY, {waiting: 0})  # due now: the poller moves it
     assert capsule.drain(scheduled=True) == {"dead": 1}
-    clustered.zadd(keys.SCHEDULE, {b"not json": 0})  # unreadable: buried by the poller
+    clustered.zadd(
+        keys.of(clustered).SCHEDULE, {b"not json": 0}
+    )  # unreadable: buried by the poller
     capsule.drain(scheduled=True)
-    assert clustered.zcard(keys.DEAD) == 2
+    assert clustered.zcard(keys.of(clustered).DEAD) == 2
     batch = limitd.Batch("cluster")
     batch.on("success", mark_done)
     with batch.jobs():
@@ -152,7 +157,7 @@ def test_every_script_call_touches_one_slot(
     held = [take_one(dead.fetch), take_one(dead.fetch)]
     assert all(held)
     liveness.vouch(clustered, [dead.id], 15)
-    clustered.delete(keys.capsule_heartbeat(dead.id))
+    clustered.delete(keys.of(clustered).capsule_heartbeat(dead.id))
     assert liveness.reap_dead(clustered) == {dead.id: 2}
     expected = {
         "limit_fetch.lua", "unique_acquire.lua", "unique_release.lua", "fair_tenant.lua",
@@ -284,7 +289,7 @@ def test_a_primary_killed_mid_run_fails_over_without_losing_jobs(tmp_path: Path)
         _wait_replicated(group)
         processes = _start(tmp_path, group.url, witness.url, "--heartbeat-period", "2")
         wait_for(lambda: _done(counts) >= 400, timeout=60, message="jobs running")
-        group.primary_of(keys.queue("beta")).kill()
+        group.primary_of(keys.of(conn).queue("beta")).kill()
         wait_for(lambda: _done(counts) == 2000, timeout=120, message="every job after failover")
         wait_for(
             lambda: _answers(lambda: all(queue_limits.busy(conn, q) == 0 for q in QUEUES)),
@@ -294,7 +299,6 @@ def test_a_primary_killed_mid_run_fails_over_without_losing_jobs(tmp_path: Path)
     finally:
         if processes is not None:
             processes.kill_all()
-        keys.use_cluster_layout(False)
         group.stop()
         witness.stop()
 
@@ -329,10 +333,10 @@ def test_a_queue_that_gave_nothing_is_skipped_until_a_wake_up_names_it(
     gave nothing is left alone for a moment (a long one here), unless one names it."""
     fetch = limit_fetch(clustered, QueueOrder(["alpha", "beta"]), "c1")
     fetch.quiet_seconds = 3600
-    clustered.lpush(keys.queue("beta"), '{"class":"X","args":[1],"queue":"beta"}')
+    clustered.lpush(keys.of(clustered).queue("beta"), '{"class":"X","args":[1],"queue":"beta"}')
     assert take_one(fetch).queue == "beta"  # alpha was asked, and gave nothing
-    clustered.lpush(keys.queue("alpha"), '{"class":"X","args":[2],"queue":"alpha"}')
-    clustered.lpush(keys.queue("beta"), '{"class":"X","args":[3],"queue":"beta"}')
+    clustered.lpush(keys.of(clustered).queue("alpha"), '{"class":"X","args":[2],"queue":"alpha"}')
+    clustered.lpush(keys.of(clustered).queue("beta"), '{"class":"X","args":[3],"queue":"beta"}')
     assert take_one(fetch).queue == "beta", "alpha is quiet: not asked"
     fetch.woken("alpha")
     assert take_one(fetch).queue == "alpha"
@@ -343,12 +347,43 @@ def test_a_queue_that_gave_nothing_is_skipped_until_a_wake_up_names_it(
 LAYOUT_FREE = {"FAIR_TENANT_DEFAULT_KEY", "FAIR_TENANT_PLACEHOLDERS", "BATCH_CHILD_PREFIX"}
 
 
+def test_the_key_layout_travels_with_the_connection(
+    clustered: redis_py.Redis, redis_server: RedisServer
+) -> None:
+    """No process-wide layout: each client, pipeline and own connection answers for
+    itself, so a process may hold a standalone and a cluster client at once."""
+    plain = redis_server.client()  # built by hand, as tests and users do: standalone
+    attached = connect(redis_server.url)
+    for conn, layout in ((plain, keys.STANDALONE), (attached, keys.STANDALONE)):
+        assert keys.of(conn) is layout
+        assert keys.of(conn.pipeline()) is layout
+        assert keys.of(pipeline(conn)) is layout
+        assert keys.of(OwnConnection(conn)) is layout
+        assert keys.of(async_twin(conn)) is layout
+    assert keys.of(clustered) is keys.CLUSTER
+    assert keys.of(clustered.pipeline()) is keys.CLUSTER
+    assert keys.of(pipeline(clustered)) is keys.CLUSTER  # the PUBLISH-after wrapper
+    assert keys.of(own_connection(clustered)) is keys.CLUSTER
+    assert keys.of(async_twin(clustered)) is keys.CLUSTER
+    assert keys.STANDALONE.queue("mail") == "queue:mail"  # the two layouts side by side
+    assert keys.CLUSTER.queue("mail") == "queue:{mail}"
+    assert keys.CLUSTER.SCHEDULE == "{limitd}schedule" and keys.STANDALONE.SCHEDULE == "schedule"
+    with pytest.raises(AttributeError):
+        keys.CLUSTER.SCHEDULE = "schedule"  # type: ignore[misc]
+    plain.close()
+    attached.close()
+
+
 def test_no_module_or_class_names_a_key_at_import() -> None:
-    """Key names depend on the layout, chosen when a process connects: a name built at
-    import (a module or class constant from ``keys``) would stay in the standalone
-    layout. Every such name must be read when used."""
+    """Key names depend on the layout of the connection they are used on: ``keys``
+    keeps no layout of its own (no module constant of a layout's names, no switch), and
+    no module or class builds a name at import (from a layout, or by hand with the
+    ``limitd:`` prefix). Every such name is read, from its connection, when used."""
     import ast
 
+    layout_names = set(keys.KeyLayout.__slots__) - {"LIMITD_PREFIX"}  # the standalone one
+    assert not layout_names & set(vars(keys)), "keys names a layout's key at module level"
+    assert not {"use_cluster_layout", "is_cluster_layout", "_cluster"} & set(vars(keys))
     root = Path(limitd.__file__).parent
     found = []
     for path in sorted(root.rglob("*.py")):
@@ -365,7 +400,7 @@ def test_no_module_or_class_names_a_key_at_import() -> None:
                         isinstance(node, ast.Attribute)
                         and isinstance(node.value, ast.Name)
                         and node.value.id == "keys"
-                        and node.attr.isupper()
+                        and (node.attr.isupper() or node.attr == "of")
                         and not node.attr.endswith(("_CHANNEL", "_TTL", "_PARTS", "_PREFIX"))
                         and node.attr not in LAYOUT_FREE
                     ) or (

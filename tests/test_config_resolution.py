@@ -292,7 +292,9 @@ def quickstart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Quickstart]
     try:
         wait_for(url_file.exists, timeout=20, message="the embedded Redis")
         with redis_py.Redis.from_url(url_file.read_text().strip()) as conn:
-            wait_for(lambda: conn.scard(keys.CAPSULES) == 1, timeout=20, message="a capsule")
+            wait_for(
+                lambda: conn.scard(keys.of(conn).CAPSULES) == 1, timeout=20, message="a capsule"
+            )
             yield Quickstart(root, env, conn)
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -52,7 +52,7 @@ def fetch_for(redis: redis_py.Redis, *queues: str, blocking: tuple[str, ...] = (
 
 
 def busy(redis: redis_py.Redis, queue: str) -> int:
-    return int(redis.hget(keys.BUSY, queue) or 0)
+    return int(redis.hget(keys.of(redis).BUSY, queue) or 0)
 
 
 def test_one_call_takes_up_to_want_within_the_limit(redis) -> None:
@@ -61,7 +61,7 @@ def test_one_call_takes_up_to_want_within_the_limit(redis) -> None:
     units = fetch_for(redis, "a").take(5, [])
     assert len(units) == 3
     assert busy(redis, "a") == 3
-    assert redis.llen(keys.in_progress("cap-1", "a")) == 3
+    assert redis.llen(keys.of(redis).in_progress("cap-1", "a")) == 3
 
 
 def test_one_call_keeps_the_strict_order_across_queues(redis) -> None:
@@ -88,7 +88,7 @@ def test_one_call_settles_many_and_requeues_to_the_front(redis) -> None:
     assert again == [] and busy(redis, "a") == 2
     fetch.requeue(units[4:])
     assert busy(redis, "a") == 0
-    assert redis.llen(keys.in_progress("cap-1", "a")) == 0
+    assert redis.llen(keys.of(redis).in_progress("cap-1", "a")) == 0
     assert [json.loads(u.job)["args"] for u in fetch.take(2, [])] == [[4], [5]]
 
 
@@ -98,14 +98,14 @@ def test_the_dispatcher_fetches_no_more_than_processors_wait_for(redis) -> None:
     capsule.start()
     try:
         wait_for(lambda: len(started) == 3, message="three jobs running")
-        assert redis.llen(keys.in_progress(capsule.id, "a")) == 3  # none fetched ahead
-        assert redis.llen(keys.queue("a")) == 7
+        assert redis.llen(keys.of(redis).in_progress(capsule.id, "a")) == 3  # none fetched ahead
+        assert redis.llen(keys.of(redis).queue("a")) == 7
         release.set()
         wait_for(lambda: len(started) == 10, message="every job")
         wait_for(lambda: busy(redis, "a") == 0, message="every job settled")
     finally:
         capsule.stop(timeout=5)
-    assert redis.llen(keys.in_progress(capsule.id, "a")) == 0
+    assert redis.llen(keys.of(redis).in_progress(capsule.id, "a")) == 0
 
 
 def test_stop_settles_finished_jobs_and_requeues_untaken_ones(redis) -> None:
@@ -118,8 +118,8 @@ def test_stop_settles_finished_jobs_and_requeues_untaken_ones(redis) -> None:
     assert {u.job for u in dispatcher.held()} == {finished.job, untaken.job}
     dispatcher.stop()
     assert busy(redis, "a") == 1  # only the third, which nobody handed back
-    assert redis.llen(keys.queue("a")) == 1
-    assert redis.lindex(keys.queue("a"), -1) == untaken.job  # next to be fetched
+    assert redis.llen(keys.of(redis).queue("a")) == 1
+    assert redis.lindex(keys.of(redis).queue("a"), -1) == untaken.job  # next to be fetched
 
 
 def test_an_idle_capsule_polls_once_per_interval_not_once_per_thread(redis) -> None:
@@ -168,7 +168,7 @@ def test_a_processor_that_needs_a_job_makes_the_call_itself(redis) -> None:
     second = dispatcher.take()
     assert second is not None and second.job != first.job
     assert busy(redis, "a") == 1, "the first was settled in the same call"
-    assert redis.llen(keys.in_progress("cap-1", "a")) == 1
+    assert redis.llen(keys.of(redis).in_progress("cap-1", "a")) == 1
     dispatcher.stop()
     assert busy(redis, "a") == 1  # the second is still held: nobody handed it back
 
@@ -209,5 +209,5 @@ def test_processors_arriving_during_a_call_are_served_by_the_next_one(redis) -> 
         thread.join(10)
     assert len(got) == 5 and b"" not in got
     assert len(set(got)) == 5
-    assert busy(redis, "a") == 5 and redis.llen(keys.queue("a")) == 7
+    assert busy(redis, "a") == 5 and redis.llen(keys.of(redis).queue("a")) == 7
     dispatcher.stop()

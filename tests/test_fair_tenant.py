@@ -53,11 +53,11 @@ class Report(
 
 
 def queues_of(redis: redis_py.Redis, *names: str) -> dict[str, int]:
-    return {name: int(redis.llen(keys.queue(name))) for name in names}
+    return {name: int(redis.llen(keys.of(redis).queue(name))) for name in names}
 
 
 def enqueues(redis: redis_py.Redis, job: str, tenant: str) -> int:
-    key = keys.fair_tenant_enqueues(
+    key = keys.of(redis).fair_tenant_enqueues(
         keys.FAIR_TENANT_DEFAULT_KEY, queue="default", job_class=job, tenant=tenant
     )
     return int(redis.zcard(key))
@@ -69,7 +69,7 @@ def test_the_job_counts_toward_its_own_threshold(redis: redis_py.Redis) -> None:
     for n in range(4):
         sync.perform_async(7, n)
     assert queues_of(redis, "default", "throttled") == {"default": 3, "throttled": 1}
-    [rerouted] = redis.lrange(keys.queue("throttled"), 0, -1)
+    [rerouted] = redis.lrange(keys.of(redis).queue("throttled"), 0, -1)
     payload = json.loads(rerouted)
     assert payload["args"] == [7, 3]
     assert payload["fair_tenant"] == "account-7"
@@ -84,8 +84,10 @@ def test_the_window_slides(redis: redis_py.Redis) -> None:
         sync.perform_async(7, 3)  # 4 in the last minute
         frozen.tick(dt.timedelta(seconds=1))
         sync.perform_async(7, 4)  # the first 3 are exactly 60 s old: out of the window
-    assert [json.loads(j)["args"][1] for j in redis.lrange(keys.queue("throttled"), 0, -1)] == [3]
-    assert redis.llen(keys.queue("default")) == 4
+    assert [
+        json.loads(j)["args"][1] for j in redis.lrange(keys.of(redis).queue("throttled"), 0, -1)
+    ] == [3]
+    assert redis.llen(keys.of(redis).queue("default")) == 4
 
 
 @freeze_time(T0)
@@ -106,7 +108,8 @@ def test_the_last_matching_rule_wins(redis: redis_py.Redis) -> None:
         two.perform_async("a", 4)  # 5 in the hour, 1 in the minute: only rule 1
     for queue in ("default", "throttled_2x", "throttled_4x"):
         routed += [
-            (json.loads(j)["args"][1], queue) for j in redis.lrange(keys.queue(queue), 0, -1)
+            (json.loads(j)["args"][1], queue)
+            for j in redis.lrange(keys.of(redis).queue(queue), 0, -1)
         ]
     assert sorted(routed) == [
         (0, "default"),
@@ -131,7 +134,7 @@ def test_entries_are_trimmed_to_the_max_window(redis: redis_py.Redis) -> None:
     with freeze_time(T0) as frozen:
         for n in range(5):
             two.set(client=client).perform_async("b", n)
-        key = keys.fair_tenant_enqueues(
+        key = keys.of(redis).fair_tenant_enqueues(
             keys.FAIR_TENANT_DEFAULT_KEY, queue="default", job_class="fair_test.Two", tenant="b"
         )
         assert redis.zcard(key) == 5
@@ -157,7 +160,7 @@ def test_tenant_sources_in_order(redis: redis_py.Redis) -> None:
     assert enqueues(redis, "fair_test.Sync", "explicit") == 1
     assert enqueues(redis, "fair_test.Sync", "from-middleware") == 1
     assert enqueues(redis, "fair_test.Sync", "account-1") == 1
-    assert redis.zcard(keys.FAIR_TENANT_TENANTS) == 3
+    assert redis.zcard(keys.of(redis).FAIR_TENANT_TENANTS) == 3
 
 
 @freeze_time(T0)
@@ -168,17 +171,19 @@ def test_bulk_counts_each_job_in_one_round_trip(redis: redis_py.Redis) -> None:
     after = redis.info("commandstats")["cmdstat_evalsha"]["calls"]
     assert after - before == 2, "one script call per tenant in the chunk"
     assert len(set(jids)) == 10
-    throttled = [json.loads(j)["args"] for j in redis.lrange(keys.queue("throttled"), 0, -1)]
+    throttled = [
+        json.loads(j)["args"] for j in redis.lrange(keys.of(redis).queue("throttled"), 0, -1)
+    ]
     assert sorted(throttled) == [[1, 3], [1, 4], [2, 3], [2, 4]]
     sync.perform_async(1, 5)
-    assert json.loads(redis.lindex(keys.queue("throttled"), 0))["args"] == [1, 5]
+    assert json.loads(redis.lindex(keys.of(redis).queue("throttled"), 0))["args"] == [1, 5]
 
 
 @freeze_time(T0)
 def test_scheduled_jobs_are_counted_and_routed_when_scheduled(redis: redis_py.Redis) -> None:
     for n in range(4):
         sync.perform_in(3600, 9, n)
-    queues = sorted(json.loads(m)["queue"] for m in redis.zrange(keys.SCHEDULE, 0, -1))
+    queues = sorted(json.loads(m)["queue"] for m in redis.zrange(keys.of(redis).SCHEDULE, 0, -1))
     assert queues == ["default", "default", "default", "throttled"]
     assert enqueues(redis, "fair_test.Sync", "account-9") == 4
 
@@ -189,7 +194,7 @@ def test_retries_keep_the_throttled_queue(redis: redis_py.Redis) -> None:
         Report.perform_async("x")  # over threshold 1: throttled
         capsule = Capsule(CapsuleConfig(queues=["default", "throttled"]), redis=redis)
         assert capsule.drain() == {"retry": 2}
-    retries = sorted(json.loads(m)["queue"] for m in redis.zrange(keys.RETRY, 0, -1))
+    retries = sorted(json.loads(m)["queue"] for m in redis.zrange(keys.of(redis).RETRY, 0, -1))
     assert retries == ["default", "throttled"]
     assert enqueues(redis, "fair_test.Report", "x") == 2, "retries are not counted again"
 
@@ -199,7 +204,8 @@ def test_reroutes_are_counted_per_job_tenant_and_rule(redis: redis_py.Redis) -> 
     for n in range(6):
         sync.perform_async(3, n)
     counts = {
-        tuple(json.loads(k)): int(v) for k, v in redis.hgetall(keys.FAIR_TENANT_REROUTES).items()
+        tuple(json.loads(k)): int(v)
+        for k, v in redis.hgetall(keys.of(redis).FAIR_TENANT_REROUTES).items()
     }
     assert counts == {("fair_test.Sync", "account-3", "throttled", "1"): 3}
 
@@ -275,7 +281,7 @@ def test_the_tenant_index_keeps_only_recent_tenants(redis: redis_py.Redis) -> No
         sync.perform_async(1)
         frozen.tick(dt.timedelta(days=1, seconds=1))
         sync.perform_async(2)
-    members = [json.loads(m) for m in redis.zrange(keys.FAIR_TENANT_TENANTS, 0, -1)]
+    members = [json.loads(m) for m in redis.zrange(keys.of(redis).FAIR_TENANT_TENANTS, 0, -1)]
     assert members == [["fair_test.Sync", "account-2"]]
 
 

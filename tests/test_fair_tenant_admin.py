@@ -332,7 +332,7 @@ def traffic(redis: redis_py.Redis) -> Iterator[None]:
 
 
 def test_top_tenants_figures_and_current_rule(redis: redis_py.Redis, traffic: None) -> None:
-    assert redis.llen(keys.queue(SLOW)) == 1
+    assert redis.llen(keys.of(redis).queue(SLOW)) == 1
     busiest, second, third = top_tenants(redis)
     assert (busiest.job, busiest.tenant) == (SYNC, "acct-1")
     assert [(w.queue, w.per, w.enqueues) for w in busiest.windows] == [
@@ -367,7 +367,7 @@ def test_rule_now_is_where_the_next_enqueue_goes(redis: redis_py.Redis, traffic:
 
 def queue_lengths(redis: redis_py.Redis) -> dict[str, int]:
     names = ["default", "fair_admin_reports", SLOW, SLOWER, REPORTS_SLOW]
-    return {name: int(redis.llen(keys.queue(name))) for name in names}
+    return {name: int(redis.llen(keys.of(redis).queue(name))) for name in names}
 
 
 def test_limit_and_window(redis: redis_py.Redis, traffic: None) -> None:

@@ -164,7 +164,7 @@ def test_pause_and_resume(redis: redis_py.Redis) -> None:
         short.perform_bulk([[i] for i in range(5)])
         limitd.Client(redis).push({"class": "limit_capsule.Short", "args": [99], "queue": "other"})
         wait_for(lambda: meter.done == [99], message="the unpaused queue's job")
-        assert redis.llen(keys.queue("limited")) == 5
+        assert redis.llen(keys.of(redis).queue("limited")) == 5
         queue_limits.resume(redis, "limited")
         wait_for(lambda: len(meter.done) == 6, message="jobs after resume")
     finally:
@@ -226,14 +226,14 @@ def test_flushed_redis_under_running_capsules(redis: redis_py.Redis) -> None:
         assert queue_limits.busy(redis, "limited") == 0
         capsules[0].beat()  # re-registers, re-applies configured limits
         assert queue_limits.get_limit(redis, "limited") == 2
-        assert redis.sismember(keys.CAPSULES, capsules[0].id)
+        assert redis.sismember(keys.of(redis).CAPSULES, capsules[0].id)
         meter.reset()
         short.perform_bulk([[i] for i in range(50)])
         wait_for(lambda: len(meter.done) == 50, message="work after the flush")
     finally:
         stop_all(capsules)
     assert meter.peak == 2
-    assert int(redis.hget(keys.BUSY, "limited") or 0) == 0
+    assert int(redis.hget(keys.of(redis).BUSY, "limited") or 0) == 0
 
 
 def test_redis_restart_mid_run_loses_and_leaks_nothing(tmp_path) -> None:  # type: ignore[no-untyped-def]

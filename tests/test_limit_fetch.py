@@ -30,7 +30,7 @@ def push(redis: redis_py.Redis, queue: str, count: int, tag: str = "") -> list[b
         json.dumps({"class": "X", "args": [f"{tag}{i}"], "queue": queue}).encode()
         for i in range(count)
     ]
-    redis.lpush(keys.queue(queue), *jobs)
+    redis.lpush(keys.of(redis).queue(queue), *jobs)
     return jobs
 
 
@@ -59,7 +59,7 @@ def test_unlimited_queue_behaves_like_a_normal_queue(redis: redis_py.Redis) -> N
     units = take_all(fetcher(redis, ["q"]))
     assert [u.job for u in units] == jobs  # FIFO
     assert queue_limits.busy(redis, "q") == 3
-    assert redis.lrange(keys.in_progress("c1", "q"), 0, -1) == jobs[::-1]
+    assert redis.lrange(keys.of(redis).in_progress("c1", "q"), 0, -1) == jobs[::-1]
 
 
 @pytest.mark.standalone_only("reads the shared capsules set")
@@ -73,14 +73,16 @@ def test_global_limit_counts_every_capsule(redis: redis_py.Redis) -> None:
     assert len(take_all(fetcher(redis, ["q"], "c2"))) == 1
     assert queue_limits.busy(redis, "q") == 3
     assert queue_limits.busy_by_capsule(redis, "q") == {"c1": 2, "c2": 1}
-    assert redis.smembers(keys.CAPSULES) == {b"c1", b"c2"}, "a fetch registers its capsule"
+    assert redis.smembers(keys.of(redis).CAPSULES) == {b"c1", b"c2"}, (
+        "a fetch registers its capsule"
+    )
 
 
 def test_limit_zero_takes_nothing(redis: redis_py.Redis) -> None:
     push(redis, "q", 2)
     queue_limits.set_limit(redis, "q", 0)
     assert take_all(fetcher(redis, ["q"])) == []
-    assert redis.llen(keys.queue("q")) == 2
+    assert redis.llen(keys.of(redis).queue("q")) == 2
 
 
 def test_process_limit_is_per_capsule(redis: redis_py.Redis) -> None:
@@ -123,7 +125,7 @@ def test_blocking_queue_holds_back_lower_queues(redis: redis_py.Redis) -> None:
     queue_limits.set_limit(redis, "high", 2)
     fetch = fetcher(redis, ["high", "low"], blocking=["high"])
     assert [u.queue for u in take_all(fetch)] == ["high", "high"]
-    redis.delete(keys.queue("high"))  # no job waiting: it no longer blocks
+    redis.delete(keys.of(redis).queue("high"))  # no job waiting: it no longer blocks
     assert {u.queue for u in take_all(fetch)} == {"low"}
 
 
@@ -144,7 +146,7 @@ def test_weighted_order_still_holds_with_a_limited_queue(redis: redis_py.Redis) 
 def test_dynamic_fetch_takes_queues_it_was_not_configured_for(redis: redis_py.Redis) -> None:
     push(redis, "configured", 1)
     push(redis, "discovered", 2)
-    redis.sadd(keys.QUEUES, "configured", "discovered")
+    redis.sadd(keys.of(redis).QUEUES, "configured", "discovered")
     queue_limits.set_limit(redis, "discovered", 1)
     assert [u.queue for u in take_all(fetcher(redis, ["configured"]))] == ["configured"]
     taken = take_all(fetcher(redis, ["configured"], "c2", dynamic=True))
@@ -160,7 +162,7 @@ def test_requeue_frees_the_slot_and_puts_the_job_first(redis: redis_py.Redis) ->
     assert take_one(fetch) is None
     fetch.requeue(unit)
     assert queue_limits.busy(redis, "q") == 0
-    assert redis.lindex(keys.queue("q"), -1) == jobs[0]
+    assert redis.lindex(keys.of(redis).queue("q"), -1) == jobs[0]
     again = take_one(fetch)
     assert again is not None
     assert again.job == jobs[0]
@@ -175,7 +177,7 @@ def test_release_is_fenced_by_ownership(redis: redis_py.Redis) -> None:
     held = take_one(stalled)
     assert held is not None
     liveness.vouch(redis, ["stalled"], 15)
-    redis.delete(keys.capsule_heartbeat("stalled"))  # its heartbeat expired
+    redis.delete(keys.of(redis).capsule_heartbeat("stalled"))  # its heartbeat expired
     assert liveness.reap_dead(redis) == {"stalled": 1}
     other = fetcher(redis, ["q"], "other")
     taken = take_one(other)
@@ -185,7 +187,7 @@ def test_release_is_fenced_by_ownership(redis: redis_py.Redis) -> None:
     assert stalled.settle([held]) == 0
     assert stalled.requeue(held) == 0
     assert queue_limits.busy(redis, "q") == 1
-    assert redis.llen(keys.queue("q")) == 1
+    assert redis.llen(keys.of(redis).queue("q")) == 1
     assert other.settle([taken]) == 1
     assert queue_limits.busy(redis, "q") == 0
 
@@ -196,7 +198,7 @@ def test_busy_never_goes_negative(redis: redis_py.Redis) -> None:
     fetch = fetcher(redis, ["q"])
     unit = take_one(fetch)
     assert unit is not None
-    redis.hset(keys.BUSY, "q", 0)  # e.g. counts lost while the job ran
+    redis.hset(keys.of(redis).BUSY, "q", 0)  # e.g. counts lost while the job ran
     assert fetch.settle([unit]) == 1
     assert queue_limits.busy(redis, "q") == 0
 
@@ -207,12 +209,12 @@ def test_reaping_returns_jobs_in_their_original_order(redis: redis_py.Redis) -> 
     assert len(take_all(fetch)) == 5
     liveness.vouch(redis, ["dead"], 15)
     assert liveness.reap(redis, "dead") == liveness.STILL_ALIVE
-    redis.delete(keys.capsule_heartbeat("dead"))
+    redis.delete(keys.of(redis).capsule_heartbeat("dead"))
     assert liveness.reap_dead(redis) == {"dead": 5}
     # Reaped jobs are suspects: a capsule holds one at a time, finishing each first.
     assert [u.job for u in take_settling(fetcher(redis, ["q"], "new"))] == jobs
-    assert redis.sismember(keys.CAPSULES, "dead") == 0
-    assert not redis.exists(keys.capsule_queues("dead", "q"))
+    assert redis.sismember(keys.of(redis).CAPSULES, "dead") == 0
+    assert not redis.exists(keys.of(redis).capsule_queues("dead", "q"))
 
 
 @pytest.mark.standalone_only("threads share one connection pool")
@@ -220,7 +222,7 @@ def test_racing_reapers_requeue_each_job_once(redis: redis_py.Redis) -> None:
     for capsule in ("d1", "d2", "d3"):
         push(redis, "q", 40, tag=capsule)
         assert len(take_all(fetcher(redis, ["q"], capsule))) == 40
-    redis.sadd(keys.CAPSULES, "d1", "d2", "d3")
+    redis.sadd(keys.of(redis).CAPSULES, "d1", "d2", "d3")
     results: list[dict[str, int]] = []
     clients = [redis_py.Redis(connection_pool=redis.connection_pool) for _ in range(6)]
     threads = [
@@ -231,7 +233,7 @@ def test_racing_reapers_requeue_each_job_once(redis: redis_py.Redis) -> None:
     for thread in threads:
         thread.join(30)
     assert sum(sum(r.values()) for r in results) == 120
-    requeued = redis.lrange(keys.queue("q"), 0, -1)
+    requeued = redis.lrange(keys.of(redis).queue("q"), 0, -1)
     assert len(requeued) == len(set(requeued)) == 120
     assert queue_limits.busy(redis, "q") == 0
 
@@ -242,12 +244,12 @@ def test_reap_retries_when_the_capsule_took_a_new_queue(redis: redis_py.Redis) -
     push(redis, "b", 1)
     assert len(take_all(fetcher(redis, ["a", "b"], "gone"))) == 2
     script_keys = [
-        keys.capsule_heartbeat("gone"),
-        keys.CAPSULES,
-        keys.BUSY,
-        keys.capsule_queues("gone"),
-        keys.queue("a"),
-        keys.in_progress("gone", "a"),
+        keys.of(redis).capsule_heartbeat("gone"),
+        keys.of(redis).CAPSULES,
+        keys.of(redis).BUSY,
+        keys.of(redis).capsule_queues("gone"),
+        keys.of(redis).queue("a"),
+        keys.of(redis).in_progress("gone", "a"),
     ]
     stale = liveness.REAP_CAPSULE(redis, script_keys, ["gone", "a", keys.WAKE_CHANNEL])
     assert stale == liveness.QUEUES_CHANGED
@@ -309,11 +311,11 @@ def test_jobs_fetched_but_never_received_are_recovered(redis: redis_py.Redis) ->
     assert lost is not None
     assert fetch.recover_orphans([held]) == 0, "first sighting: maybe a fetch in flight"
     assert fetch.recover_orphans([held]) == 1
-    assert redis.lrange(keys.queue("q"), 0, -1) == [jobs[1]]
+    assert redis.lrange(keys.of(redis).queue("q"), 0, -1) == [jobs[1]]
     assert queue_limits.busy(redis, "q") == 1
     assert fetch.recover_orphans([held]) == 0
     assert fetch.recover_orphans([held]) == 0
-    assert redis.lrange(keys.in_progress("c1", "q"), 0, -1) == [jobs[0]]
+    assert redis.lrange(keys.of(redis).in_progress("c1", "q"), 0, -1) == [jobs[0]]
 
 
 def test_two_hundred_queues_in_one_fetch(redis: redis_py.Redis) -> None:

@@ -56,7 +56,7 @@ def test_concurrent_allows_n_holders_and_frees_a_slot_on_exit(redis: redis_py.Re
     with freeze_time(T0):
         assert take(limiter, 4) == [True, True, True, False]
         assert take(limiter, 3) == [True, True, True]  # all released on exit
-        assert redis.zcard(keys.limiter("holders", "c")) == 0
+        assert redis.zcard(keys.of(redis).limiter("holders", "c")) == 0
 
 
 def test_a_concurrent_lock_expires_after_lock_timeout(redis: redis_py.Redis) -> None:
@@ -203,8 +203,8 @@ def test_stats_expire_with_ttl_and_are_listed_by_the_command(
 ) -> None:
     limiter = limitd.Limiter.concurrent("listed", 2, wait_timeout=0, ttl=3600)
     with limiter.within_limit():
-        assert 3590 < redis.ttl(keys.limiter("stats", "listed")) <= 3600
-        assert 3590 < redis.ttl(keys.LIMITERS) <= 3600
+        assert 3590 < redis.ttl(keys.of(redis).limiter("stats", "listed")) <= 3600
+        assert 3590 < redis.ttl(keys.of(redis).LIMITERS) <= 3600
         parser = argparse.ArgumentParser(prog="limitd")
         add_limiters_command(parser.add_subparsers(), lambda args: redis)
         args = parser.parse_args(["limiters", "--json"])
@@ -224,8 +224,8 @@ def test_stats_expire_with_ttl_and_are_listed_by_the_command(
             "concurrent",
             "2",
         ]
-    redis.delete(keys.limiter("stats", "listed"))  # as when its ttl ran out
-    assert limiters(redis) == [] and redis.zcard(keys.LIMITERS) == 0
+    redis.delete(keys.of(redis).limiter("stats", "listed"))  # as when its ttl ran out
+    assert limiters(redis) == [] and redis.zcard(keys.of(redis).LIMITERS) == 0
     assert limitd.api.limiters is limiters
 
 
@@ -261,7 +261,8 @@ def full(redis: redis_py.Redis) -> Iterator[None]:
 
 def scheduled(redis: redis_py.Redis) -> list[tuple[Payload, float]]:
     return [
-        (json.loads(raw), at) for raw, at in redis.zrange(keys.SCHEDULE, 0, -1, withscores=True)
+        (json.loads(raw), at)
+        for raw, at in redis.zrange(keys.of(redis).SCHEDULE, 0, -1, withscores=True)
     ]
 
 
@@ -275,15 +276,15 @@ def test_over_limit_reschedules_with_a_growing_backoff_then_retries(
             now = frozen().timestamp()
             [(payload, at)] = scheduled(redis)
             assert (payload["jid"], payload["overlimit_count"]) == (jid, count)
-            assert "retry_count" not in payload and redis.zcard(keys.RETRY) == 0
+            assert "retry_count" not in payload and redis.zcard(keys.of(redis).RETRY) == 0
             assert 5 * count - 0.01 <= at - now <= 5 * count + 5
             # (a datetime holds microseconds: a little past `at`, never just before it)
             frozen.move_to(dt.datetime.fromtimestamp(at + 0.001, dt.timezone.utc))
             expected = "rescheduled" if count == 1 else "retry"
             assert capsule.drain(scheduled=True) == {expected: 1}
         # max_overlimit=2 reached: the third OverLimit took the retry path.
-        assert redis.zcard(keys.SCHEDULE) == 0
-        [raw] = redis.zrange(keys.RETRY, 0, -1)
+        assert redis.zcard(keys.of(redis).SCHEDULE) == 0
+        [raw] = redis.zrange(keys.of(redis).RETRY, 0, -1)
         retried = json.loads(raw)
         assert (retried["retry_count"], retried["error_class"]) == (0, "limitd.OverLimit")
         assert retried["overlimit_count"] == 2
@@ -330,11 +331,13 @@ def test_a_rescheduled_job_keeps_its_unique_lock_and_its_batch(
     with batch.jobs():
         jid = limited_unique.perform_async(7)
     assert capsule.drain() == {"rescheduled": 1}
-    lock = keys.unique_lock("limiters_test.LimitedUnique", "default", unique.args_digest([7]))
+    lock = keys.of(redis).unique_lock(
+        "limiters_test.LimitedUnique", "default", unique.args_digest([7])
+    )
     assert redis.get(lock) == jid.encode()  # type: ignore[union-attr]
     status = limitd.Batch.status(batch.bid)
     assert (status.pending, status.failures, status.complete) == (1, {}, False)
-    assert redis.get(keys.STAT_FAILED) in (None, b"0")
+    assert redis.get(keys.of(redis).STAT_FAILED) in (None, b"0")
 
 
 def test_usage_says_how_full_each_kind_is_now(redis: redis_py.Redis) -> None:

@@ -296,7 +296,7 @@ def test_the_loop_runs_while_a_waiter_sleeps(redis: redis_py.Redis) -> None:
     # The waiter sleeps about 1 s for room: were its sleep blocking the loop, this
     # coroutine would only see it refused once it was already done.
     limiter = limitd.Limiter.window("w", 1, 1.0, wait_timeout=5)
-    stats = keys.limiter("stats", "w")
+    stats = keys.of(redis).limiter("stats", "w")
 
     async def main() -> bool:
         assert await aonce(limiter)
@@ -319,7 +319,7 @@ def test_the_loop_runs_while_a_waiter_sleeps(redis: redis_py.Redis) -> None:
 
 def test_sync_and_async_holders_share_the_same_slots(redis: redis_py.Redis) -> None:
     limiter = limitd.Limiter.concurrent("shared", 2, wait_timeout=0)
-    holders = keys.limiter("holders", "shared")
+    holders = keys.of(redis).limiter("holders", "shared")
 
     async def main() -> None:
         with limiter.within_limit():
@@ -350,8 +350,8 @@ def test_the_async_form_uses_the_limiters_own_redis(redis: redis_py.Redis) -> No
 
         async def main() -> None:
             async with limiter.aio.within_limit():
-                assert other.zcard(keys.limiter("holders", "own")) == 1
-                assert redis.exists(keys.limiter("holders", "own")) == 0
+                assert other.zcard(keys.of(redis).limiter("holders", "own")) == 1
+                assert redis.exists(keys.of(redis).limiter("holders", "own")) == 0
 
         run(main, other)
         assert [status.name for status in limiters(other)] == ["own"] and limiters(redis) == []

@@ -62,7 +62,9 @@ def test_a_concurrent_limiter_holds_across_processes_and_every_job_runs_once(
     processes.env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
     supervisor = processes.start("limiters.yml")
     try:
-        wait_for(lambda: redis.scard(keys.CAPSULES) == 2, timeout=30, message="two capsules")
+        wait_for(
+            lambda: redis.scard(keys.of(redis).CAPSULES) == 2, timeout=30, message="two capsules"
+        )
         client = limitd.Client(redis)
         client.push_bulk({"class": "limiters_app.Hold"}, [[n] for n in range(JOBS)])
         wait_for(
@@ -76,7 +78,7 @@ def test_a_concurrent_limiter_holds_across_processes_and_every_job_runs_once(
         [status] = limitd.api.limiters(redis)
         assert status.over_limit > 0, "some jobs were turned away and rescheduled"
         assert status.immediate + status.waited == JOBS
-        assert redis.zcard(keys.RETRY) == 0 and redis.zcard(keys.DEAD) == 0
+        assert redis.zcard(keys.of(redis).RETRY) == 0 and redis.zcard(keys.of(redis).DEAD) == 0
     finally:
         supervisor.send_signal(signal.SIGTERM)
         supervisor.wait(timeout=30)
@@ -104,7 +106,7 @@ def test_a_holder_killed_inside_its_block_frees_its_slot_after_lock_timeout(
     )
     assert killed.returncode == -signal.SIGKILL and killed.stdout == "holding\n"
     limiter = limitd.Limiter.concurrent("k", 1, lock_timeout=2, wait_timeout=0)
-    assert redis.zcard(keys.limiter("holders", "k")) == 1  # the dead holder's lock
+    assert redis.zcard(keys.of(redis).limiter("holders", "k")) == 1  # the dead holder's lock
     # Waiting: the script says when the dead holder's lock runs out, and the waiter
     # gets in then (the deadline is far beyond the 2 s lock timeout).
     patient = limitd.Limiter.concurrent("k", 1, lock_timeout=2, wait_timeout=30)

@@ -169,7 +169,7 @@ def test_fail_line_says_dead_or_discarded(
 def test_unknown_class_fails_without_a_traceback(
     redis: redis_py.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
-    redis.lpush(keys.queue("default"), json.dumps({"class": "nowhere.Job", "args": []}))
+    redis.lpush(keys.of(redis).queue("default"), json.dumps({"class": "nowhere.Job", "args": []}))
     Capsule(CapsuleConfig(), redis=redis).drain()
     [warning] = fail_records(caplog, logging.WARNING)
     assert "next=retry in " in warning.getMessage()
@@ -423,7 +423,7 @@ def test_limitd_start_writes_json_lines_that_survive_fork_and_reopen(
 def enqueue_and_wait(redis: redis_py.Redis, log: Path, word: str) -> dict[str, Any]:
     jid = os.urandom(12).hex()
     job = {"class": "logs_app.Talk", "args": [word], "queue": "work", "jid": jid}
-    redis.lpush(keys.queue("work"), json.dumps(job))
+    redis.lpush(keys.of(redis).queue("work"), json.dumps(job))
     message = f"saying {word}"
 
     def said() -> list[dict[str, Any]]:

@@ -253,7 +253,7 @@ def test_each_process_serves_its_job_metrics_on_port_plus_its_number(
     expected = {"done": 12, "discarded": 3, "dead": 2, "retry": 1}
     wait_for(lambda: job_counts(ports) == expected, timeout=30, message=f"counts {expected}")
     assert durations(ports) == 18
-    assert redis.zcard(keys.RETRY) == 1 and redis.zcard(keys.DEAD) == 2
+    assert redis.zcard(keys.of(redis).RETRY) == 1 and redis.zcard(keys.of(redis).DEAD) == 2
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(timeout=20) == 0
     assert not any(answering(p) for p in ports)

@@ -64,7 +64,7 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 def write_process(redis: redis_py.Redis, identity: str, capsule: str, busy: int) -> None:
     """A live process record, as a capsule's heartbeat writes it."""
     info = {"hostname": "h", "pid": 1, "capsule": capsule, "concurrency": 5, "queues": ["a"]}
-    redis.sadd(keys.PROCESSES, identity)
+    redis.sadd(keys.of(redis).PROCESSES, identity)
     redis.hset(identity, mapping={"info": json.dumps(info), "busy": busy, "beat": clock.now()})
 
 
@@ -77,15 +77,15 @@ def test_a_scrape_carries_the_cluster_state(redis: redis_py.Redis) -> None:
     Queue("a", redis).limit = 4
     Queue("a", redis).process_limit = 2
     Queue("b", redis).pause()
-    redis.hset(keys.busy_of("a"), "a", 2)
-    redis.set(keys.STAT_PROCESSED, 40)
-    redis.set(keys.STAT_FAILED, 3)
-    redis.zadd(keys.RETRY, {"r1": 1.0, "r2": 2.0})
-    redis.zadd(keys.DEAD, {"d1": 1.0})
+    redis.hset(keys.of(redis).busy_of("a"), "a", 2)
+    redis.set(keys.of(redis).STAT_PROCESSED, 40)
+    redis.set(keys.of(redis).STAT_FAILED, 3)
+    redis.zadd(keys.of(redis).RETRY, {"r1": 1.0, "r2": 2.0})
+    redis.zadd(keys.of(redis).DEAD, {"d1": 1.0})
     write_process(redis, "host:1:aa", "default", busy=2)
     write_process(redis, "host:2:bb", "default", busy=1)
     write_process(redis, "host:3:cc", "mail", busy=0)
-    redis.sadd(keys.PROCESSES, "host:4:gone")  # no hash: a dead process, not counted
+    redis.sadd(keys.of(redis).PROCESSES, "host:4:gone")  # no hash: a dead process, not counted
 
     samples = scrape(redis, [])
 
@@ -164,7 +164,7 @@ def fill(redis: redis_py.Redis, queues: int) -> None:
     for n in range(queues):
         client.push({"class": "Work", "queue": f"q{n}", "args": [n]})
         Queue(f"q{n}", redis).limit = n + 1
-        redis.hset(keys.BUSY, f"q{n}", 1)
+        redis.hset(keys.of(redis).BUSY, f"q{n}", 1)
         write_process(redis, f"host:{n}:id", f"capsule{n % 7}", busy=1)
         rerouted.perform_async(n)
 

@@ -72,12 +72,15 @@ def outbox(postgres_table: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> 
 def queued(redis: redis_py.Redis, queue: str = QUEUE) -> list[str]:
     """The jids of a queue, oldest first."""
     return [
-        limitd.payload.parse(raw)["jid"] for raw in reversed(redis.lrange(keys.queue(queue), 0, -1))
+        limitd.payload.parse(raw)["jid"]
+        for raw in reversed(redis.lrange(keys.of(redis).queue(queue), 0, -1))
     ]
 
 
 def scheduled(redis: redis_py.Redis) -> list[str]:
-    return [limitd.payload.parse(raw)["jid"] for raw in redis.zrange(keys.SCHEDULE, 0, -1)]
+    return [
+        limitd.payload.parse(raw)["jid"] for raw in redis.zrange(keys.of(redis).SCHEDULE, 0, -1)
+    ]
 
 
 def commit_jobs(outbox: Outbox, count: int, start: int = 0) -> list[str]:
@@ -165,7 +168,7 @@ def test_the_relay_pushes_each_committed_job_once_in_order_and_deletes_its_row(
     assert queued(redis) == jids  # in commit order
     assert scheduled(redis) == [later]
     assert outbox.rows() == []
-    assert redis.sismember(keys.QUEUES, QUEUE)
+    assert redis.sismember(keys.of(redis).QUEUES, QUEUE)
     assert outbox.relay().drain() == 0 and len(queued(redis)) == 250
 
 
@@ -177,7 +180,7 @@ def test_the_relay_runs_the_client_middleware(redis: redis_py.Redis, outbox: Out
     assert len(outbox.rows()) == 2
     outbox.relay().drain()
     assert queued(redis) == [first] and outbox.rows() == []
-    assert int(redis.get(keys.UNIQUE_SKIPPED) or 0) == 1
+    assert int(redis.get(keys.of(redis).UNIQUE_SKIPPED) or 0) == 1
 
 
 def test_a_relay_that_dies_between_its_push_and_its_delete_does_not_push_twice(
@@ -196,7 +199,9 @@ def test_a_relay_that_dies_between_its_push_and_its_delete_does_not_push_twice(
     assert [row["jid"] for row in outbox.rows()] == jids  # still in the table
     assert outbox.relay().drain() == 30
     assert queued(redis) == jids and outbox.rows() == []
-    assert 86_000 < redis.ttl(pushed_marker(jids[0], 1)) <= 86_400  # the first row's marker
+    assert (
+        86_000 < redis.ttl(pushed_marker(keys.of(redis), jids[0], 1)) <= 86_400
+    )  # the first row's marker
 
 
 def test_two_relays_at_once_push_each_row_once(redis: redis_py.Redis, outbox: Outbox) -> None:
@@ -259,7 +264,7 @@ def test_a_row_that_is_not_a_job_goes_to_the_dead_set_and_the_others_go_on(
     with caplog.at_level(logging.ERROR, "limitd.outbox"):
         assert outbox.relay().drain() == 2
     assert queued(redis) == [good] and outbox.rows() == []
-    [dead] = redis.zrange(keys.DEAD, 0, -1)
+    [dead] = redis.zrange(keys.of(redis).DEAD, 0, -1)
     assert "{not json" in json.loads(dead)["raw"]
     assert any("jid=bad" in record.getMessage() for record in caplog.records)
 

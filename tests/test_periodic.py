@@ -42,7 +42,9 @@ def utc(*parts: int) -> datetime:
 
 
 def queued(redis: redis_py.Redis) -> list[dict[str, Any]]:
-    return [json.loads(raw) for raw in reversed(redis.lrange(keys.queue("default"), 0, -1))]
+    return [
+        json.loads(raw) for raw in reversed(redis.lrange(keys.of(redis).queue("default"), 0, -1))
+    ]
 
 
 class Recording(PeriodicScheduler):
@@ -173,7 +175,7 @@ def test_a_failed_push_gives_the_tick_back_and_logs_jid_and_job(
     every_minute = entry()
     scheduler = PeriodicScheduler(redis, [every_minute])
     assert scheduler.fire(every_minute, T0)
-    before = redis.hgetall(entry_key("tick"))
+    before = redis.hgetall(entry_key(keys.of(redis), "tick"))
 
     def refuse(payloads: Any) -> None:
         raise redis_py.ConnectionError("queue write lost")
@@ -182,7 +184,7 @@ def test_a_failed_push_gives_the_tick_back_and_logs_jid_and_job(
     monkeypatch.setattr(client, "raw_push", refuse)
     with caplog.at_level(logging.ERROR, logger="limitd.periodic"):
         assert scheduler.fire(every_minute, T0 + 60) is None
-    assert redis.hgetall(entry_key("tick")) == before, "the claim was given back"
+    assert redis.hgetall(entry_key(keys.of(redis), "tick")) == before, "the claim was given back"
     [failure] = [r for r in caplog.records if "push failed" in r.getMessage()]
     assert "class=periodic_test.Tick" in failure.getMessage()
     jid = failure.getMessage().split("jid=")[1].split()[0]
@@ -274,7 +276,7 @@ def test_a_tick_claimed_elsewhere_is_not_enqueued_again_by_a_late_scheduler(
 
 def ran_at(redis: redis_py.Redis, every_minute: PeriodicEntry, tick: float) -> None:
     assert PeriodicScheduler(redis, [every_minute]).fire(every_minute, tick)
-    redis.delete(keys.queue("default"))
+    redis.delete(keys.of(redis).queue("default"))
 
 
 def test_missed_once_runs_the_latest_missed_tick_once_on_start(redis: redis_py.Redis) -> None:

@@ -43,7 +43,7 @@ def refill_entry() -> PeriodicEntry:
 
 
 def queued(redis: redis_py.Redis) -> list[str]:
-    return [json.loads(raw)["jid"] for raw in redis.lrange(keys.queue(QUEUE), 0, -1)]
+    return [json.loads(raw)["jid"] for raw in redis.lrange(keys.of(redis).queue(QUEUE), 0, -1)]
 
 
 def test_capacity_entries_fill_the_free_places_and_record_their_jids(
@@ -67,7 +67,7 @@ def test_a_failing_capacity_refill_gives_the_tick_back(
 
     monkeypatch.setattr(Refill, "remaining_work_count", broken)
     assert PeriodicScheduler(redis, [refill_entry()]).fire(refill_entry(), T0) is None
-    assert redis.hgetall(entry_key("refill")) == {}
+    assert redis.hgetall(entry_key(keys.of(redis), "refill")) == {}
     assert queued(redis) == []
 
 

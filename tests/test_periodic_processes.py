@@ -20,7 +20,7 @@ from limitd.connection.embedded import RedisServer
 from tests.helpers import LimitdProcesses, wait_for
 
 SUPERVISORS = 3
-QUEUE = keys.queue("default")
+QUEUE = keys.STANDALONE.queue("default")  # the supervisors run on a standalone Redis
 TICKS = 60
 
 APP = textwrap.dedent("""
@@ -61,7 +61,7 @@ def test_three_supervisors_enqueue_each_tick_exactly_once(
     processes.env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
     supervisors = [processes.start("periodic.yml") for _ in range(SUPERVISORS)]
     try:
-        wait_for(lambda: redis.scard(keys.CAPSULES) == SUPERVISORS, 30, "three capsules")
+        wait_for(lambda: redis.scard(keys.of(redis).CAPSULES) == SUPERVISORS, 30, "three capsules")
         everyone_up = clock.now()
         wait_for(
             lambda: max(runs(redis), default=0) >= everyone_up + TICKS,
@@ -80,4 +80,4 @@ def test_three_supervisors_enqueue_each_tick_exactly_once(
     assert len(ticks) >= TICKS
     assert set(counts.values()) == {1}, "no tick enqueued twice"
     assert {b - a for a, b in pairwise(ticks)} == {1}, "no tick missing"
-    assert redis.zcard(keys.DEAD) == 0 and redis.zcard(keys.RETRY) == 0
+    assert redis.zcard(keys.of(redis).DEAD) == 0 and redis.zcard(keys.of(redis).RETRY) == 0

@@ -50,17 +50,17 @@ def deep_array(depth: int = DEPTH) -> str:
 
 
 def dead_entries(redis: redis_py.Redis) -> list[Payload]:
-    return [json.loads(entry) for entry in redis.zrange(keys.DEAD, 0, -1)]
+    return [json.loads(entry) for entry in redis.zrange(keys.of(redis).DEAD, 0, -1)]
 
 
-def counts_key() -> str:
-    """The recovery counts of the jobs of "default" (named at call time: the layout)."""
-    return keys.recoveries_of("default")
+def counts_key(redis: redis_py.Redis) -> str:
+    """The recovery counts of the jobs of "default" (in ``redis``'s layout)."""
+    return keys.of(redis).recoveries_of("default")
 
 
 def push_raw(redis: redis_py.Redis, body: str, queue: str = "default") -> None:
-    redis.sadd(keys.QUEUES, queue)
-    redis.lpush(keys.queue(queue), body)
+    redis.sadd(keys.of(redis).QUEUES, queue)
+    redis.lpush(keys.of(redis).queue(queue), body)
 
 
 @pytest.fixture(params=["limit", "basic"])
@@ -85,13 +85,15 @@ def test_a_payload_nested_too_deep_is_dead_at_once_and_work_goes_on(
     capsule: Capsule, redis: redis_py.Redis, body: str
 ) -> None:
     push_raw(redis, body)
-    wait_for(lambda: redis.zcard(keys.DEAD) == 1, timeout=5, message="the payload in dead")
+    wait_for(
+        lambda: redis.zcard(keys.of(redis).DEAD) == 1, timeout=5, message="the payload in dead"
+    )
     [entry] = dead_entries(redis)
     assert entry["error_class"] == "limitd.MalformedPayload"
     assert "RecursionError" in entry["error_message"]
     assert entry["raw"] == body, "the raw text is kept for the operator"
-    assert not redis.exists(counts_key()), "buried at the first fetch, never requeued"
-    assert redis.llen(keys.queue("default")) == 0
+    assert not redis.exists(counts_key(redis)), "buried at the first fetch, never requeued"
+    assert redis.llen(keys.of(redis).queue("default")) == 0
     note.perform_async("after")
     wait_for(lambda: ran == ["after"], message="the capsule to run the next job")
 
@@ -102,7 +104,7 @@ def test_nan_in_a_payload_is_malformed_rather_than_unwritable(
     """Python's decoder accepts NaN, but a payload holding it could never be written back
     for a retry: it is refused like any other undecodable payload."""
     push_raw(redis, '{"class":"poison_test.Note","args":[NaN],"jid":"%s"}' % ("b" * 24))
-    wait_for(lambda: redis.zcard(keys.DEAD) == 1, message="the payload in dead")
+    wait_for(lambda: redis.zcard(keys.of(redis).DEAD) == 1, message="the payload in dead")
     [entry] = dead_entries(redis)
     assert "NaN" in entry["error_message"]
     assert ran == []
@@ -134,7 +136,7 @@ def test_a_job_whose_outcome_cannot_be_recorded_is_dead_after_max_recoveries(
     capsule.start()
     try:
         jid = note.perform_async("loop")
-        wait_for(lambda: redis.zcard(keys.DEAD) == 1, message="the job in dead")
+        wait_for(lambda: redis.zcard(keys.of(redis).DEAD) == 1, message="the job in dead")
         wait_for(lambda: len(deaths) == 1, message="the death handler")
     finally:
         capsule.stop(timeout=2)
@@ -148,35 +150,35 @@ def test_a_job_whose_outcome_cannot_be_recorded_is_dead_after_max_recoveries(
     payload, exc = deaths[0]
     assert payload["jid"] == jid
     assert "recovered 2 times" in str(exc)
-    assert redis.llen(keys.queue("default")) == 0
-    assert not redis.hgetall(counts_key()), "counts of a buried job are forgotten"
+    assert redis.llen(keys.of(redis).queue("default")) == 0
+    assert not redis.hgetall(counts_key(redis)), "counts of a buried job are forgotten"
 
 
 def test_a_recovered_job_that_completes_forgets_its_count(redis: redis_py.Redis) -> None:
     """One crash is not a poison pill: the job runs again, and once it completes its
     count is gone."""
     capsule_id = "crashed"
-    redis.sadd(keys.CAPSULES, capsule_id)
-    redis.sadd(keys.capsule_queues(capsule_id, "default"), "default")
+    redis.sadd(keys.of(redis).CAPSULES, capsule_id)
+    redis.sadd(keys.of(redis).capsule_queues(capsule_id, "default"), "default")
     job = json.dumps({"class": "poison_test.Note", "args": ["again"], "jid": new_jid()})
-    redis.lpush(keys.in_progress(capsule_id, "default"), job)
-    redis.hset(keys.busy_of("default"), "default", 1)
+    redis.lpush(keys.of(redis).in_progress(capsule_id, "default"), job)
+    redis.hset(keys.of(redis).busy_of("default"), "default", 1)
     assert liveness.reap(redis, capsule_id, "capsule crashed running it") == 1
     field = recoveries.job_id(job.encode())
-    assert redis.hget(counts_key(), field) == b"1"
-    assert redis.hget(counts_key(), field + ":error") == b"capsule crashed running it"
-    assert redis.ttl(counts_key()) > 0, "counts of jobs deleted while queued expire"
+    assert redis.hget(counts_key(redis), field) == b"1"
+    assert redis.hget(counts_key(redis), field + ":error") == b"capsule crashed running it"
+    assert redis.ttl(counts_key(redis)) > 0, "counts of jobs deleted while queued expire"
     Capsule(CapsuleConfig(), redis=redis).drain()
     assert ran == ["again"]
-    assert not redis.exists(counts_key())
+    assert not redis.exists(counts_key(redis))
 
 
 def test_the_limit_fetch_reports_each_jobs_recoveries(redis: redis_py.Redis) -> None:
     capsule = Capsule(CapsuleConfig(), redis=redis)
     jobs = [json.dumps({"class": "poison_test.Note", "args": [n], "jid": new_jid()}) for n in "ab"]
     for job in jobs:
-        redis.lpush(keys.queue("default"), job)
-    redis.hset(counts_key(), recoveries.job_id(jobs[1].encode()), 2)
+        redis.lpush(keys.of(redis).queue("default"), job)
+    redis.hset(counts_key(redis), recoveries.job_id(jobs[1].encode()), 2)
     taken = take_one(capsule.fetch), take_one(capsule.fetch)
     assert [(unit.job.decode(), unit.recoveries) for unit in taken if unit] == [
         (jobs[0], 0),
@@ -191,12 +193,12 @@ def test_give_back_requeues_once_even_racing_the_reaper(redis: redis_py.Redis) -
     note.perform_async("x")
     unit = take_one(capsule.fetch)
     assert unit is not None
-    redis.delete(keys.capsule_heartbeat(capsule.id))
+    redis.delete(keys.of(redis).capsule_heartbeat(capsule.id))
     assert liveness.reap(redis, capsule.id, "reaped") == 1
     capsule.fetch.requeue(unit, reason="too late")
-    assert redis.llen(keys.queue("default")) == 1
-    assert redis.hget(counts_key(), recoveries.job_id(unit.job)) == b"1"
-    assert int(redis.hget(keys.busy_of("default"), "default") or 0) == 0
+    assert redis.llen(keys.of(redis).queue("default")) == 1
+    assert redis.hget(counts_key(redis), recoveries.job_id(unit.job)) == b"1"
+    assert int(redis.hget(keys.of(redis).busy_of("default"), "default") or 0) == 0
 
 
 def test_mark_recovered_keeps_undecodable_bytes() -> None:
@@ -243,10 +245,12 @@ def test_a_job_that_kills_its_process_is_dead_after_max_recoveries(
     processes.env["PYTHONPATH"] = f"{app_dir}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
     supervisor = processes.start("poison.yml")
     try:
-        wait_for(lambda: redis.scard(keys.CAPSULES) == 1, timeout=20, message="a capsule")
+        wait_for(lambda: redis.scard(keys.of(redis).CAPSULES) == 1, timeout=20, message="a capsule")
         first_child = children(supervisor.pid)
         jid = limitd.Client(redis).push({"class": "poison_app.Suicide", "args": []})
-        wait_for(lambda: redis.zcard(keys.DEAD) == 1, timeout=30, message="the job in dead")
+        wait_for(
+            lambda: redis.zcard(keys.of(redis).DEAD) == 1, timeout=30, message="the job in dead"
+        )
         [entry] = dead_entries(redis)
         assert entry["jid"] == jid
         assert entry["error_message"].startswith("recovered 3 times without completing: ")
@@ -289,4 +293,4 @@ def test_the_deep_payload_in_a_thread_does_not_take_the_capsule_down(
     note.perform_async("next")
     Capsule(CapsuleConfig(), redis=redis).drain()
     assert ran == ["next"]
-    assert redis.zcard(keys.DEAD) == 1
+    assert redis.zcard(keys.of(redis).DEAD) == 1

@@ -65,7 +65,9 @@ def workers(tmp_path: Path, redis_server: RedisServer, redis: redis_py.Redis) ->
         (tmp_path / "suspects.yml").write_text(config(count, threads))
         supervisor = processes.start("suspects.yml")
         started.append(supervisor)
-        wait_for(lambda: redis.scard(keys.CAPSULES) == count, timeout=30, message="capsules")
+        wait_for(
+            lambda: redis.scard(keys.of(redis).CAPSULES) == count, timeout=30, message="capsules"
+        )
         return supervisor
 
     yield start
@@ -85,7 +87,7 @@ def push_poison(redis: redis_py.Redis) -> str:
 
 
 def dead(redis: redis_py.Redis) -> list[dict]:
-    return [json.loads(raw) for raw in redis.zrange(keys.DEAD, 0, -1)]
+    return [json.loads(raw) for raw in redis.zrange(keys.of(redis).DEAD, 0, -1)]
 
 
 def assert_only_the_poison_is_dead(redis: redis_py.Redis, jid: str) -> None:
@@ -106,7 +108,7 @@ def test_a_long_job_started_before_a_poison_job_is_not_buried_with_it(
     push_work(redis, ["long"], 3.0)
     wait_for(lambda: redis.lrange("t:started", 0, -1) == [b"long"], message="the long job")
     jid = push_poison(redis)
-    wait_for(lambda: redis.zcard(keys.DEAD) == 1, timeout=60, message="a job in dead")
+    wait_for(lambda: redis.zcard(keys.of(redis).DEAD) == 1, timeout=60, message="a job in dead")
     wait_for(lambda: redis.sismember("t:done", "long"), timeout=30, message="the long job")
     assert_only_the_poison_is_dead(redis, jid)
     assert redis.lrange("t:started", 0, -1) == [b"long", b"long"], "interrupted once, then done"
@@ -132,9 +134,11 @@ def test_a_poison_job_among_many_goes_to_the_dead_set_alone(
     jid = push_poison(redis)
     push_work(redis, tags[count // 5 :], seconds)
     wait_for(lambda: redis.scard("t:done") == count, timeout=120, message="every job done")
-    wait_for(lambda: redis.zcard(keys.DEAD) >= 1, timeout=60, message="the poison in dead")
+    wait_for(
+        lambda: redis.zcard(keys.of(redis).DEAD) >= 1, timeout=60, message="the poison in dead"
+    )
     assert_only_the_poison_is_dead(redis, jid)
-    assert redis.llen(keys.queue("default")) == 0
+    assert redis.llen(keys.of(redis).queue("default")) == 0
 
 
 def test_processes_killed_from_outside_bury_no_job(workers, redis: redis_py.Redis) -> None:

@@ -37,24 +37,26 @@ def job(tag: str) -> bytes:
 
 def enqueue(redis: redis_py.Redis, *jobs: bytes) -> None:
     """Oldest first: the first job given is the first fetched."""
-    redis.sadd(keys.QUEUES, "default")
-    redis.lpush(keys.queue("default"), *jobs)
+    redis.sadd(keys.of(redis).QUEUES, "default")
+    redis.lpush(keys.of(redis).queue("default"), *jobs)
 
 
 def charges(redis: redis_py.Redis, payload: bytes) -> tuple[int, int]:
     """(crashes, crashes alone) charged to a job."""
     field = recoveries.job_id(payload)
-    found = redis.hmget(keys.recoveries_of("default"), field, field + ":alone")
+    found = redis.hmget(keys.of(redis).recoveries_of("default"), field, field + ":alone")
     return int(found[0] or 0), int(found[1] or 0)
 
 
 def suspect(redis: redis_py.Redis, payload: bytes, crashes: int = 1, alone: int = 0) -> None:
     field = recoveries.job_id(payload)
-    redis.hset(keys.recoveries_of("default"), mapping={field: crashes, field + ":alone": alone})
+    redis.hset(
+        keys.of(redis).recoveries_of("default"), mapping={field: crashes, field + ":alone": alone}
+    )
 
 
 def held_by(redis: redis_py.Redis, capsule: str) -> bytes | None:
-    return redis.hget(keys.recoveries_of("default"), "held:" + capsule)
+    return redis.hget(keys.of(redis).recoveries_of("default"), "held:" + capsule)
 
 
 def fetch_for(redis: redis_py.Redis, capsule: str) -> LimitFetch:
@@ -66,13 +68,13 @@ def take(fetch: LimitFetch, want: int, done: list[LimitUnitOfWork] | None = None
 
 
 def crash(redis: redis_py.Redis, capsule: str, *, blame: bool = True) -> int:
-    redis.delete(keys.capsule_heartbeat(capsule))
+    redis.delete(keys.of(redis).capsule_heartbeat(capsule))
     return liveness.reap(redis, capsule, f"{capsule} crashed", blame=blame)
 
 
 def queued(redis: redis_py.Redis) -> list[bytes]:
     """The queue, next job first."""
-    return redis.lrange(keys.queue("default"), 0, -1)[::-1]
+    return redis.lrange(keys.of(redis).queue("default"), 0, -1)[::-1]
 
 
 def test_a_crash_makes_every_job_the_process_held_a_suspect_with_one_shared_crash(
@@ -123,7 +125,7 @@ def test_passing_over_suspects_never_takes_one_twice_in_a_call(redis: redis_py.R
     assert take(fetch, 1) == [held]
     assert take(fetch, 10) == []
     assert sorted(queued(redis)) == sorted(others)
-    assert int(redis.hget(keys.busy_of("default"), "default") or 0) == 1
+    assert int(redis.hget(keys.of(redis).busy_of("default"), "default") or 0) == 1
 
 
 def test_a_crash_while_a_suspect_runs_is_charged_to_it_alone(redis: redis_py.Redis) -> None:
@@ -170,7 +172,7 @@ def test_a_suspect_that_completes_is_cleared_and_frees_the_hold(redis: redis_py.
     assert capsule.drain() == {"done": 1}
     assert ran == ["again"]
     assert charges(redis, payload) == (0, 0)
-    assert not redis.exists(keys.recoveries_of("default")), "nothing left behind"
+    assert not redis.exists(keys.of(redis).recoveries_of("default")), "nothing left behind"
 
 
 @pytest.mark.parametrize(
@@ -191,10 +193,10 @@ def test_a_job_is_buried_at_max_recoveries_with_a_crash_charged_to_it_alone(
     capsule = Capsule(CapsuleConfig(max_recoveries=max_recoveries), redis=redis)
     assert capsule.drain() == {outcome: 1}
     if outcome == "dead":
-        [entry] = [json.loads(raw) for raw in redis.zrange(keys.DEAD, 0, -1)]
+        [entry] = [json.loads(raw) for raw in redis.zrange(keys.of(redis).DEAD, 0, -1)]
         assert entry["error_class"] == "limitd.RecoveredTooOften"
         assert entry["error_message"].startswith(f"recovered {crashes} times")
-    assert not redis.exists(keys.recoveries_of("default"))
+    assert not redis.exists(keys.of(redis).recoveries_of("default"))
 
 
 def test_a_job_given_back_is_charged_alone(redis: redis_py.Redis) -> None:
@@ -211,7 +213,8 @@ seen_running: list[bytes | None] = []
 
 def _record_the_mark(capsule_id: str) -> None:
     field = "running:" + capsule_id
-    seen_running.append(limitd.default_client().redis.hget(keys.recoveries_of("default"), field))
+    redis = limitd.default_client().redis
+    seen_running.append(redis.hget(keys.of(redis).recoveries_of("default"), field))
 
 
 @limitd.job(name="suspects_test.SeesItsMark")
@@ -238,7 +241,9 @@ def test_a_suspect_is_marked_running_before_its_code_runs(
     capsule.start()
     try:
         wait_for(lambda: seen_running, message="the suspect to run")
-        wait_for(lambda: not redis.exists(keys.recoveries_of("default")), message="cleared")
+        wait_for(
+            lambda: not redis.exists(keys.of(redis).recoveries_of("default")), message="cleared"
+        )
     finally:
         capsule.stop(timeout=2)
     assert seen_running == [recoveries.job_id(payload).encode()]
@@ -254,7 +259,7 @@ def test_a_malformed_suspect_is_buried_and_its_charges_forgotten(redis: redis_py
     capsule = Capsule(CapsuleConfig(capsule_id="c1"), redis=redis)
     assert capsule.drain() == {"dead": 1, "done": 1}
     assert ran == ["next"]
-    assert not redis.exists(keys.recoveries_of("default"))
+    assert not redis.exists(keys.of(redis).recoveries_of("default"))
 
 
 def test_releasing_the_hold_wakes_the_capsules_up(redis: redis_py.Redis) -> None:

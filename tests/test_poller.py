@@ -33,7 +33,7 @@ def later(n: int) -> None: ...
 def schedule(redis: redis_py.Redis, at: float, **fields: object) -> str:
     payload = {"class": "poller_test.Later", "args": [at], "queue": "later", **fields}
     member = json.dumps(payload)
-    redis.zadd(keys.SCHEDULE, {member: at})
+    redis.zadd(keys.of(redis).SCHEDULE, {member: at})
     return member
 
 
@@ -44,17 +44,17 @@ def test_due_jobs_move_and_future_ones_stay(redis: redis_py.Redis) -> None:
     later.perform_in(60, 99)
     poller = ScheduledPoller(redis)
     assert poller.enqueue_due() == 3
-    assert redis.zcard(keys.SCHEDULE) == 1
-    queued = [json.loads(j) for j in redis.lrange(keys.queue("later"), 0, -1)]
+    assert redis.zcard(keys.of(redis).SCHEDULE) == 1
+    queued = [json.loads(j) for j in redis.lrange(keys.of(redis).queue("later"), 0, -1)]
     assert len(queued) == 3
     assert all(job["enqueued_at"] == NOW for job in queued)
-    assert redis.smembers(keys.QUEUES) == {b"later"}
+    assert redis.smembers(keys.of(redis).QUEUES) == {b"later"}
 
 
 def test_retry_set_is_polled_too(redis: redis_py.Redis) -> None:
-    redis.zadd(keys.RETRY, {json.dumps({"class": "X", "args": [], "queue": "q"}): NOW})
+    redis.zadd(keys.of(redis).RETRY, {json.dumps({"class": "X", "args": [], "queue": "q"}): NOW})
     assert ScheduledPoller(redis).enqueue_due(now=NOW) == 1
-    assert redis.llen(keys.queue("q")) == 1
+    assert redis.llen(keys.of(redis).queue("q")) == 1
 
 
 @pytest.mark.standalone_only("threads share one connection pool")
@@ -76,17 +76,17 @@ def test_racing_pollers_move_each_job_exactly_once(redis: redis_py.Redis) -> Non
     for thread in threads:
         thread.join(30)
     assert sum(moved) == total
-    args = sorted(json.loads(j)["args"][0] for j in redis.lrange(keys.queue("q"), 0, -1))
+    args = sorted(json.loads(j)["args"][0] for j in redis.lrange(keys.of(redis).queue("q"), 0, -1))
     assert args == list(range(total))
-    assert redis.zcard(keys.SCHEDULE) == 0
+    assert redis.zcard(keys.of(redis).SCHEDULE) == 0
 
 
 def test_unreadable_scheduled_member_goes_to_dead(redis: redis_py.Redis) -> None:
-    redis.zadd(keys.SCHEDULE, {b"not json at all": NOW - 1})
+    redis.zadd(keys.of(redis).SCHEDULE, {b"not json at all": NOW - 1})
     assert ScheduledPoller(redis).enqueue_due(now=NOW) == 1
-    [entry] = [json.loads(m) for m in redis.zrange(keys.DEAD, 0, -1)]
+    [entry] = [json.loads(m) for m in redis.zrange(keys.of(redis).DEAD, 0, -1)]
     assert entry["raw"] == "not json at all"
-    assert redis.zcard(keys.SCHEDULE) == 0
+    assert redis.zcard(keys.of(redis).SCHEDULE) == 0
 
 
 @pytest.mark.standalone_only("Sidekiq's process record names")
@@ -118,19 +118,19 @@ def test_cleanup_prunes_dead_processes_once_a_minute(redis: redis_py.Redis) -> N
 @pytest.mark.standalone_only("batches are standalone only")
 def test_expired_batches_leave_the_index_once_an_hour(redis: redis_py.Redis) -> None:
     # 1,200 batches whose data expired, around 3 live ones, across pages of 500.
-    redis.zadd(keys.BATCHES, {f"expired-{n}": n for n in range(1_200)})
+    redis.zadd(keys.of(redis).BATCHES, {f"expired-{n}": n for n in range(1_200)})
     live = []
     for score in (250.5, 600.5, 1_100.5):
         with limitd.Batch("live").jobs() as batch:
             pass
-        redis.zadd(keys.BATCHES, {batch.bid: score})
+        redis.zadd(keys.of(redis).BATCHES, {batch.bid: score})
         live.append(batch.bid)
     assert BATCH.housekeeping is prune_index_hourly, "the pollers' upkeep runs it"
     assert prune_index_hourly(redis) == 1_200
-    assert [bid.decode() for bid in redis.zrange(keys.BATCHES, 0, -1)] == live
-    redis.zadd(keys.BATCHES, {"expired-later": 1})
+    assert [bid.decode() for bid in redis.zrange(keys.of(redis).BATCHES, 0, -1)] == live
+    redis.zadd(keys.of(redis).BATCHES, {"expired-later": 1})
     assert prune_index_hourly(redis) == 0, "one pruning an hour across the cluster"
-    assert 3_590 < redis.ttl(keys.BATCH_INDEX_PRUNE_LOCK) <= 3_600
+    assert 3_590 < redis.ttl(keys.of(redis).BATCH_INDEX_PRUNE_LOCK) <= 3_600
 
 
 @pytest.mark.standalone_only("batches are standalone only")
@@ -138,12 +138,15 @@ def test_running_poller_enqueues_due_jobs_and_prunes_the_batch_index(
     redis: redis_py.Redis,
 ) -> None:
     schedule(redis, 0.0)
-    redis.zadd(keys.BATCHES, {"expired": 1})
+    redis.zadd(keys.of(redis).BATCHES, {"expired": 1})
     poller = ScheduledPoller(redis, poll_interval_average=0.05)
     poller.start()
     try:
-        wait_for(lambda: redis.llen(keys.queue("later")) == 1, message="the poller to move the job")
-        wait_for(lambda: redis.zcard(keys.BATCHES) == 0, message="the index to be pruned")
+        wait_for(
+            lambda: redis.llen(keys.of(redis).queue("later")) == 1,
+            message="the poller to move the job",
+        )
+        wait_for(lambda: redis.zcard(keys.of(redis).BATCHES) == 0, message="the index to be pruned")
     finally:
         poller.terminate()
         poller.join(2)
@@ -197,7 +200,9 @@ def test_a_job_due_soon_moves_when_due_not_at_the_next_poll(redis: redis_py.Redi
     later.perform_in(0.3, 1)
     poller.start()
     try:
-        wait_for(lambda: redis.llen(keys.queue("later")) == 1, timeout=8, message="the due job")
+        wait_for(
+            lambda: redis.llen(keys.of(redis).queue("later")) == 1, timeout=8, message="the due job"
+        )
     finally:
         stop(poller)
 
@@ -212,9 +217,13 @@ def test_a_job_sooner_than_the_planned_wake_up_wakes_the_poller(redis: redis_py.
         wait_for(lambda: poller.looks, message="the first look")
         assert poller.looks[0] is not None and poller.looks[0] > clock.now() + 500
         later.perform_in(0.3, "soon")
-        wait_for(lambda: redis.llen(keys.queue("later")) == 1, timeout=8, message="the sooner job")
-        assert json.loads(redis.lindex(keys.queue("later"), 0) or b"")["args"] == ["soon"]
-        assert redis.zcard(keys.SCHEDULE) == 1, "the far job still waits"
+        wait_for(
+            lambda: redis.llen(keys.of(redis).queue("later")) == 1,
+            timeout=8,
+            message="the sooner job",
+        )
+        assert json.loads(redis.lindex(keys.of(redis).queue("later"), 0) or b"")["args"] == ["soon"]
+        assert redis.zcard(keys.of(redis).SCHEDULE) == 1, "the far job still waits"
     finally:
         stop(poller, listener)
 
@@ -239,7 +248,9 @@ def test_the_poller_reads_the_earliest_score_instead_of_polling(redis: redis_py.
     with freeze_time("2026-11-21 12:00:00"):
         assert poller.move_due() is None, "both sets empty"
         schedule(redis, NOW + 30)
-        redis.zadd(keys.RETRY, {json.dumps({"class": "X", "args": [], "queue": "q"}): NOW + 45})
+        redis.zadd(
+            keys.of(redis).RETRY, {json.dumps({"class": "X", "args": [], "queue": "q"}): NOW + 45}
+        )
         redis.config_resetstat()
         assert poller.move_due() == NOW + 30
         assert poller.seconds_to_sleep(NOW + 30, clock.monotonic() + 1000) == 30
@@ -254,7 +265,9 @@ def test_the_poller_reads_the_earliest_score_instead_of_polling(redis: redis_py.
 def test_only_the_sets_with_due_jobs_are_drained(redis: redis_py.Redis) -> None:
     schedule(redis, NOW - 1)
     schedule(redis, NOW + 30)
-    redis.zadd(keys.RETRY, {json.dumps({"class": "X", "args": [], "queue": "q"}): NOW + 45})
+    redis.zadd(
+        keys.of(redis).RETRY, {json.dumps({"class": "X", "args": [], "queue": "q"}): NOW + 45}
+    )
     redis.config_resetstat()
     with freeze_time("2026-11-21 12:00:00"):
         assert ScheduledPoller(redis).move_due() == NOW + 30
@@ -262,7 +275,7 @@ def test_only_the_sets_with_due_jobs_are_drained(redis: redis_py.Redis) -> None:
         name.removeprefix("cmdstat_"): v["calls"] for name, v in redis.info("commandstats").items()
     }
     assert calls.get("zrangebyscore") == 1, "only schedule had a due job"
-    assert redis.llen(keys.queue("later")) == 1
+    assert redis.llen(keys.of(redis).queue("later")) == 1
 
 
 @pytest.mark.standalone_only("threads share one connection pool")
@@ -277,10 +290,12 @@ def test_many_pollers_waking_together_move_each_job_once(redis: redis_py.Redis) 
         rng = random.Random(7)
         for n in range(150):  # several due at the same instant
             later.perform_at(clock.now() + 0.2 + rng.randrange(10) / 20, n)
-        wait_for(lambda: redis.llen(keys.queue("later")) == 150, timeout=15, message="150 jobs")
-        assert redis.zcard(keys.SCHEDULE) == 0
+        wait_for(
+            lambda: redis.llen(keys.of(redis).queue("later")) == 150, timeout=15, message="150 jobs"
+        )
+        assert redis.zcard(keys.of(redis).SCHEDULE) == 0
         queued = sorted(
-            json.loads(job)["args"][0] for job in redis.lrange(keys.queue("later"), 0, -1)
+            json.loads(job)["args"][0] for job in redis.lrange(keys.of(redis).queue("later"), 0, -1)
         )
         assert queued == list(range(150))
     finally:
@@ -294,13 +309,14 @@ def test_scheduled_pushes_and_retries_announce_their_due_time(redis: redis_py.Re
     try:
         later.perform_in(30, 1)
         [(_, at)] = cast(
-            "list[tuple[bytes, float]]", redis.zrange(keys.SCHEDULE, 0, 0, withscores=True)
+            "list[tuple[bytes, float]]",
+            redis.zrange(keys.of(redis).SCHEDULE, 0, 0, withscores=True),
         )
         assert next_message(pubsub) == at
         payload = {"class": "X", "args": [], "queue": "q", "jid": "j1", "retry": True}
         RetryHandler(redis).job_failed(None, payload, "q", ValueError("x"))  # a retry
         [(_, retry_at)] = cast(
-            "list[tuple[bytes, float]]", redis.zrange(keys.RETRY, 0, 0, withscores=True)
+            "list[tuple[bytes, float]]", redis.zrange(keys.of(redis).RETRY, 0, 0, withscores=True)
         )
         assert next_message(pubsub) == retry_at
     finally:
@@ -345,7 +361,9 @@ def test_interval_mode_polls_blindly_and_subscribes_to_nothing(redis: redis_py.R
     schedule(redis, 0.0)
     poller.start()
     try:
-        wait_for(lambda: redis.llen(keys.queue("later")) == 1, message="the interval poll")
+        wait_for(
+            lambda: redis.llen(keys.of(redis).queue("later")) == 1, message="the interval poll"
+        )
     finally:
         stop(poller)
 

@@ -35,7 +35,7 @@ def quick(n: int) -> None:
 def write_record(redis: redis_py.Redis, capsule_id: str) -> str:
     """A process record as a capsule ``capsule_id`` writes it, running one job, with a
     signal waiting for it."""
-    identity = new_identity(capsule_id)
+    identity = new_identity(capsule_id, keys.of(redis))
     work = [WorkItem("t1", "default", b'{"jid":"x"}', 0.0)]
     ProcessRecord(identity, {"capsule_id": capsule_id}, lambda: work).write(redis)
     redis.lpush(keys.process_signals(identity), "TSTP")
@@ -63,7 +63,7 @@ def test_retire_removes_the_capsules_process_record(any_redis: redis_py.Redis) -
     alive = write_record(any_redis, "beef")
     assert any_redis.exists(*record_keys(dead)) == 4
     liveness.retire(any_redis, "c0ffee", "killed")
-    assert any_redis.smembers(keys.PROCESSES) == {alive.encode()}
+    assert any_redis.smembers(keys.of(any_redis).PROCESSES) == {alive.encode()}
     assert any_redis.exists(*record_keys(dead)) == 0
     assert any_redis.exists(*record_keys(alive)) == 4
 
@@ -72,18 +72,18 @@ def test_the_heartbeat_reaper_removes_the_record_too(any_redis: redis_py.Redis) 
     liveness.vouch(any_redis, ["gone", "here"], 1)
     dead = write_record(any_redis, "gone")
     alive = write_record(any_redis, "here")
-    any_redis.delete(keys.capsule_heartbeat("gone"))  # as if it expired
+    any_redis.delete(keys.of(any_redis).capsule_heartbeat("gone"))  # as if it expired
     assert liveness.reap_dead(any_redis) == {"gone": 0}
-    assert any_redis.smembers(keys.PROCESSES) == {alive.encode()}
+    assert any_redis.smembers(keys.of(any_redis).PROCESSES) == {alive.encode()}
     assert any_redis.exists(*record_keys(dead)) == 0
 
 
 def test_forget_matches_the_whole_capsule_id(redis: redis_py.Redis) -> None:
     """An id that ends another's is not mistaken for it; Ruby's records are left alone."""
     kept = write_record(redis, "abc123")
-    redis.sadd(keys.PROCESSES, "ruby-host:42:0123456789ab")
+    redis.sadd(keys.of(redis).PROCESSES, "ruby-host:42:0123456789ab")
     forget_process(redis, "123")
-    assert redis.smembers(keys.PROCESSES) == {kept.encode(), b"ruby-host:42:0123456789ab"}
+    assert redis.smembers(keys.of(redis).PROCESSES) == {kept.encode(), b"ruby-host:42:0123456789ab"}
 
 
 def test_counters_reach_redis_within_a_second_not_a_heartbeat(redis: redis_py.Redis) -> None:
@@ -91,16 +91,16 @@ def test_counters_reach_redis_within_a_second_not_a_heartbeat(redis: redis_py.Re
     capsule = Capsule(CapsuleConfig(concurrency=2, heartbeat_period=30), redis=redis)
     capsule.start()
     try:
-        wait_for(lambda: redis.exists(keys.PROCESSES), message="the first beat")
+        wait_for(lambda: redis.exists(keys.of(redis).PROCESSES), message="the first beat")
         for n in range(20):
             quick.perform_async(n)
         wait_for(lambda: len(ran) == 20, message="20 jobs")
         wait_for(
-            lambda: redis.get(keys.STAT_PROCESSED) == b"20",
+            lambda: redis.get(keys.of(redis).STAT_PROCESSED) == b"20",
             timeout=STATS_DEADLINE,
             message="stat:processed at 20",
         )
-        assert redis.get(keys.STAT_FAILED) is None
+        assert redis.get(keys.of(redis).STAT_FAILED) is None
     finally:
         capsule.stop(timeout=2)
 
@@ -129,7 +129,7 @@ def start(
 
 def pids_listed(redis: redis_py.Redis) -> list[int]:
     """Pids of the processes in ``processes``, from their records."""
-    infos = [redis.hget(identity, "info") for identity in redis.smembers(keys.PROCESSES)]
+    infos = [redis.hget(identity, "info") for identity in redis.smembers(keys.of(redis).PROCESSES)]
     return sorted(json.loads(info)["pid"] for info in infos if info)
 
 
@@ -140,7 +140,9 @@ def test_a_killed_childs_record_goes_at_once_and_its_replacement_shows(
     supervisor_pid = supervisor.pid
     wait_for(lambda: len(pids_listed(redis)) == 2, timeout=20, message="2 process records")
     victim = children(supervisor_pid)[0]
-    [identity] = [i for i in redis.smembers(keys.PROCESSES) if f":{victim}:".encode() in i]
+    [identity] = [
+        i for i in redis.smembers(keys.of(redis).PROCESSES) if f":{victim}:".encode() in i
+    ]
     os.kill(victim, signal.SIGKILL)
     # The supervisor reaps the child at once: far under the record's 60 s expiry.
     wait_for(
@@ -161,7 +163,7 @@ def test_counters_are_current_within_a_second_under_limitd_start(
     )
     wait_for(lambda: redis.scard("done") == 50, timeout=30, message="50 jobs")
     wait_for(
-        lambda: redis.get(keys.STAT_PROCESSED) == b"50",
+        lambda: redis.get(keys.of(redis).STAT_PROCESSED) == b"50",
         timeout=STATS_DEADLINE,
         message="stat:processed at 50",
     )

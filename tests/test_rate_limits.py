@@ -150,7 +150,7 @@ def test_configured_rate_is_a_default_that_run_time_changes_override(
     queue.rate_limit = None
     settings.apply_defaults(redis)
     assert queue.rate_limit is None, "cleared stays cleared"
-    assert redis.hget(keys.RATE_LIMITS, "q") == b"none"
+    assert redis.hget(keys.of(redis).RATE_LIMITS, "q") == b"none"
     queue.reset_rate_limit()
     assert queue.rate_limit is None
     settings.apply_defaults(redis)
@@ -193,10 +193,10 @@ def test_limit_rate_set_show_clear_reset(cli: Cli, redis: redis_py.Redis) -> Non
     assert "100/minute" in cli("queues").out.splitlines()[1].split()
     result = cli("limit", "rate", "webhooks", "--clear")
     assert (result.code, result.out) == (0, "rate limit of queue 'webhooks' cleared: none\n")
-    assert redis.hget(keys.RATE_LIMITS, "webhooks") == b"none"
+    assert redis.hget(keys.of(redis).RATE_LIMITS, "webhooks") == b"none"
     assert cli("limit", "rate", "webhooks").out == "rate limit of queue 'webhooks': none\n"
     assert cli("limit", "rate", "webhooks", "--reset").code == 0
-    assert redis.hget(keys.RATE_LIMITS, "webhooks") is None
+    assert redis.hget(keys.of(redis).RATE_LIMITS, "webhooks") is None
 
 
 @pytest.mark.parametrize(
@@ -212,7 +212,7 @@ def test_limit_rate_bad_input_exits_64(cli: Cli, redis: redis_py.Redis, argv: tu
     result = cli("limit", "rate", *argv)
     assert result.code == 64
     assert result.err.startswith("limitd limit rate: ")
-    assert redis.hgetall(keys.RATE_LIMITS) == {}
+    assert redis.hgetall(keys.of(redis).RATE_LIMITS) == {}
 
 
 # The script, at chosen times
@@ -233,7 +233,7 @@ def clock() -> Clock:
 
 def push(redis: redis_py.Redis, queue: str, count: int) -> list[bytes]:
     jobs = [json.dumps({"class": "X", "args": [i], "queue": queue}).encode() for i in range(count)]
-    redis.lpush(keys.queue(queue), *jobs)
+    redis.lpush(keys.of(redis).queue(queue), *jobs)
     return jobs
 
 
@@ -283,7 +283,7 @@ def test_fractional_intervals_round_toward_the_limit(redis: redis_py.Redis, cloc
     fetch = fetcher(redis, ["q"], clock)
     for _ in range(7):
         assert len(take(fetch)) == 1
-        clock.now = int(redis.get(keys.rate_state("q")))  # type: ignore[arg-type]
+        clock.now = int(redis.get(keys.of(redis).rate_state("q")))  # type: ignore[arg-type]
     assert clock.now >= T0 + SECOND
     clock.now = T0 + SECOND - 1
     assert take(fetch) == []
@@ -316,7 +316,7 @@ def test_no_window_ever_holds_more_than_n(redis: redis_py.Redis, clock: Clock, t
         # The state's expiry (garbage collection a second after its arrival time) runs
         # on Redis's real clock, while this test's clock moves in its own small steps: on
         # a loaded machine, real time outruns it and the state would vanish mid-window.
-        redis.persist(keys.rate_state("q"))
+        redis.persist(keys.of(redis).rate_state("q"))
         step = rate.interval * SECOND * (2 if rng.random() < 0.3 else 0.01)
         clock.now += rng.randrange(0, int(step) + 2)
     assert most_in_any_window(times, window) <= rate.count
@@ -402,7 +402,7 @@ def test_cleared_or_absent_rate_costs_nothing(redis: redis_py.Redis, clock: Cloc
     Queue("q", redis).rate_limit = None
     fetch = fetcher(redis, ["q", "free"], clock)
     assert len(take(fetch, want=6)) == 6
-    assert redis.exists(keys.rate_state("q"), keys.rate_state("free")) == 0
+    assert redis.exists(keys.of(redis).rate_state("q"), keys.of(redis).rate_state("free")) == 0
 
 
 def test_the_schedule_expires_a_second_after_it_has_passed(redis: redis_py.Redis) -> None:
@@ -410,7 +410,7 @@ def test_the_schedule_expires_a_second_after_it_has_passed(redis: redis_py.Redis
     Queue("q", redis).rate_limit = "1/second"
     fetch = limit_fetch(redis, QueueOrder(["q"]), "c1")  # Redis's clock
     assert len(take(fetch)) == 1
-    assert 1000 < int(redis.pttl(keys.rate_state("q"))) <= 2000
+    assert 1000 < int(redis.pttl(keys.of(redis).rate_state("q"))) <= 2000
 
 
 # Capsules

@@ -37,7 +37,6 @@ def oom_redis(own_redis_server: RedisServer) -> Iterator[redis_py.Redis]:
     conn.config_set("maxmemory-policy", "noeviction")
     yield conn
     conn.config_set("maxmemory", 0)
-    keys.use_cluster_layout(False)
     conn.close()
 
 
@@ -72,27 +71,27 @@ def test_refreshing_an_expiry_is_allowed_out_of_memory_and_set_is_not(
 
 def test_vouch_keeps_a_live_key_while_redis_refuses_writes(oom_redis: redis_py.Redis) -> None:
     liveness.vouch(oom_redis, ["alive"], 0.25)
-    assert oom_redis.pttl(keys.capsule_heartbeat("alive")) <= 1000
+    assert oom_redis.pttl(keys.of(oom_redis).capsule_heartbeat("alive")) <= 1000
     refuse_writes(oom_redis)
     liveness.vouch(oom_redis, ["alive"], 10)
-    assert oom_redis.pttl(keys.capsule_heartbeat("alive")) > 30_000
+    assert oom_redis.pttl(keys.of(oom_redis).capsule_heartbeat("alive")) > 30_000
     # A capsule never vouched for needs SET: refused, though the other's key is kept.
-    oom_redis.expire(keys.capsule_heartbeat("alive"), 1)
+    oom_redis.expire(keys.of(oom_redis).capsule_heartbeat("alive"), 1)
     with pytest.raises(redis_py.exceptions.OutOfMemoryError):
         liveness.vouch(oom_redis, ["alive", "new"], 10)
-    assert oom_redis.pttl(keys.capsule_heartbeat("alive")) > 30_000
+    assert oom_redis.pttl(keys.of(oom_redis).capsule_heartbeat("alive")) > 30_000
     accept_writes(oom_redis)
     liveness.vouch(oom_redis, ["alive", "new"], 10)
-    assert oom_redis.smembers(keys.CAPSULES) == {b"alive", b"new"}
+    assert oom_redis.smembers(keys.of(oom_redis).CAPSULES) == {b"alive", b"new"}
 
 
 def test_vouch_registers_again_a_capsule_dropped_from_the_set(oom_redis: redis_py.Redis) -> None:
     """A reaper may drop a capsule from the set while its key is being written again:
     the next vouch, finding the key but not the member, writes both."""
     liveness.vouch(oom_redis, ["alive"], 1)
-    oom_redis.srem(keys.CAPSULES, "alive")
+    oom_redis.srem(keys.of(oom_redis).CAPSULES, "alive")
     liveness.vouch(oom_redis, ["alive"], 1)
-    assert oom_redis.sismember(keys.CAPSULES, "alive")
+    assert oom_redis.sismember(keys.of(oom_redis).CAPSULES, "alive")
 
 
 # A reaper whose own beat failed
@@ -114,7 +113,9 @@ def test_a_capsule_whose_beat_was_refused_reaps_nobody_for_an_expiry_period(
     fake = FakeClock()
     monkeypatch.setattr(clock, "monotonic", fake)
     capsule = Capsule(CapsuleConfig(queues=["oom"], heartbeat_period=5), redis=oom_redis)
-    oom_redis.sadd(keys.CAPSULES, "silent")  # registered, no heartbeat key: looks dead
+    oom_redis.sadd(
+        keys.of(oom_redis).CAPSULES, "silent"
+    )  # registered, no heartbeat key: looks dead
     refuse_writes(oom_redis)
     with pytest.raises(redis_py.exceptions.OutOfMemoryError):
         capsule.beat()
@@ -122,17 +123,19 @@ def test_a_capsule_whose_beat_was_refused_reaps_nobody_for_an_expiry_period(
     capsule.beat()
     fake.now += liveness.EXPIRY_PERIODS * 5 - 1
     capsule.beat()
-    assert oom_redis.sismember(keys.CAPSULES, "silent"), "reaped within the grace period"
+    assert oom_redis.sismember(keys.of(oom_redis).CAPSULES, "silent"), (
+        "reaped within the grace period"
+    )
     fake.now += 1
     capsule.beat()
-    assert not oom_redis.sismember(keys.CAPSULES, "silent"), "reaped after it"
+    assert not oom_redis.sismember(keys.of(oom_redis).CAPSULES, "silent"), "reaped after it"
 
 
 def test_a_fresh_capsule_reaps_at_its_first_beat(oom_redis: redis_py.Redis) -> None:
     capsule = Capsule(CapsuleConfig(queues=["oom"], heartbeat_period=5), redis=oom_redis)
-    oom_redis.sadd(keys.CAPSULES, "silent")
+    oom_redis.sadd(keys.of(oom_redis).CAPSULES, "silent")
     capsule.beat()
-    assert not oom_redis.sismember(keys.CAPSULES, "silent")
+    assert not oom_redis.sismember(keys.of(oom_redis).CAPSULES, "silent")
 
 
 # Telling the operator
@@ -235,7 +238,11 @@ def test_redis_out_of_memory_reaps_no_live_process_under_limitd_start(
             "--limit", f"oom={LIMIT}", "--process-limit", "oom=1",
             "--heartbeat-period", str(PERIOD),
         )  # fmt: skip
-        wait_for(lambda: oom_redis.scard(keys.CAPSULES) == 2, timeout=20, message="2 capsules")
+        wait_for(
+            lambda: oom_redis.scard(keys.of(oom_redis).CAPSULES) == 2,
+            timeout=20,
+            message="2 capsules",
+        )
         limitd.Client(oom_redis).push_bulk(
             {"class": "oom_app.Hold", "queue": "oom"}, [[n, 1.0] for n in range(JOBS)]
         )

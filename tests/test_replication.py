@@ -96,17 +96,20 @@ def test_the_config_sets_it_and_says_what_is_wrong(tmp_path: Path) -> None:
 def test_a_push_no_replica_confirms_raises_but_stays_pushed(lonely: redis_py.Redis) -> None:
     with pytest.raises(replication.NotReplicated, match=r"Note: 0 of 1 replicas"):
         note.perform_async(1)
-    assert lonely.llen(keys.queue("default")) == 1
+    assert lonely.llen(keys.of(lonely).queue("default")) == 1
     with pytest.raises(replication.NotReplicated):
         note.perform_bulk([[2], [3]])
-    assert lonely.llen(keys.queue("default")) == 3
+    assert lonely.llen(keys.of(lonely).queue("default")) == 3
 
 
 def test_a_unique_push_keeps_its_lock_when_replicas_fall_short(lonely: redis_py.Redis) -> None:
     with pytest.raises(replication.NotReplicated):
         once.perform_async(7)
     digest = unique.args_digest([7])
-    assert lonely.get(keys.unique_lock("replication_test.Once", "default", digest)) is not None
+    assert (
+        lonely.get(keys.of(lonely).unique_lock("replication_test.Once", "default", digest))
+        is not None
+    )
     assert once.perform_async(7) is None, "the pushed job still holds its lock"
 
 
@@ -119,14 +122,14 @@ def test_the_async_client_waits_too(lonely: redis_py.Redis) -> None:
 
     with pytest.raises(replication.NotReplicated):
         asyncio.run(push())
-    assert lonely.llen(keys.queue("default")) == 1
+    assert lonely.llen(keys.of(lonely).queue("default")) == 1
 
 
 def test_a_fetch_replicas_do_not_confirm_still_runs_and_is_logged(
     lonely: redis_py.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     lonely.lpush(
-        keys.queue("default"),
+        keys.of(lonely).queue("default"),
         *[
             f'{{"class":"replication_test.Note","args":[{n}],"jid":"j{n}","queue":"default"}}'
             for n in range(3)
@@ -147,7 +150,7 @@ def test_with_a_replica_a_confirmed_push_is_already_there(
     client = limitd.Client(conn)
     for n in range(50):
         client.push({"class": "replication_test.Note", "args": [n]})
-        assert replica.llen(keys.queue("default")) == n + 1
+        assert replica.llen(keys.of(replica).queue("default")) == n + 1
 
 
 def test_backoff_doubles_to_its_cap_and_says_when_it_works_again(

@@ -104,7 +104,7 @@ class Traffic:
 
 def push(redis: redis_py.Redis, number: int) -> None:
     payload = {"class": "roll_app.Record", "args": [number], "jid": f"{number:024x}"}
-    redis.lpush(keys.queue("work"), json.dumps(payload))
+    redis.lpush(keys.of(redis).queue("work"), json.dumps(payload))
 
 
 def ran(redis: redis_py.Redis) -> list[tuple[str, int, int]]:

@@ -32,9 +32,10 @@ def batch_of(redis: redis_py.Redis, count: int) -> tuple[limitd.Batch, list[str]
 def test_calls_for_one_batch_merge_into_one_run_with_a_reply_each(redis) -> None:
     batch, jids = batch_of(redis, 3)
     other, other_jids = batch_of(redis, 1)
-    calls = [store.job_settled_call(batch.bid, jid, "success", "", replies.append)
+    calls = [store.job_settled_call(keys.of(redis), batch.bid, jid, "success", "",
+                                    on_reply=replies.append)
              for jid in [jids[0], jids[1], jids[0]]]  # fmt: skip
-    calls.insert(1, store.job_settled_call(other.bid, other_jids[0], "success"))
+    calls.insert(1, store.job_settled_call(keys.of(redis), other.bid, other_jids[0], "success"))
     merged = merge_calls(calls)
     assert [len(group.parts) for group in merged] == [3, 1]
     replies.clear()
@@ -55,8 +56,8 @@ def test_every_argument_type_reaches_redis(redis) -> None:
 def merged_run(redis: redis_py.Redis, bid: str, runs: list[tuple[str, str]]) -> list[object]:
     """Record ``runs`` (jid, result) of one batch in one merged script run."""
     replies.clear()
-    calls = [store.job_settled_call(bid, jid, result, "boom" if result != "success" else "",
-                                    replies.append)
+    calls = [store.job_settled_call(keys.of(redis), bid, jid, result,
+                                    "boom" if result != "success" else "", on_reply=replies.append)
              for jid, result in runs]  # fmt: skip
     (group,) = merge_calls(calls)
     group.deliver(redis, group.call.script(redis, group.call.keys, group.call.all_args()))
@@ -107,7 +108,7 @@ def test_a_busy_capsule_settles_a_batch_with_its_fetch(redis) -> None:
     assert redis.info("commandstats")["cmdstat_evalsha"]["calls"] - counts == 2
     status = limitd.Batch.status(batch.bid)
     assert (status.pending, status.success) == (0, True)
-    assert redis.hget(keys.BUSY, "default") == b"0"
+    assert redis.hget(keys.of(redis).BUSY, "default") == b"0"
 
 
 def test_calls_survive_a_server_that_lost_its_scripts(redis) -> None:
@@ -127,15 +128,15 @@ def test_a_call_that_fails_is_raised_and_the_settle_can_be_made_again(redis) -> 
     unit.defer([broken.later(["not-a-hash", "p", "u", "f"], ["jid"])])
     with pytest.raises(redis_py.ResponseError, match="not an integer"):
         fetch.take(0, [unit])
-    assert redis.hget(keys.BUSY, "default") == b"0"  # the settle itself went through
+    assert redis.hget(keys.of(redis).BUSY, "default") == b"0"  # the settle itself went through
 
 
 def test_with_basic_fetch_the_calls_are_made_at_once(redis) -> None:
     capsule = Capsule(CapsuleConfig(queues=["default"], fetch="basic"), redis=redis)
     job = limitd.job(name="calls_test.Unique", unique_for=60)(lambda n: None)
     job.perform_async(1)
-    lock = keys.unique_lock("calls_test.Unique", "default", unique.args_digest([1]))
+    lock = keys.of(redis).unique_lock("calls_test.Unique", "default", unique.args_digest([1]))
     assert redis.exists(lock)
     assert capsule.drain() == {"done": 1}
     assert not redis.exists(lock)
-    assert redis.get(keys.UNIQUE_SKIPPED) is None
+    assert redis.get(keys.of(redis).UNIQUE_SKIPPED) is None

@@ -101,7 +101,7 @@ def test_a_client_and_a_capsule_work_through_the_sentinel(sentinel_url: str) -> 
         mark.perform_bulk([[n] for n in range(5)])
         outcomes = Capsule(CapsuleConfig(), redis=conn).drain()
         assert outcomes == {"done": 5} and sorted(done) == list(range(5))
-        assert conn.llen(keys.queue("default")) == 0
+        assert conn.llen(keys.of(conn).queue("default")) == 0
     finally:
         limitd.set_default_client(None)
 
@@ -118,7 +118,7 @@ def test_the_async_client_asks_the_same_sentinel(sentinel_url: str) -> None:
 
     try:
         assert asyncio.run(push()) is not None
-        assert conn.llen(keys.queue("default")) == 1
+        assert conn.llen(keys.of(conn).queue("default")) == 1
     finally:
         limitd.set_default_client(None)
 

@@ -153,7 +153,7 @@ def test_a_killed_primary_fails_over_without_losing_confirmed_jobs(
     )
     assert int(witness.get("peak")) <= LIMIT, "the limit held across the failover"
     assert enqueuer.longest_pause < MAX_PAUSE
-    assert conn.llen(keys.queue("limited")) == 0
+    assert conn.llen(keys.of(conn).queue("limited")) == 0
 
 
 def _in_progress(conn: redis_py.Redis) -> list[bytes]:

@@ -66,7 +66,7 @@ def start(
 
 def wait_capsules(redis: redis_py.Redis, count: int) -> None:
     wait_for(
-        lambda: redis.scard(keys.CAPSULES) == count,
+        lambda: redis.scard(keys.of(redis).CAPSULES) == count,
         timeout=15,
         message=f"{count} capsules registered",
     )
@@ -77,7 +77,7 @@ def beat_counter(redis: redis_py.Redis, other_than: int) -> Callable[[], int]:
     changes of the ``beat`` time in its Sidekiq process record."""
     identity = next(
         i
-        for i in redis.smembers(keys.PROCESSES)
+        for i in redis.smembers(keys.of(redis).PROCESSES)
         if json.loads(redis.hget(i, "info"))["pid"] != other_than
     )
     seen: set[bytes] = set()
@@ -164,7 +164,7 @@ def test_crash_of_a_whole_host_is_recovered_by_the_other(
     period = 0.5
     doomed = start("--limit", "limited=4", "--heartbeat-period", str(period))
     wait_capsules(redis, 1)
-    doomed_id = redis.smembers(keys.CAPSULES).pop().decode()
+    doomed_id = redis.smembers(keys.of(redis).CAPSULES).pop().decode()
     push_work(redis, 40, hold=0.5)
     wait_for(lambda: queue_limits.busy(redis, "limited") == 4, message="slots held")
     os.killpg(doomed.pid, signal.SIGKILL)
@@ -173,7 +173,7 @@ def test_crash_of_a_whole_host_is_recovered_by_the_other(
     # 4 periods for the key to expire, then at most one period to the next reaper run;
     # the extra 3 s absorb the survivor's start-up.
     wait_for(
-        lambda: not redis.sismember(keys.CAPSULES, doomed_id),
+        lambda: not redis.sismember(keys.of(redis).CAPSULES, doomed_id),
         timeout=4 * period + period + 3,
         message="the dead capsule reaped",
     )
@@ -196,7 +196,7 @@ def test_a_stopped_child_is_vouched_for_and_the_limit_holds(
         # past the 4 periods after which a silent capsule is reaped.
         beats = beat_counter(redis, other_than=frozen)
         wait_for(lambda: beats() >= 6, timeout=30, message="six beats of the other child")
-        assert redis.scard(keys.CAPSULES) == 2, "the stopped child was not reaped"
+        assert redis.scard(keys.of(redis).CAPSULES) == 2, "the stopped child was not reaped"
         assert queue_limits.busy(redis, "limited") <= 3
     finally:
         os.kill(frozen, signal.SIGCONT)
@@ -221,5 +221,5 @@ def test_children_do_not_outlive_a_killed_supervisor(
         return not any(running(pid) for pid in pids)
 
     wait_for(gone, timeout=2, message="children to exit")
-    assert redis.llen(keys.queue("limited")) == 4, "their jobs were requeued"
+    assert redis.llen(keys.of(redis).queue("limited")) == 4, "their jobs were requeued"
     assert queue_limits.busy(redis, "limited") == 0

@@ -72,7 +72,7 @@ def test_two_capsules_make_the_expected_process_tree(
     # The supervisor registers a child before the child has set its own title.
     wait_for(lambda: sorted(title(pid) for pid in pids) == expected, message="child titles")
     redis.lpush(
-        keys.queue("work"),
+        keys.of(redis).queue("work"),
         json.dumps({"class": "supervisor_app.Hold", "args": [5], "jid": "a" * 24}),
     )
     worker = next(pid for pid in pids if "default" in title(pid))
@@ -83,36 +83,38 @@ def test_term_requeues_a_long_job_and_leaves_no_child(
     supervisor: Callable[..., subprocess.Popen[bytes]], redis: redis_py.Redis
 ) -> None:
     proc = supervisor("two.yml")
-    wait_for(lambda: redis.scard(keys.CAPSULES) == 3, message="three capsule processes")
+    wait_for(lambda: redis.scard(keys.of(redis).CAPSULES) == 3, message="three capsule processes")
     pids = children(proc.pid)
     redis.lpush(
-        keys.queue("work"),
+        keys.of(redis).queue("work"),
         json.dumps({"class": "supervisor_app.Hold", "args": [60], "jid": "b" * 24}),
     )
-    wait_for(lambda: int(redis.hget(keys.BUSY, "work") or 0) == 1, message="job running")
+    wait_for(lambda: int(redis.hget(keys.of(redis).BUSY, "work") or 0) == 1, message="job running")
     stopped_at = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=1 + 5) == 0  # timeout: 1 in two.yml, plus 5 s
     assert time.monotonic() - stopped_at < 1 + 5
-    [job] = redis.lrange(keys.queue("work"), 0, -1)
+    [job] = redis.lrange(keys.of(redis).queue("work"), 0, -1)
     assert json.loads(job)["jid"] == "b" * 24
     assert not any(running(pid) for pid in pids)
-    assert redis.scard(keys.CAPSULES) == 0
-    assert int(redis.hget(keys.BUSY, "work") or 0) == 0
+    assert redis.scard(keys.of(redis).CAPSULES) == 0
+    assert int(redis.hget(keys.of(redis).BUSY, "work") or 0) == 0
 
 
 def test_tstp_quiets_every_child_and_ttin_dumps_stacks(
     supervisor: Callable[..., subprocess.Popen[bytes]], redis: redis_py.Redis, app_dir: Path
 ) -> None:
     proc = supervisor("two.yml")
-    wait_for(lambda: redis.scard(keys.PROCESSES) == 3, message="three process records")
-    identities = list(redis.smembers(keys.PROCESSES))
+    wait_for(lambda: redis.scard(keys.of(redis).PROCESSES) == 3, message="three process records")
+    identities = list(redis.smembers(keys.of(redis).PROCESSES))
     proc.send_signal(signal.SIGTSTP)
     wait_for(
         lambda: all(redis.hget(i, "quiet") == b"true" for i in identities),
         message="every child quiet",
     )
-    redis.lpush(keys.queue("work"), json.dumps({"class": "supervisor_app.Hold", "args": [0]}))
+    redis.lpush(
+        keys.of(redis).queue("work"), json.dumps({"class": "supervisor_app.Hold", "args": [0]})
+    )
     beats = {i: redis.hget(i, "beat") for i in identities}
     # Each child beats every 0.5 s; two beats each is ample time for a fetch to happen.
     wait_for(
@@ -124,7 +126,7 @@ def test_tstp_quiets_every_child_and_ttin_dumps_stacks(
         lambda: all(redis.hget(i, "beat") != beats[i] for i in identities),
         message="a second beat of every child",
     )
-    assert redis.llen(keys.queue("work")) == 1, "a quiet child fetched a job"
+    assert redis.llen(keys.of(redis).queue("work")) == 1, "a quiet child fetched a job"
     proc.send_signal(signal.SIGTTIN)
     log = app_dir / "limitd.log"
     wait_for(
@@ -190,7 +192,7 @@ def test_embedded_redis_persists_across_restarts_and_stops(app_dir: Path) -> Non
         try:
             wait_for(url_file.exists, timeout=20, message="the embedded Redis")
             with redis_py.Redis.from_url(url_file.read_text().strip()) as conn:
-                wait_for(lambda: conn.scard(keys.CAPSULES) == 1, message="a capsule")
+                wait_for(lambda: conn.scard(keys.of(conn).CAPSULES) == 1, message="a capsule")
                 action(conn)
         finally:
             proc.send_signal(signal.SIGTERM)
@@ -198,12 +200,12 @@ def test_embedded_redis_persists_across_restarts_and_stops(app_dir: Path) -> Non
         assert not url_file.exists()
         assert not (app_dir / "conf" / ".limitd" / "redis.sock").exists()
 
-    run_once(lambda conn: conn.zadd(keys.SCHEDULE, {'{"class":"X","args":[]}': 4e9}))
+    run_once(lambda conn: conn.zadd(keys.of(conn).SCHEDULE, {'{"class":"X","args":[]}': 4e9}))
     run_once(assert_kept)
 
 
 def assert_kept(conn: redis_py.Redis) -> None:
-    assert conn.zcard(keys.SCHEDULE) == 1, "data written before the restart is still there"
+    assert conn.zcard(keys.of(conn).SCHEDULE) == 1, "data written before the restart is still there"
 
 
 GREEDY_APP = textwrap.dedent("""
@@ -233,7 +235,9 @@ def test_a_child_above_max_memory_is_recycled(
         wait_for(lambda: len(Processes(redis)) == 1, timeout=30, message="the capsule's record")
         first = Processes(redis).processes[0].pid
         assert children(proc.pid) == [first]
-        redis.lpush(keys.queue("work"), json.dumps({"class": "greedy_app.Grow", "args": [200]}))
+        redis.lpush(
+            keys.of(redis).queue("work"), json.dumps({"class": "greedy_app.Grow", "args": [200]})
+        )
         wait_for(
             lambda: "recycling it" in (app_dir / "limitd.log").read_text(),
             timeout=30,
@@ -318,7 +322,7 @@ def test_term_at_any_moment_of_start_up_stops_cleanly(
     assert proc.wait(timeout=1 + 5 + 10) == 0
     wait_for(lambda: not session(proc.pid), message="no process left")
     assert len(Processes(redis)) == 0
-    assert redis.scard(keys.CAPSULES) == 0
+    assert redis.scard(keys.of(redis).CAPSULES) == 0
 
 
 def test_term_before_limitd_runs_leaves_nothing(
@@ -331,4 +335,4 @@ def test_term_before_limitd_runs_leaves_nothing(
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=1 + 5 + 10) in (0, -signal.SIGTERM)
         wait_for(lambda proc=proc: not session(proc.pid), message="no process left")
-        assert redis.scard(keys.CAPSULES) == 0
+        assert redis.scard(keys.of(redis).CAPSULES) == 0

@@ -60,25 +60,25 @@ def capsule(redis: redis_py.Redis) -> Iterator[Capsule]:
 
 
 def lock_of(redis: redis_py.Redis, job: str, args: list, queue: str = "default") -> str | None:
-    value = redis.get(keys.unique_lock(job, queue, unique.args_digest(args)))
+    value = redis.get(keys.of(redis).unique_lock(job, queue, unique.args_digest(args)))
     return value.decode() if value else None
 
 
 def skipped(redis: redis_py.Redis) -> int:
-    return int(redis.get(keys.UNIQUE_SKIPPED) or 0)
+    return int(redis.get(keys.of(redis).UNIQUE_SKIPPED) or 0)
 
 
 def test_a_duplicate_is_not_pushed_and_is_counted(capsule: Capsule, redis) -> None:
     jid = import_account.perform_async(1)
     assert jid is not None
     assert import_account.perform_async(1) is None
-    assert redis.llen(keys.queue("default")) == 1
+    assert redis.llen(keys.of(redis).queue("default")) == 1
     assert skipped(redis) == 1
     assert lock_of(redis, "unique_test.Import", [1]) == jid
     # Other arguments or another queue are other jobs.
     assert import_account.perform_async(2) is not None
     assert import_account.set(queue="other").perform_async(1) is not None
-    assert redis.llen(keys.queue("default")) == 2
+    assert redis.llen(keys.of(redis).queue("default")) == 2
 
 
 def test_arguments_compare_in_canonical_form(capsule: Capsule, redis) -> None:
@@ -131,7 +131,10 @@ def test_until_timeout_keeps_the_lock_after_success(capsule: Capsule, redis) -> 
     jid = ping.perform_async("db")
     assert capsule.drain() == {"done": 1}
     assert lock_of(redis, "unique_test.Ping", ["db"]) == jid
-    assert redis.pttl(keys.unique_lock("unique_test.Ping", "default", ping_digest())) > 59_000
+    assert (
+        redis.pttl(keys.of(redis).unique_lock("unique_test.Ping", "default", ping_digest()))
+        > 59_000
+    )
     assert ping.perform_async("db") is None
 
 
@@ -142,7 +145,7 @@ def ping_digest() -> str:
 @freeze_time(T0)
 def test_a_scheduled_job_holds_its_lock_for_the_delay_plus_unique_for(redis) -> None:
     ping.perform_in(dt.timedelta(minutes=10), "db")
-    key = keys.unique_lock("unique_test.Ping", "default", ping_digest())
+    key = keys.of(redis).unique_lock("unique_test.Ping", "default", ping_digest())
     # Redis counts the lifetime in real time: a few milliseconds may have passed.
     assert 660_000 - 5_000 < redis.pttl(key) <= 660_000
     assert ping.perform_at(T0 + dt.timedelta(hours=1), "db") is None
@@ -150,13 +153,13 @@ def test_a_scheduled_job_holds_its_lock_for_the_delay_plus_unique_for(redis) -> 
 
 def test_the_lock_lifetime_is_unique_for(redis) -> None:
     import_account.perform_async(5)
-    key = keys.unique_lock("unique_test.Import", "default", unique.args_digest([5]))
+    key = keys.of(redis).unique_lock("unique_test.Import", "default", unique.args_digest([5]))
     assert 600_000 - 5_000 < redis.pttl(key) <= 600_000
 
 
 def test_a_job_whose_lock_expired_does_not_free_a_newer_copys_lock(capsule: Capsule, redis) -> None:
     first = import_account.perform_async(3)
-    key = keys.unique_lock("unique_test.Import", "default", unique.args_digest([3]))
+    key = keys.of(redis).unique_lock("unique_test.Import", "default", unique.args_digest([3]))
     redis.delete(key)  # the lock expired while the first copy waited in the queue
     second = import_account.perform_async(3)
     assert second is not None
@@ -173,7 +176,7 @@ def test_a_job_whose_lock_expired_does_not_free_a_newer_copys_lock(capsule: Caps
 def test_bulk_enqueue_is_unique_per_job(capsule: Capsule, redis) -> None:
     jids = import_account.perform_bulk([[1], [1], [2], [1]])
     assert [jid is not None for jid in jids] == [True, False, True, False]
-    assert redis.llen(keys.queue("default")) == 2
+    assert redis.llen(keys.of(redis).queue("default")) == 2
     assert skipped(redis) == 2
 
 
@@ -201,7 +204,7 @@ def test_eight_threads_enqueueing_the_same_job_push_exactly_one(redis) -> None:
     for thread in threads:
         thread.join()
     assert len([jid for jid in results if jid is not None]) == 1
-    assert redis.llen(keys.queue("default")) == 1
+    assert redis.llen(keys.of(redis).queue("default")) == 1
     assert skipped(redis) == 7
 
 

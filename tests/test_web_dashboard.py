@@ -82,17 +82,17 @@ def capsules(redis: redis_py.Redis) -> Iterator[Capsules]:
 
 def seed_history(redis: redis_py.Redis) -> None:
     """Totals, yesterday and today per day, and a few busy minutes of the last hour."""
-    redis.set(keys.STAT_PROCESSED, 48_213)
-    redis.set(keys.STAT_FAILED, 1_377)
+    redis.set(keys.of(redis).STAT_PROCESSED, 48_213)
+    redis.set(keys.of(redis).STAT_FAILED, 1_377)
     today = dt.datetime.fromtimestamp(clock.now(), dt.timezone.utc).date()
     for back, done, bad in ((2, 9_400, 310), (1, 12_650, 402), (0, 4_180, 97)):
         day = (today - dt.timedelta(days=back)).isoformat()
-        redis.set(keys.daily_stat(keys.STAT_PROCESSED, day), done)
-        redis.set(keys.daily_stat(keys.STAT_FAILED, day), bad)
+        redis.set(keys.daily_stat(keys.of(redis).STAT_PROCESSED, day), done)
+        redis.set(keys.daily_stat(keys.of(redis).STAT_FAILED, day), bad)
     now_minute = int(clock.now() // 60)
     for back in range(0, 40, 3):
-        redis.set(keys.minute_stat(keys.STAT_PROCESSED, now_minute - back), 40 + 7 * back)
-        redis.set(keys.minute_stat(keys.STAT_FAILED, now_minute - back), back % 4)
+        redis.set(keys.minute_stat(keys.of(redis).STAT_PROCESSED, now_minute - back), 40 + 7 * back)
+        redis.set(keys.minute_stat(keys.of(redis).STAT_FAILED, now_minute - back), back % 4)
 
 
 def busy_cluster(redis: redis_py.Redis, capsules: Capsules) -> list[Capsule]:
@@ -110,8 +110,10 @@ def busy_cluster(redis: redis_py.Redis, capsules: Capsules) -> list[Capsule]:
     report.perform_in(3600, {"month": 12})
     # Due in an hour: the capsules' pollers would move a due retry to its queue.
     retry_at = clock.now() + 3600
-    redis.zadd(keys.RETRY, {b'{"class":"x","args":[],"jid":"r1","queue":"reports"}': retry_at})
-    redis.zadd(keys.DEAD, {b'{"class":"x","args":[],"jid":"d1","queue":"reports"}': 1.0})
+    redis.zadd(
+        keys.of(redis).RETRY, {b'{"class":"x","args":[],"jid":"r1","queue":"reports"}': retry_at}
+    )
+    redis.zadd(keys.of(redis).DEAD, {b'{"class":"x","args":[],"jid":"d1","queue":"reports"}': 1.0})
     wait_for(
         lambda: (
             sum(capsule.busy() for capsule in started) == 8
@@ -265,8 +267,8 @@ def test_the_dashboard_refreshes_its_cards_and_chart_live(
     browser.get(dashboard.url("/"))
     assert card(browser, "processed") == "0"
     today = dt.datetime.fromtimestamp(clock.now(), dt.timezone.utc).date().isoformat()
-    redis.set(keys.STAT_PROCESSED, 1_234)
-    redis.set(keys.daily_stat(keys.STAT_PROCESSED, today), 77)
+    redis.set(keys.of(redis).STAT_PROCESSED, 1_234)
+    redis.set(keys.daily_stat(keys.of(redis).STAT_PROCESSED, today), 77)
     wait_until(browser, lambda b: card(b, "processed") == "1,234")
     wait_until(
         browser,

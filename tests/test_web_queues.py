@@ -119,7 +119,7 @@ def test_a_live_refresh_returns_only_the_live_part(
     with httpx.Client() as http:
         part = http.get(dashboard.url("/queues"), headers={"X-Limitd-Live": "1"}).text
     assert 'data-queue="echo"' in part and "<html" not in part
-    assert keys.queue("echo") == "queue:echo"
+    assert keys.of(redis).queue("echo") == "queue:echo"
 
 
 def test_the_dashboard_mounts_in_a_wsgi_server(redis: redis_py.Redis) -> None:

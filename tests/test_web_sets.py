@@ -67,7 +67,7 @@ def fail(
     ``dead`` (its retries exhausted)."""
     with clock_at(clock.now() - ago):
         jid = str(job.perform_async(*args))
-        payload = json.loads(redis.rpop(keys.queue(job.spec.queue)))  # type: ignore[arg-type]
+        payload = json.loads(redis.rpop(keys.of(redis).queue(job.spec.queue)))  # type: ignore[arg-type]
         if previous is not None:
             payload.update(retry_count=previous, failed_at=clock.now() - 3600.0 * previous)
         if dead:
@@ -258,7 +258,7 @@ def test_paging_links_walk_the_set(
         )
         for i in range(60)
     }
-    redis.zadd(keys.DEAD, members)
+    redis.zadd(keys.of(redis).DEAD, members)
     browser.get(dashboard.url("/dead"))
     wait_until(browser, lambda b: jids_shown(b) == [f"{i:024x}" for i in range(25)])
     assert "page 1 of 3" in text_of(browser, "p.pager")
@@ -304,7 +304,7 @@ def test_the_detail_view_shows_the_payload_and_a_kept_backtrace(
         "error_message": "card_declined",
         "error_backtrace": ["app/billing.py:42:in `charge'", "app/jobs.py:7:in `perform'"],
     }
-    redis.zadd(keys.RETRY, {dumps(payload): clock.now() + 120})
+    redis.zadd(keys.of(redis).RETRY, {dumps(payload): clock.now() + 120})
     browser.get(dashboard.url("/retries"))
     act(browser, lambda b: row(b, jid).find_element(By.CSS_SELECTOR, "a"))
     wait_until(browser, lambda b: b.find_elements(By.CSS_SELECTOR, "pre.payload"))
@@ -359,7 +359,7 @@ def test_an_entry_that_moved_since_the_page_was_read_is_left_alone(
 def test_a_malformed_entry_is_listed_and_can_be_deleted(
     dashboard: Dashboard, browser: WebDriver, redis: redis_py.Redis
 ) -> None:
-    redis.zadd(keys.DEAD, {b"{not json <i>x</i>": clock.now()})
+    redis.zadd(keys.of(redis).DEAD, {b"{not json <i>x</i>": clock.now()})
     browser.get(dashboard.url("/dead"))
     wait_until(browser, lambda b: "malformed" in b.find_element(By.ID, "entries").text)
     assert "<i>x</i>" in text_of(browser, "#entries td.args")

@@ -56,17 +56,18 @@ class Capsules:
         self.refresh()
 
     def refresh(self) -> None:
-        ids = set_members(self.redis, keys.CAPSULES)
-        cluster = keys.is_cluster_layout()
+        k = keys.of(self.redis)
+        ids = set_members(self.redis, k.CAPSULES)
+        cluster = k.cluster
         pipe = self.redis.pipeline(transaction=False)
         for capsule_id in ids:
-            pipe.ttl(keys.capsule_heartbeat(capsule_id))
+            pipe.ttl(k.capsule_heartbeat(capsule_id))
         for capsule_id in [] if cluster else ids:
-            pipe.smembers(keys.capsule_queues(capsule_id))
+            pipe.smembers(k.capsule_queues(capsule_id))
         replies = pipe.execute()
         ttls = [int(ttl) for ttl in replies[: len(ids)]]
         # In cluster mode no set spans queues: every queue Redis knows is looked at.
-        every = set_members(self.redis, keys.QUEUES) if cluster else []
+        every = set_members(self.redis, k.QUEUES) if cluster else []
         held = (
             [every for _ in ids]
             if cluster
@@ -81,10 +82,11 @@ class Capsules:
     def _in_progress(self, ids: list[str], held: list[list[str]]) -> list[dict[str, int]]:
         """Length of each capsule's in-progress list of each queue it holds, in one
         pipeline."""
+        k = keys.of(self.redis)
         pipe = self.redis.pipeline(transaction=False)
         for capsule_id, queues in zip(ids, held, strict=True):
             for queue in queues:
-                pipe.llen(keys.in_progress(capsule_id, queue))
+                pipe.llen(k.in_progress(capsule_id, queue))
         lengths = iter(pipe.execute())
         return [{queue: int(next(lengths)) for queue in queues} for queues in held]
 

@@ -74,7 +74,8 @@ class Processes:
         self.refresh()
 
     def refresh(self) -> None:
-        identities = set_members(self.redis, keys.PROCESSES)
+        k = keys.of(self.redis)
+        identities = set_members(self.redis, k.PROCESSES)
         pipe = self.redis.pipeline(transaction=False)
         for identity in identities:
             pipe.hmget(identity, RECORD_FIELDS)

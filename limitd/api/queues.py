@@ -49,14 +49,14 @@ class Queue:
 
     def __init__(self, name: str, redis: redis_py.Redis | None = None) -> None:
         self.name = name
-        self.key = keys.queue(name)
         self.redis = _connection(redis)
+        self.key = keys.of(self.redis).queue(name)
 
     @classmethod
     def all(cls, redis: redis_py.Redis | None = None) -> list[Queue]:
         """Every queue named in ``queues``, sorted by name."""
         conn = _connection(redis)
-        return [cls(name, conn) for name in set_members(conn, keys.QUEUES)]
+        return [cls(name, conn) for name in set_members(conn, keys.of(conn).QUEUES)]
 
     def size(self) -> int:
         return int(self.redis.llen(self.key))
@@ -94,10 +94,11 @@ class Queue:
         """Drop the queue and its name from ``queues`` in one MULTI (in cluster mode, where
         they are on different shards, one round trip); returns how many jobs were
         removed. Its limits and pause flag stay: they steer jobs pushed later."""
-        pipe = self.redis.pipeline(transaction=not keys.is_cluster_layout())
+        k = keys.of(self.redis)
+        pipe = self.redis.pipeline(transaction=not k.cluster)
         pipe.llen(self.key)
         pipe.delete(self.key)
-        pipe.srem(keys.QUEUES, self.name)
+        pipe.srem(k.QUEUES, self.name)
         return int(pipe.execute()[0])
 
     # Limits: how many jobs of this queue may run at once, across all capsules (limit)

@@ -143,12 +143,12 @@ class SortedSet(Generic[EntryT]):
     entry_class: ClassVar[type[SortedEntry]]
     page_size: int = PAGE_SIZE
 
-    key_name: ClassVar[str]  # the name in limitd.keys: SCHEDULE, RETRY or DEAD
+    key_name: ClassVar[str]  # the name in a keys.KeyLayout: SCHEDULE, RETRY or DEAD
 
     @property
     def key(self) -> str:
-        """The set's name, read when used (the key layout may change)."""
-        return str(getattr(keys, self.key_name))
+        """The set's name in the key layout of this set's connection."""
+        return str(getattr(keys.of(self.redis), self.key_name))
 
     def __init__(
         self, redis: redis_py.Redis | None = None, *, dead_policy: DeadSetPolicy | None = None

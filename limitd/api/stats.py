@@ -44,14 +44,15 @@ class Stats:
         return sum(self.queues.values())
 
     def refresh(self) -> None:
+        k = keys.of(self.redis)
         pipe = self.redis.pipeline(transaction=True)
-        pipe.get(keys.STAT_PROCESSED)
-        pipe.get(keys.STAT_FAILED)
-        pipe.zcard(keys.SCHEDULE)
-        pipe.zcard(keys.RETRY)
-        pipe.zcard(keys.DEAD)
-        pipe.scard(keys.PROCESSES)
-        pipe.smembers(keys.QUEUES)
+        pipe.get(k.STAT_PROCESSED)
+        pipe.get(k.STAT_FAILED)
+        pipe.zcard(k.SCHEDULE)
+        pipe.zcard(k.RETRY)
+        pipe.zcard(k.DEAD)
+        pipe.scard(k.PROCESSES)
+        pipe.smembers(k.QUEUES)
         processed, failed, scheduled, retries, dead, processes, names = pipe.execute()
         self.processed, self.failed = int(processed or 0), int(failed or 0)
         self.scheduled_size, self.retry_size, self.dead_size = scheduled, retries, dead
@@ -59,9 +60,10 @@ class Stats:
         self.queues = self._queue_sizes(sorted(map(_text, names)))
 
     def _queue_sizes(self, names: list[str]) -> dict[str, int]:
+        k = keys.of(self.redis)
         pipe = self.redis.pipeline(transaction=False)
         for name in names:
-            pipe.llen(keys.queue(name))
+            pipe.llen(k.queue(name))
         return dict(zip(names, map(int, pipe.execute()), strict=True))
 
 
@@ -91,18 +93,19 @@ def queue_overview(redis: redis_py.Redis | None = None) -> list[QueueStatus]:
     may have no list yet). Three round trips whatever the number of queues (in cluster
     mode, where each queue's state is its own, a few per queue)."""
     conn = _connection(redis)
+    k = keys.of(conn)
     stored_limits = limits.all_limits(conn)
-    if keys.is_cluster_layout():  # per-queue state, queue by queue
-        listed = conn.smembers(keys.QUEUES)
+    if k.cluster:  # per-queue state, queue by queue
+        listed = conn.smembers(k.QUEUES)
         paused_raw: Any = limits.paused_queues(conn)
-        busy_raw = hash_by_queue(conn, keys.busy_of)
-        rates_raw = hash_by_queue(conn, keys.rate_limits_of)
+        busy_raw = hash_by_queue(conn, k.busy_of)
+        rates_raw = hash_by_queue(conn, k.rate_limits_of)
     else:
         pipe = conn.pipeline(transaction=False)
-        pipe.smembers(keys.QUEUES)
-        pipe.smembers(keys.PAUSED)
-        pipe.hgetall(keys.BUSY)
-        pipe.hgetall(keys.RATE_LIMITS)
+        pipe.smembers(k.QUEUES)
+        pipe.smembers(k.PAUSED)
+        pipe.hgetall(k.BUSY)
+        pipe.hgetall(k.RATE_LIMITS)
         listed, paused_raw, busy_raw, rates_raw = pipe.execute()
     stored_rates = rates.rates_of(rates_raw)
     paused = set(map(_text, paused_raw))
@@ -128,10 +131,11 @@ def queue_overview(redis: redis_py.Redis | None = None) -> list[QueueStatus]:
 
 def _sizes_and_latencies(conn: redis_py.Redis, names: list[str]) -> dict[str, tuple[int, float]]:
     """Length and oldest-job age of each queue, in one pipeline."""
+    k = keys.of(conn)
     pipe = conn.pipeline(transaction=False)
     for name in names:
-        pipe.llen(keys.queue(name))
-        pipe.lindex(keys.queue(name), -1)
+        pipe.llen(k.queue(name))
+        pipe.lindex(k.queue(name), -1)
     replies = pipe.execute()
     result: dict[str, tuple[int, float]] = {}
     for name, size, oldest in zip(names, replies[0::2], replies[1::2], strict=True):
@@ -167,8 +171,9 @@ def _history(
     points: list[tuple[Any, Any]],
     key_of: Callable[[str, Any], str],
 ) -> list[Any]:
+    k = keys.of(conn)
     stat_keys = [
-        key_of(stat, part) for stat in (keys.STAT_PROCESSED, keys.STAT_FAILED) for _, part in points
+        key_of(stat, part) for stat in (k.STAT_PROCESSED, k.STAT_FAILED) for _, part in points
     ]
     values = cast("list[bytes | None]", conn.mget(stat_keys)) if points else []
     processed, failed = values[: len(points)], values[len(points) :]

@@ -19,17 +19,18 @@ DEFAULT_LIMIT = 50
 
 def list_batches(redis: Any, limit: int = DEFAULT_LIMIT) -> list[BatchStatus]:
     """Up to ``limit`` batches that still exist, newest first."""
+    k = keys.of(redis)
     found: list[BatchStatus] = []
     start = 0
     while len(found) < limit:
-        raw = redis.zrevrange(keys.BATCHES, start, start + limit - 1)
+        raw = redis.zrevrange(k.BATCHES, start, start + limit - 1)
         if not raw:
             break
         bids = [bid.decode() for bid in raw]
         statuses = read_statuses(redis, bids)
         gone = [bid for bid, status in zip(bids, statuses, strict=True) if status is None]
         if gone:
-            redis.zrem(keys.BATCHES, *gone)
+            redis.zrem(k.BATCHES, *gone)
         found.extend(status for status in statuses if status is not None)
         start += len(bids) - len(gone)
     return found[:limit]
@@ -74,10 +75,11 @@ class BatchDetail:
 def batch_detail(redis: Any, bid: str, failures_shown: int = FAILURES_SHOWN) -> BatchDetail | None:
     """The batch, some of its failures and its callbacks, in one round trip whatever
     its size; None when it is unknown or expired."""
+    k = keys.of(redis)
     pipe = redis.pipeline(transaction=False)
-    pipe.hgetall(keys.batch(bid))
-    pipe.hlen(keys.batch_failures(bid))
-    pipe.hscan(keys.batch_failures(bid), 0, count=failures_shown)
+    pipe.hgetall(k.batch(bid))
+    pipe.hlen(k.batch_failures(bid))
+    pipe.hscan(k.batch_failures(bid), 0, count=failures_shown)
     meta, failure_count, (_, failures) = pipe.execute()
     shown = dict(sorted(failures.items())[:failures_shown])
     status = _status(bid, meta, shown)

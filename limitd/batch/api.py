@@ -180,15 +180,16 @@ class Batch:
         payload = normalize(item, spec)
         check_args(name, payload["args"], "raise")
         text = dumps(payload)
+        k = keys.of(_client(self._client).redis)  # the layout its callbacks are pushed in
         mark = json.dumps(STATUS_MARK)
         cut = text.index(mark)
         template: dict[str, Any] = {
             "queue": payload["queue"],
-            "queue_key": keys.queue(payload["queue"]),
+            "queue_key": k.queue(payload["queue"]),
             "head": text[:cut],
             "tail": text[cut + len(mark) : -1],
         }
-        if keys.is_cluster_layout():  # the queue is on another shard (limitd.handoff)
+        if k.cluster:  # the queue is on another shard (limitd.handoff)
             template["handoff"] = True
         return template
 
@@ -217,14 +218,15 @@ class AsyncBatchJobs:
                 yield batch
             return
         redis = loop_twin(_client(batch._client).redis)
-        check_opened(batch.bid, await open_call(batch.bid, batch._opening()).arun(redis))
+        k = keys.of(redis)
+        check_opened(batch.bid, await open_call(k, batch.bid, batch._opening()).arun(redis))
         batch._created = True
         try:
             with building_inside(batch.bid):
                 yield batch
         finally:
-            await close_call(batch.bid).arun(redis)
-            if keys.is_cluster_layout():  # callbacks it fired were handed off
+            await close_call(k, batch.bid).arun(redis)
+            if k.cluster:  # callbacks it fired were handed off
                 await handoff.apush_waiting(redis, clock.now())
 
 

@@ -13,10 +13,12 @@ from __future__ import annotations
 import contextvars
 import logging
 
+from limitd import keys
 from limitd.batch.building import building_bid
 from limitd.batch.store import add_jobs_call, job_settled_call, remove_jobs_call
 from limitd.connection import ScriptCall
 from limitd.middleware.base import ClientMiddleware, ServerMiddleware
+from limitd.middleware.work import RedisClient
 from limitd.payload import Payload
 from limitd.retry import error_class_name
 from limitd.spec import JobSpec
@@ -30,36 +32,40 @@ RESULTS = {"done": "success", "retry": "failure", "dead": "death", "discarded": 
 class BatchMembership(ClientMiddleware):
     """Client middleware: jobs pushed inside ``Batch.jobs()`` join that batch."""
 
-    def __init__(self) -> None:
+    def __init__(self, layout: keys.KeyLayout = keys.STANDALONE) -> None:
+        self.keys = layout  # the chain gives each connection's its own (for_layout)
         # The jids of the bulk chunk registered already: a context variable, so threads
         # and the tasks of one event loop each keep their own chunk's.
         self._registered: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
             f"limitd_batch_registered_{id(self)}", default=frozenset()
         )
 
+    def for_layout(self, layout: keys.KeyLayout) -> BatchMembership:
+        return self if layout is self.keys else BatchMembership(layout)
+
     def bulk_work(self, spec: JobSpec | None, payloads: list[Payload]) -> list[ScriptCall]:
         """The whole chunk joins the batch in one call; its jobs then pass on their own."""
         bid, jids = self._chunk(payloads)
         self._registered.set(frozenset(jids))
-        return [add_jobs_call(bid, jids)] if bid and jids else []
+        return [add_jobs_call(self.keys, bid, jids)] if bid and jids else []
 
     def abandon_work(self, spec: JobSpec | None, payloads: list[Payload]) -> list[ScriptCall]:
         """The chunk was not written: its jobs leave the batch (all of them were
         registered by ``bulk_work``; removing one already gone changes nothing)."""
         bid, jids = self._chunk(payloads)
-        return [remove_jobs_call(bid, jids)] if bid and jids else []
+        return [remove_jobs_call(self.keys, bid, jids)] if bid and jids else []
 
     def push_work(self, spec: JobSpec | None, payload: Payload) -> ScriptCall | None:
         """A job of the batch being built is registered in it before its push."""
         bid = self._join(payload)
         if bid is None or payload["jid"] in self._registered.get():
             return None
-        return add_jobs_call(bid, [payload["jid"]])
+        return add_jobs_call(self.keys, bid, [payload["jid"]])
 
     def undo_work(self, spec: JobSpec | None, payload: Payload) -> ScriptCall | None:
         """Halted later in the chain, or failed: the job leaves the batch again."""
         bid = building_bid()
-        return None if bid is None else remove_jobs_call(bid, [payload["jid"]])
+        return None if bid is None else remove_jobs_call(self.keys, bid, [payload["jid"]])
 
     @staticmethod
     def _chunk(payloads: list[Payload]) -> tuple[str | None, list[str]]:
@@ -79,6 +85,9 @@ class BatchMembership(ClientMiddleware):
 class BatchProgress(ServerMiddleware):
     """Server middleware: after each run of a batch job, tell the batch how it ended
     (its work is in ``settled``, sent with the acknowledgement)."""
+
+    def __init__(self, redis: RedisClient) -> None:
+        self.keys = keys.of(redis)  # of the capsule's connection, the ack goes through
 
     def concerns(self, payload: Payload) -> bool:
         return bool(payload.get("bid"))
@@ -107,4 +116,4 @@ class BatchProgress(ServerMiddleware):
                     job_class,
                 )
 
-        return job_settled_call(str(bid), jid, RESULTS[outcome], text, check)
+        return job_settled_call(self.keys, str(bid), jid, RESULTS[outcome], text, on_reply=check)

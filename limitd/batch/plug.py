@@ -28,7 +28,7 @@ def add_commands(subparsers: Subparsers, resolve_redis: ResolveRedis) -> None:
 BATCH = Feature(
     name="batch",
     client_middleware=lambda _settings: BatchMembership(),
-    server_middleware=lambda _redis: BatchProgress(),
+    server_middleware=BatchProgress,
     add_commands=add_commands,
     housekeeping=prune_index_hourly,
 )

@@ -47,13 +47,13 @@ class NewBatch:
 
 def open_batch(redis: RedisClient, bid: str, new: NewBatch | None = None) -> None:
     """Count one more open block; create the batch first when ``new`` describes it."""
-    check_opened(bid, open_call(bid, new).run(redis))
+    check_opened(bid, open_call(keys.of(redis), bid, new).run(redis))
 
 
-def open_call(bid: str, new: NewBatch | None = None) -> ScriptCall:
+def open_call(layout: keys.KeyLayout, bid: str, new: NewBatch | None = None) -> ScriptCall:
     """:func:`open_batch` as a call, for a sync or an asyncio client; its reply goes to
     :func:`check_opened`."""
-    parent_keys = keys.batch_keys(new.parent) if new and new.parent else []
+    parent_keys = layout.batch_keys(new.parent) if new and new.parent else []
     args = [
         bid,
         repr(clock.now()),
@@ -65,7 +65,7 @@ def open_call(bid: str, new: NewBatch | None = None) -> ScriptCall:
         json.dumps(parent_keys) if parent_keys else "",
         *(_callbacks_json(new, event) for event in EVENTS),
     ]
-    return OPEN.later([*keys.batch_keys(bid), keys.BATCHES, *parent_keys], args)
+    return OPEN.later([*layout.batch_keys(bid), layout.BATCHES, *parent_keys], args)
 
 
 def check_opened(bid: str, opened: Any) -> None:
@@ -77,59 +77,64 @@ def check_opened(bid: str, opened: Any) -> None:
 
 def close_batch(redis: RedisClient, bid: str) -> None:
     """End one open block; the last one lets the batch fire."""
-    close_call(bid).run(redis)
+    close_call(keys.of(redis), bid).run(redis)
     push_handed_off(redis)
 
 
-def close_call(bid: str) -> ScriptCall:
+def close_call(layout: keys.KeyLayout, bid: str) -> ScriptCall:
     return CLOSE.later(
-        [*keys.batch_keys(bid), _callbacks_to()], [repr(clock.now()), keys.WAKE_CHANNEL]
+        [*layout.batch_keys(bid), _callbacks_to(layout)], [repr(clock.now()), keys.WAKE_CHANNEL]
     )
 
 
-def add_jobs_call(bid: str, jids: Sequence[str]) -> ScriptCall:
+def add_jobs_call(layout: keys.KeyLayout, bid: str, jids: Sequence[str]) -> ScriptCall:
     """The registration of ``jids`` in batch ``bid``, to make now or later."""
-    return ADD.later(keys.batch_keys(bid), jids)
+    return ADD.later(layout.batch_keys(bid), jids)
 
 
-def remove_jobs_call(bid: str, jids: Sequence[str]) -> ScriptCall:
+def remove_jobs_call(layout: keys.KeyLayout, bid: str, jids: Sequence[str]) -> ScriptCall:
     """The removal of ``jids`` from batch ``bid`` (a push that did not happen)."""
-    return REMOVE.later(keys.batch_keys(bid), jids)
+    return REMOVE.later(layout.batch_keys(bid), jids)
 
 
 def add_jobs(redis: RedisClient, bid: str, jids: Sequence[str]) -> int:
-    return int(ADD(redis, keys.batch_keys(bid), list(jids)))
+    k = keys.of(redis)
+    return int(ADD(redis, k.batch_keys(bid), list(jids)))
 
 
 def remove_jobs(redis: RedisClient, bid: str, jids: Sequence[str]) -> int:
-    return int(REMOVE(redis, keys.batch_keys(bid), list(jids)))
+    k = keys.of(redis)
+    return int(REMOVE(redis, k.batch_keys(bid), list(jids)))
 
 
 def job_settled(redis: RedisClient, bid: str, jid: str, result: str, error: str = "") -> int:
     """Record one run's ``result`` (success, failure or death). Returns 1 when it
     changed the batch, 0 for a repeat, -1 for an unknown batch."""
-    result_code = int(job_settled_call(bid, jid, result, error).run(redis))
+    result_code = int(job_settled_call(keys.of(redis), bid, jid, result, error).run(redis))
     push_handed_off(redis)
     return result_code
 
 
 def push_handed_off(redis: RedisClient) -> None:
     """Cluster mode: push the callbacks the script just handed off (``limitd.handoff``)."""
-    if keys.is_cluster_layout():
+    k = keys.of(redis)
+    if k.cluster:
         handoff.push_waiting(redis, clock.now())
 
 
 def job_settled_call(
+    layout: keys.KeyLayout,
     bid: str,
     jid: str,
     result: str,
     error: str = "",
+    *,
     on_reply: Callable[[Any], None] | None = None,
 ) -> ScriptCall:
     """The same, as a call to make with the job's acknowledgement; calls for one batch
     made together are merged into one script run."""
     return JOB_SETTLED.later(
-        _settled_keys(bid),
+        _settled_keys(layout, bid),
         (jid, result, error, repr(clock.now())),
         on_reply,
         (keys.WAKE_CHANNEL,),  # the arguments every update of every batch begins with
@@ -137,32 +142,33 @@ def job_settled_call(
 
 
 @functools.lru_cache(maxsize=1024)
-def _settled_keys(bid: str) -> tuple[str, ...]:
-    return (*keys.batch_keys(bid), _callbacks_to())
+def _settled_keys(layout: keys.KeyLayout, bid: str) -> tuple[str, ...]:
+    return (*layout.batch_keys(bid), _callbacks_to(layout))
 
 
-def _callbacks_to() -> str:
+def _callbacks_to(layout: keys.KeyLayout) -> str:
     """KEYS[5] of the scripts that may fire callbacks: the set of queue names, or in
     cluster mode the hand-off set the callbacks go to (``limitd.handoff``)."""
-    return keys.MOVING if keys.is_cluster_layout() else keys.QUEUES
+    return layout.MOVING if layout.cluster else layout.QUEUES
 
 
 def prune_index(redis: RedisClient, page: int = 500) -> int:
     """Drop the index entries of batches whose data has expired, oldest first, a page
     at a time; returns how many went. The index is only read by the admin API, so
     without this it would keep one entry for every batch ever made."""
+    k = keys.of(redis)
     removed = start = 0
     while True:
-        page_of = cast("list[bytes]", redis.zrange(keys.BATCHES, start, start + page - 1))
+        page_of = cast("list[bytes]", redis.zrange(k.BATCHES, start, start + page - 1))
         bids = [bid.decode() for bid in page_of]
         if not bids:
             return removed
         pipe = redis.pipeline(transaction=False)
         for bid in bids:
-            pipe.exists(keys.batch(bid))
+            pipe.exists(k.batch(bid))
         gone = [bid for bid, alive in zip(bids, pipe.execute(), strict=True) if not alive]
         if gone:
-            removed += int(redis.zrem(keys.BATCHES, *gone))
+            removed += int(redis.zrem(k.BATCHES, *gone))
         start += len(bids) - len(gone)
 
 
@@ -173,7 +179,7 @@ def prune_index_hourly(redis: RedisClient) -> int:
     """The batch feature's housekeeping, asked by every capsule's poller at each of its
     upkeeps: :func:`prune_index`, by one process an hour (the lock key), since it reads
     the whole index. Returns how many entries went (0 when another process pruned)."""
-    if not redis.set(keys.BATCH_INDEX_PRUNE_LOCK, "1", nx=True, ex=PRUNE_EVERY):
+    if not redis.set(keys.of(redis).BATCH_INDEX_PRUNE_LOCK, "1", nx=True, ex=PRUNE_EVERY):
         return 0
     return prune_index(redis)
 
@@ -220,10 +226,11 @@ def read_status(redis: RedisClient, bid: str) -> BatchStatus | None:
 
 def read_statuses(redis: RedisClient, bids: Sequence[str]) -> list[BatchStatus | None]:
     """Statuses of several batches in one round trip, None for those that are gone."""
+    k = keys.of(redis)
     pipe = redis.pipeline(transaction=False)
     for bid in bids:
-        pipe.hgetall(keys.batch(bid))
-        pipe.hgetall(keys.batch_failures(bid))
+        pipe.hgetall(k.batch(bid))
+        pipe.hgetall(k.batch_failures(bid))
     replies = pipe.execute()
     return [_status(bid, replies[2 * i], replies[2 * i + 1]) for i, bid in enumerate(bids)]
 

@@ -41,25 +41,25 @@ FINISH = LuaScript(PACKAGE, "capacity_finish.lua", prelude=_LIB)
 RENEW = LuaScript(PACKAGE, "capacity_renew.lua")
 
 
-def names_key() -> str:
-    """Zset of refilled classes (named at call time: the key layout may change)."""
-    return keys.LIMITD_PREFIX + "capacity:names"
+def names_key(layout: keys.KeyLayout) -> str:
+    """Zset of refilled classes."""
+    return layout.LIMITD_PREFIX + "capacity:names"
 
 
 NAMES_TTL = 30 * 86400.0  # a class not refilled this long leaves the listing and the gauges
 NO_SUCCESSOR = -1
 
 
-def running_key(name: str) -> str:
-    return f"{keys.LIMITD_PREFIX}capacity:{{{name}}}:running"
+def running_key(layout: keys.KeyLayout, name: str) -> str:
+    return f"{layout.LIMITD_PREFIX}capacity:{{{name}}}:running"
 
 
-def queued_key(name: str) -> str:
-    return f"{keys.LIMITD_PREFIX}capacity:{{{name}}}:queued"
+def queued_key(layout: keys.KeyLayout, name: str) -> str:
+    return f"{layout.LIMITD_PREFIX}capacity:{{{name}}}:queued"
 
 
-def state_key(name: str) -> str:
-    return f"{keys.LIMITD_PREFIX}capacity:{{{name}}}:state"
+def state_key(layout: keys.KeyLayout, name: str) -> str:
+    return f"{layout.LIMITD_PREFIX}capacity:{{{name}}}:state"
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,8 @@ class CapacityStore:
         self.redis = redis
         self.name = name
         self.timing = timing or Timing()
-        self.keys = (running_key(name), queued_key(name), state_key(name))
+        k = keys.of(redis)
+        self.keys = (running_key(k, name), queued_key(k, name), state_key(k, name))
 
     def reserve(self, maximum: int, remaining: int, jids: Sequence[str]) -> list[str]:
         """Reserve places for copies, at most the free capacity and ``remaining``:
@@ -121,7 +122,7 @@ class CapacityStore:
         gauges know every class that is refilled."""
         reply = script(self.redis, self.keys, args)
         if index:
-            self.redis.zadd(names_key(), {self.name: clock.now()})
+            self.redis.zadd(names_key(keys.of(self.redis)), {self.name: clock.now()})
         return reply
 
 
@@ -146,17 +147,18 @@ def read_states(redis: RedisClient) -> list[CapacityState]:
     """Every class refilled in the last ``NAMES_TTL``, in two round trips whatever their
     number. Expired leases and reservations are not counted, pruned or not."""
     now = clock.now()
+    k = keys.of(redis)
     pipe = redis.pipeline(transaction=False)
-    pipe.zremrangebyscore(names_key(), "-inf", now - NAMES_TTL)
-    pipe.zrange(names_key(), 0, -1)
+    pipe.zremrangebyscore(names_key(k), "-inf", now - NAMES_TTL)
+    pipe.zrange(names_key(k), 0, -1)
     names = [member.decode() for member in pipe.execute()[1]]
     if not names:
         return []
     pipe = redis.pipeline(transaction=False)
     for name in names:
-        pipe.zcount(running_key(name), f"({now}", "+inf")
-        pipe.zcount(queued_key(name), f"({now}", "+inf")
-        pipe.hmget(state_key(name), "max_running_jobs", "remaining_work_count", "updated_at")
+        pipe.zcount(running_key(k, name), f"({now}", "+inf")
+        pipe.zcount(queued_key(k, name), f"({now}", "+inf")
+        pipe.hmget(state_key(k, name), "max_running_jobs", "remaining_work_count", "updated_at")
     replies = pipe.execute()
     states = []
     for index, name in enumerate(names):

@@ -32,12 +32,11 @@ def connect(
     so one malformed (non UTF-8) job cannot break a fetch and get lost on the way.
     (Which URL to use is decided above this layer: see ``limitd.locate``.) A
     ``redis+sentinel://`` URL gives a client on the primary Sentinel names (see
-    ``limitd.sentinel``); a ``redis+cluster://`` URL, a Redis Cluster client, and
-    switches ``limitd.keys`` to the cluster layout (see ``limitd.cluster``). ``wait``
+    ``limitd.sentinel``); a ``redis+cluster://`` URL, a Redis Cluster client (see
+    ``limitd.cluster``). The client carries its key layout (``limitd.keys.of``). ``wait``
     (or the URL's ``wait_replicas`` / ``wait_timeout``, which win) makes the client's
     pushes and fetches wait for replicas (see ``limitd.replication``)."""
     url, from_url = replication.split_url(url)
-    keys.use_cluster_layout(url.startswith(cluster.SCHEME))
     if url.startswith(cluster.SCHEME) and (from_url or wait):
         raise ValueError(
             "wait_replicas is not available in cluster mode: WAIT must follow the writes "
@@ -61,6 +60,7 @@ def connect(
             health_check_interval=30,
         )
     replication.attach(client, from_url or wait)
+    keys.attach(client, keys.CLUSTER if scheme == cluster.SCHEME else keys.STANDALONE)
     return client
 
 
@@ -114,6 +114,7 @@ def async_twin(client: redis.Redis, max_connections: int = 100) -> redis.asyncio
     asyncio pool raises past its cap) or opening a thousand sockets."""
     twin = _bare_async_twin(client, max_connections)
     replication.attach(twin, replication.of(client))
+    keys.attach(twin, keys.of(client))
     return twin
 
 

@@ -8,6 +8,7 @@ from typing import Any, cast
 import redis
 import redis.asyncio
 
+from limitd import keys
 from limitd.connection import cluster
 
 
@@ -31,6 +32,7 @@ class _PublishLater:
     def __init__(self, client: Any, pipe: Any) -> None:
         self._client = client
         self._pipe = pipe
+        keys.attach(self, keys.of(client))
         self._messages: list[tuple[Any, Any]] = []
 
     def publish(self, channel: Any, message: Any) -> _PublishLater:

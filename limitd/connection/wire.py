@@ -12,6 +12,7 @@ import hiredis
 import redis
 from redis.exceptions import ConnectionError, TimeoutError
 
+from limitd import keys
 from limitd.connection import cluster, sentinel
 
 _PACKABLE = (bytes, str, int, float)  # exactly these: hiredis refuses a bool
@@ -42,6 +43,7 @@ class OwnConnection:
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
+        keys.attach(self, keys.of(client))
         pool = client.connection_pool
         self.connection = pool.connection_class(**pool.connection_kwargs)
         # A Sentinel-managed connection learns the primary's address only in connect():

@@ -128,21 +128,24 @@ def top_tenants(
 def reroutes(redis: redis_py.Redis | None = None) -> Reroutes:
     """Every reroute counter: (job, tenant, queue, rule number) -> jobs that rule
     rerouted to that queue."""
-    return _reroutes(_connection(redis).hgetall(keys.FAIR_TENANT_REROUTES))
+    conn = _connection(redis)
+    return _reroutes(conn.hgetall(keys.of(conn).FAIR_TENANT_REROUTES))
 
 
 def job_rules(redis: redis_py.Redis | None = None) -> dict[str, list[Rule]]:
     """Each job's rules, as its last enqueue carried them (jobs never enqueued with a
     tenant are not there)."""
-    stored = _connection(redis).hgetall(keys.FAIR_TENANT_RULES)
+    conn = _connection(redis)
+    stored = conn.hgetall(keys.of(conn).FAIR_TENANT_RULES)
     return {_text(job): _rules(raw) for job, raw in stored.items()}
 
 
 def _tracked(conn: redis_py.Redis, since: float) -> list[tuple[str, str, float]]:
     """(job, tenant, last enqueue) of every tenant that enqueued since ``since``."""
+    k = keys.of(conn)
     seen = cast(
         "list[tuple[bytes, float]]",
-        conn.zrangebyscore(keys.FAIR_TENANT_TENANTS, since, "+inf", withscores=True),
+        conn.zrangebyscore(k.FAIR_TENANT_TENANTS, since, "+inf", withscores=True),
     )
     tracked = []
     for raw, score in seen:
@@ -161,12 +164,13 @@ def _statuses(
 ) -> list[TenantStatus]:
     """Counts of every tracked tenant in each of its job's rule windows, and the
     reroutes, in one pipeline."""
+    k = keys.of(conn)
     pipe = conn.pipeline(transaction=False)
     for job, tenant, _ in tracked:
-        key = _enqueues_key(settings, job, tenant)
+        key = _enqueues_key(k, settings, job, tenant)
         for rule in rules.get(job, []):
             pipe.zcount(key, f"({now - rule.per}", "+inf")  # the middleware's window
-    pipe.hgetall(keys.FAIR_TENANT_REROUTES)
+    pipe.hgetall(k.FAIR_TENANT_REROUTES)
     *counts, raw_reroutes = pipe.execute()
     rerouted: dict[tuple[str, str], dict[str, int]] = {}
     by_rule: dict[tuple[str, str], dict[int, int]] = {}
@@ -191,10 +195,12 @@ def _statuses(
     ]
 
 
-def _enqueues_key(settings: FairTenantSettings, job: str, tenant: str) -> str:
+def _enqueues_key(
+    layout: keys.KeyLayout, settings: FairTenantSettings, job: str, tenant: str
+) -> str:
     spec = registry.resolve(job)
     queue = spec.queue if spec is not None else DEFAULT_QUEUE  # see the module's limitation
-    return keys.fair_tenant_enqueues(
+    return layout.fair_tenant_enqueues(
         settings.enqueues_key, queue=queue, job_class=job, tenant=tenant
     )
 

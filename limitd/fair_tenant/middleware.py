@@ -133,14 +133,22 @@ class FairTenantSettings:
 class FairTenant(ClientMiddleware):
     """The client middleware. Halts nothing; only chooses the queue."""
 
-    def __init__(self, settings: FairTenantSettings | None = None) -> None:
+    def __init__(
+        self,
+        settings: FairTenantSettings | None = None,
+        layout: keys.KeyLayout = keys.STANDALONE,
+    ) -> None:
         self.settings = settings or FairTenantSettings.from_env()
+        self.keys = layout  # the chain gives each connection's its own (for_layout)
         self.log = logging.getLogger(self.settings.logger)
         # The queues decided for a bulk chunk, by jid: a context variable, so threads
         # and the tasks of one event loop each keep their own chunk's.
         self._routed: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
             f"limitd_fair_tenant_routed_{id(self)}", default=None
         )
+
+    def for_layout(self, layout: keys.KeyLayout) -> FairTenant:
+        return self if layout is self.keys else FairTenant(self.settings, layout)
 
     def push_work(self, spec: JobSpec | None, payload: Payload) -> ScriptCall | None:
         """The call that counts this job and picks its queue (None: most jobs, which
@@ -224,7 +232,8 @@ class FairTenant(ClientMiddleware):
     ) -> ScriptCall:
         """The call that counts ``jids`` (one tenant's) and returns each one's rule."""
         rules = payload["fair_tenant_queues"]
-        key = keys.fair_tenant_enqueues(
+        k = self.keys
+        key = k.fair_tenant_enqueues(
             self.settings.enqueues_key,
             queue=payload["queue"],
             job_class=payload["class"],
@@ -242,7 +251,7 @@ class FairTenant(ClientMiddleware):
         for rule in rules:
             args += [rule["per"], rule["threshold"], rule["queue"]]
         return FAIR_TENANT.later(
-            [key, keys.FAIR_TENANT_TENANTS, keys.FAIR_TENANT_REROUTES, keys.FAIR_TENANT_RULES],
+            [key, k.FAIR_TENANT_TENANTS, k.FAIR_TENANT_REROUTES, k.FAIR_TENANT_RULES],
             [*args, *jids],
             on_reply,
         )

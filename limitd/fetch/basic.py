@@ -73,6 +73,7 @@ class BasicFetch:
         self, redis: redis_py.Redis, order: QueueOrder, block_seconds: float = BLOCK_SECONDS
     ) -> None:
         self.redis = redis
+        self.keys = keys.of(redis)  # the key layout of its connection
         self.order = order
         self.block_seconds = block_seconds
 
@@ -109,7 +110,7 @@ class BasicFetch:
         if reason is not None:
             for unit in batch:
                 self.redis.rpush(
-                    keys.queue(unit.queue), recoveries.mark_recovered(unit.job, reason)
+                    self.keys.queue(unit.queue), recoveries.mark_recovered(unit.job, reason)
                 )
             return len(batch)
         by_queue: dict[str, list[bytes]] = defaultdict(list)
@@ -118,7 +119,7 @@ class BasicFetch:
         if by_queue:
             pipe = self.redis.pipeline(transaction=False)
             for queue, jobs in by_queue.items():
-                pipe.rpush(keys.queue(queue), *jobs)
+                pipe.rpush(self.keys.queue(queue), *jobs)
             pipe.execute()
         return len(batch)
 
@@ -139,18 +140,18 @@ class BasicFetch:
         return {}
 
     def _wait_for_one(self) -> UnitOfWork | None:
-        queue_keys = [keys.queue(name) for name in self.order.next_order()]
+        queue_keys = [self.keys.queue(name) for name in self.order.next_order()]
         found = retry_on_failover(
             self.redis, lambda: self.redis.brpop(queue_keys, timeout=self.block_seconds)
         )
         if found is None:
             return None
         key, job = cast("tuple[bytes, bytes]", found)
-        return UnitOfWork(keys.queue_name(key.decode()), job, self)
+        return UnitOfWork(self.keys.queue_name(key.decode()), job, self)
 
     def _take_now(self) -> UnitOfWork | None:
         for name in self.order.next_order():
-            job = cast("bytes | None", self.redis.rpop(keys.queue(name)))
+            job = cast("bytes | None", self.redis.rpop(self.keys.queue(name)))
             if job is not None:
                 return UnitOfWork(name, job, self)
         return None

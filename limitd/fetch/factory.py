@@ -56,7 +56,8 @@ def limit_fetch(
 ) -> LimitFetch:
     """A limit fetch for the topology of the connection: one call for all queues, or
     in a cluster one per queue's shard."""
-    strategy = ShardedLimitFetch if keys.is_cluster_layout() else LimitFetch
+    k = keys.of(redis)
+    strategy = ShardedLimitFetch if k.cluster else LimitFetch
     return strategy(
         redis,
         order,

@@ -109,6 +109,7 @@ class LimitFetch:
         at; by default the script reads Redis's clock, the one all capsules share.
         ``limits``: the configured limits, re-applied at each heartbeat."""
         self.redis = redis
+        self.keys = keys.of(redis)  # the key layout of its connection
         self.rate_clock = rate_clock
         # After each fetch call: seconds until a queue that has jobs waiting only for its
         # rate limit may give one, or None (read by the one thread that fetches).
@@ -283,7 +284,7 @@ class LimitFetch:
 
     def _held_queues(self) -> Iterable[str]:
         """The queues this capsule may hold jobs of, as Redis counts them."""
-        return set_members(self.redis, keys.capsule_queues(self.capsule_id))
+        return set_members(self.redis, self.keys.capsule_queues(self.capsule_id))
 
     def _call(
         self,
@@ -363,15 +364,15 @@ class LimitFetch:
         if cached is not None:
             return cached
         fixed = [
-            keys.limits_of(queue),
-            keys.process_limits_of(queue),
-            keys.paused_of(queue),
-            keys.busy_of(queue),
-            keys.capsule_queues(self.capsule_id, queue),
-            keys.capsules_of(queue),
-            keys.rate_limits_of(queue),
+            self.keys.limits_of(queue),
+            self.keys.process_limits_of(queue),
+            self.keys.paused_of(queue),
+            self.keys.busy_of(queue),
+            self.keys.capsule_queues(self.capsule_id, queue),
+            self.keys.capsules_of(queue),
+            self.keys.rate_limits_of(queue),
         ]
-        cached = [key.encode() for key in fixed], keys.recoveries_of(queue).encode()
+        cached = [key.encode() for key in fixed], self.keys.recoveries_of(queue).encode()
         self._shared_of[queue] = cached
         return cached
 
@@ -397,11 +398,11 @@ class LimitFetch:
         cached = self._per_queue.get(name)
         if cached is None:
             cached = (
-                keys.queue(name).encode(),
-                keys.in_progress(self.capsule_id, name).encode(),
+                self.keys.queue(name).encode(),
+                self.keys.in_progress(self.capsule_id, name).encode(),
                 name.encode(),
                 b"1" if name in self.blocking else b"0",
-                keys.rate_state(name).encode(),
+                self.keys.rate_state(name).encode(),
             )
             self._per_queue[name] = cached
         return cached
@@ -411,7 +412,7 @@ class LimitFetch:
         with self._lock:
             if now - self._extra_refreshed >= DYNAMIC_REFRESH_SECONDS:
                 known = self.order.weights
-                names = set_members(self.redis, keys.QUEUES)
+                names = set_members(self.redis, self.keys.QUEUES)
                 self._extra_queues = [name for name in names if name not in known]
                 self._extra_refreshed = now
             return list(self._extra_queues)

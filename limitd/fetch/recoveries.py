@@ -81,11 +81,12 @@ def recover(redis: redis_py.Redis, capsule_id: str, queue: str, job: bytes, reas
     """Return a job this capsule holds to the front of its queue, charging it a crash
     alone; see ``recover_job.lua``. Returns the job's crashes, 0 if the capsule no longer
     held it."""
+    k = keys.of(redis)
     script_keys = [
-        keys.in_progress(capsule_id, queue),
-        keys.queue(queue),
-        keys.busy_of(queue),
-        keys.recoveries_of(queue),
+        k.in_progress(capsule_id, queue),
+        k.queue(queue),
+        k.busy_of(queue),
+        k.recoveries_of(queue),
     ]
     args = [job, queue, reason[:MAX_REASON], RECOVERIES_TTL, keys.WAKE_CHANNEL, capsule_id]
     return int(RECOVER_JOB(redis, script_keys, args))
@@ -94,13 +95,15 @@ def recover(redis: redis_py.Redis, capsule_id: str, queue: str, job: bytes, reas
 def started(redis: redis_py.Redis, capsule_id: str, job: bytes, queue: str) -> bool:
     """The capsule is about to run the suspect it holds: a crash from now on is charged
     to this job alone (``suspect_started.lua``). False if it no longer held it."""
+    k = keys.of(redis)
     args = [capsule_id, job_id(job)]
-    return bool(SUSPECT_STARTED(redis, [keys.recoveries_of(queue)], args))
+    return bool(SUSPECT_STARTED(redis, [k.recoveries_of(queue)], args))
 
 
 def last_reason(redis: redis_py.Redis, job: bytes, queue: str) -> str:
     """Why the job was last given back, as recorded by the reaper or the processor."""
-    reason = redis.hget(keys.recoveries_of(queue), job_id(job) + ":error")
+    k = keys.of(redis)
+    reason = redis.hget(k.recoveries_of(queue), job_id(job) + ":error")
     return reason.decode("utf-8", "replace") if isinstance(reason, bytes) else "unknown"
 
 
@@ -108,8 +111,9 @@ def forget(redis: redis_py.Redis, capsule_id: str, job: bytes, queue: str) -> No
     """The job completed (or was buried): its charges are dropped and the capsule's hold
     on it released, with a wake-up for the suspects it passed over
     (``suspect_cleared.lua``)."""
+    k = keys.of(redis)
     args = [capsule_id, job_id(job), keys.WAKE_CHANNEL, queue]
-    SUSPECT_CLEARED(redis, [keys.recoveries_of(queue)], args)
+    SUSPECT_CLEARED(redis, [k.recoveries_of(queue)], args)
 
 
 def mark_recovered(job: bytes, reason: str) -> bytes:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
-from limitd import clock, handoff, keys
+from limitd import clock, handoff
 from limitd.connection import Conn, run_calls
 from limitd.fetch.basic import UnitOfWork
 from limitd.fetch.limit import ACK, JOB_FIELDS, LimitFetch, calls_before_ack, forget_calls
@@ -109,7 +109,7 @@ class ShardedLimitFetch(LimitFetch):
         not jump ahead (as in one call). One round trip, to its shard; a push or a freed
         slot in between only makes the fetch wait for the next call."""
         pipe = self.redis.pipeline(transaction=False)
-        pipe.llen(keys.queue(name))
-        pipe.sismember(keys.paused_of(name), name)
+        pipe.llen(self.keys.queue(name))
+        pipe.sismember(self.keys.paused_of(name), name)
         waiting, paused = pipe.execute()
         return bool(waiting) and not paused

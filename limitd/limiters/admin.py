@@ -39,11 +39,12 @@ class LimiterStatus:
 
 def limiters(redis: Any) -> list[LimiterStatus]:
     """Every limiter used within its ttl, most recently used first."""
-    entries = redis.zrevrange(keys.LIMITERS, 0, -1, withscores=True)
+    k = keys.of(redis)
+    entries = redis.zrevrange(k.LIMITERS, 0, -1, withscores=True)
     names = [raw.decode(errors="replace") for raw, _ in entries]
     pipe = redis.pipeline(transaction=False)
     for name in names:
-        pipe.hgetall(keys.limiter("stats", name))
+        pipe.hgetall(k.limiter("stats", name))
     found, gone = [], []
     for (raw, last_used), name, stats in zip(entries, names, pipe.execute(), strict=True):
         if not stats:
@@ -53,7 +54,7 @@ def limiters(redis: Any) -> list[LimiterStatus]:
             _status(redis, name, {k.decode(): v.decode() for k, v in stats.items()}, last_used)
         )
     if gone:
-        redis.zrem(keys.LIMITERS, *gone)
+        redis.zrem(k.LIMITERS, *gone)
     return found
 
 
@@ -96,12 +97,13 @@ def limiter_usage(
 
 
 def _queue_usage(pipe: Any, status: LimiterStatus, now: float) -> None:
+    k = keys.of(pipe)
     if status.kind == "bucket" and status.period > 0:
-        pipe.get(keys.limiter_bucket(status.name, interval_bounds(now, status.period)[0]))
+        pipe.get(k.limiter_bucket(status.name, interval_bounds(now, status.period)[0]))
     elif status.kind == "window":
-        pipe.zcount(keys.limiter("window", status.name), f"({now - status.period!r}", "+inf")
+        pipe.zcount(k.limiter("window", status.name), f"({now - status.period!r}", "+inf")
     elif status.kind == "leaky":
-        pipe.hmget(keys.limiter("leaky", status.name), "level", "at")
+        pipe.hmget(k.limiter("leaky", status.name), "level", "at")
 
 
 def _usage(status: LimiterStatus, replies: Any, now: float) -> float:

@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
-from limitd import clock
+from limitd import clock, keys
 from limitd.connection import apipeline, loop_twin
 from limitd.limiters import store
 from limitd.limiters.store import Definition, OverLimit
@@ -63,12 +63,14 @@ class AsyncLimiter:
             yield
         finally:
             held = clock.monotonic() - started
-            script, script_keys, args = store.release_call(self.definition, token, held)
+            script, script_keys, args = store.release_call(
+                keys.of(redis), self.definition, token, held
+            )
             await script.acall(redis, script_keys, args)
 
     async def _take(self, redis: Any, token: str) -> None:
         """The sync form's loop (``Limiter._take``), with awaited I/O."""
-        tries = self.limiter.tries(token)
+        tries = self.limiter.tries(token, keys.of(redis))
         while True:
             script, script_keys, args = tries.call()
             outcome = tries.after(await script.acall(redis, script_keys, args))

@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from limitd import clock
+from limitd import clock, keys
 from limitd.client import default_client
 from limitd.limiters import store
 from limitd.limiters.aio import AsyncLimiter
@@ -171,9 +171,10 @@ class Limiter:
         default client's, looked up at each check (a capsule sets it in its process)."""
         return self._redis if self._redis is not None else default_client().redis
 
-    def tries(self, token: str) -> Tries:
-        """A new check's tries for room, held under ``token`` (both forms use this)."""
-        return Tries(self.definition, self.wait_timeout, token, MAX_BLOCK)
+    def tries(self, token: str, layout: keys.KeyLayout) -> Tries:
+        """A new check's tries for room, held under ``token``, on a connection of
+        ``layout`` (both forms use this)."""
+        return Tries(self.definition, self.wait_timeout, token, MAX_BLOCK, layout)
 
     @contextmanager
     def within_limit(self) -> Iterator[None]:
@@ -193,7 +194,7 @@ class Limiter:
 
     def _take(self, redis: RedisClient, token: str) -> None:
         """Try until taken or the deadline passes, pausing as :class:`Tries` says."""
-        tries = self.tries(token)
+        tries = self.tries(token, keys.of(redis))
         while True:
             script, script_keys, args = tries.call()
             outcome = tries.after(script(redis, script_keys, args))

@@ -122,7 +122,7 @@ class OverLimitReschedule(ServerMiddleware):
             at - clock.now(),
         )
         return [
-            Command("zadd", keys.SCHEDULE, {dumps(entry): at}),
+            Command("zadd", keys.of(self.redis).SCHEDULE, {dumps(entry): at}),
             Command("publish", keys.DUE_CHANNEL, repr(at)),
         ]
 

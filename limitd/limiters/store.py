@@ -108,27 +108,33 @@ def interval_bounds(now: float, interval: float) -> tuple[int, float]:
     return int(start), start + interval
 
 
-def state_key(definition: Definition, now: float) -> str:
+def state_key(layout: keys.KeyLayout, definition: Definition, now: float) -> str:
     if definition.kind == "concurrent":
-        return keys.limiter("holders", definition.name)
+        return layout.limiter("holders", definition.name)
     if definition.kind == "bucket":
-        return keys.limiter_bucket(definition.name, interval_bounds(now, definition.period)[0])
-    return keys.limiter(definition.kind, definition.name)
+        return layout.limiter_bucket(definition.name, interval_bounds(now, definition.period)[0])
+    return layout.limiter(definition.kind, definition.name)
 
 
 Call = tuple[LuaScript, list[Any], list[Any]]  # a script, its keys and its arguments
 
 
 def acquire_call(
-    definition: Definition, now: float, token: str, *, attempt: int, waited: float
+    layout: keys.KeyLayout,
+    definition: Definition,
+    now: float,
+    token: str,
+    *,
+    attempt: int,
+    waited: float,
 ) -> Call:
     """One try's script call, built without doing it: the sync and the async
     ``within_limit`` make the very same call, each on its own connection."""
     name = definition.name
-    script_keys = [state_key(definition, now)]
+    script_keys = [state_key(layout, definition, now)]
     if definition.kind == "concurrent":
-        script_keys.append(wake_key(definition))
-    script_keys += [keys.limiter("stats", name), keys.LIMITERS]
+        script_keys.append(wake_key(layout, definition))
+    script_keys += [layout.limiter("stats", name), layout.LIMITERS]
     finish = interval_bounds(now, definition.period)[1] if definition.kind == "bucket" else 0
     args = [repr(now), definition.limit, repr(definition.period), token, attempt]
     args += [round(waited * 1000), math.ceil(definition.ttl), name, definition.kind, repr(finish)]
@@ -141,31 +147,33 @@ def acquire_reply(reply: Any) -> tuple[bool, float]:
     return bool(allowed), int(wait_ms) / 1000
 
 
-def release_call(definition: Definition, token: str, held: float) -> Call:
+def release_call(layout: keys.KeyLayout, definition: Definition, token: str, held: float) -> Call:
     """The script call giving back a concurrent slot held ``held`` seconds."""
     name = definition.name
-    script_keys = [keys.limiter("holders", name), wake_key(definition), keys.limiter("stats", name)]
+    holders, stats = layout.limiter("holders", name), layout.limiter("stats", name)
+    script_keys = [holders, wake_key(layout, definition), stats]
     lock_ms = math.ceil(definition.period * 1000)
     return RELEASE, script_keys, [token, round(held * 1000), definition.limit, lock_ms]
 
 
 def release(redis: RedisClient, definition: Definition, token: str, held: float) -> bool:
     """Give back a concurrent slot; False when its lock had expired meanwhile."""
-    script, script_keys, args = release_call(definition, token, held)
+    script, script_keys, args = release_call(keys.of(redis), definition, token, held)
     return bool(script(redis, script_keys, args))
 
 
-def wake_key(definition: Definition) -> str:
+def wake_key(layout: keys.KeyLayout, definition: Definition) -> str:
     """A concurrent limiter's wake list: every release pushes to it, and waiters block on
     it (BLPOP). A release pushed while a waiter was between its try and its BLPOP is
     still there when it blocks, so no release is missed."""
-    return keys.limiter("wake", definition.name)
+    return layout.limiter("wake", definition.name)
 
 
 def queue_over_limit(pipe: Any, definition: Definition) -> None:
     """Count a check that gave up (its calls were counted by the scripts), on a sync or
     an asyncio pipeline the caller then executes."""
-    stats = keys.limiter("stats", definition.name)
+    k = keys.of(pipe)
+    stats = k.limiter("stats", definition.name)
     pipe.hincrby(stats, "over_limit", 1)
     pipe.expire(stats, math.ceil(definition.ttl))
 
@@ -178,4 +186,5 @@ def record_over_limit(redis: RedisClient, definition: Definition) -> None:
 
 def held_now(redis: RedisClient, name: str, now: float) -> int:
     """Holders of a concurrent limiter whose lock has not expired."""
-    return int(redis.zcount(keys.limiter("holders", name), f"({now!r}", "+inf"))
+    k = keys.of(redis)
+    return int(redis.zcount(k.limiter("holders", name), f"({now!r}", "+inf"))

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from limitd import clock
+from limitd import clock, keys
 from limitd.limiters import store
 from limitd.limiters.store import Call, Definition, OverLimit
 
@@ -31,9 +31,15 @@ class Tries:
     """One ``within_limit``'s tries for room, from its start to its deadline."""
 
     def __init__(
-        self, definition: Definition, wait_timeout: float, token: str, max_block: float
+        self,
+        definition: Definition,
+        wait_timeout: float,
+        token: str,
+        max_block: float,
+        layout: keys.KeyLayout,
     ) -> None:
         self.definition = definition
+        self.keys = layout  # of the connection the tries are made on
         self.token = token
         self.max_block = max_block  # one BLPOP at most this long
         self.started = clock.monotonic()
@@ -46,7 +52,12 @@ class Tries:
         self.attempt += 1
         self.waited = clock.monotonic() - self.started
         return store.acquire_call(
-            self.definition, clock.now(), self.token, attempt=self.attempt, waited=self.waited
+            self.keys,
+            self.definition,
+            clock.now(),
+            self.token,
+            attempt=self.attempt,
+            waited=self.waited,
         )
 
     def after(self, reply: Any) -> Pause | OverLimit | None:
@@ -64,4 +75,5 @@ class Tries:
         if self.definition.kind != "concurrent":
             return Pause(seconds)
         # BLPOP reads a timeout of 0 as "forever".
-        return Pause(max(0.001, min(seconds, self.max_block)), store.wake_key(self.definition))
+        wake = store.wake_key(self.keys, self.definition)
+        return Pause(max(0.001, min(seconds, self.max_block)), wake)

@@ -105,12 +105,13 @@ def _read_part(
 
 def totals(redis: redis_py.Redis) -> list[Metric]:
     """Counters and set sizes, in one transaction (one round trip)."""
+    k = keys.of(redis)
     pipe = redis.pipeline(transaction=True)
-    pipe.get(keys.STAT_PROCESSED)
-    pipe.get(keys.STAT_FAILED)
-    pipe.zcard(keys.RETRY)
-    pipe.zcard(keys.SCHEDULE)
-    pipe.zcard(keys.DEAD)
+    pipe.get(k.STAT_PROCESSED)
+    pipe.get(k.STAT_FAILED)
+    pipe.zcard(k.RETRY)
+    pipe.zcard(k.SCHEDULE)
+    pipe.zcard(k.DEAD)
     processed, failed, retries, scheduled, dead = pipe.execute()
     return [
         CounterMetricFamily(

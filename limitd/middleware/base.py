@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from limitd.connection import ScriptCall
+from limitd.keys import KeyLayout
 from limitd.middleware.work import RedisClient, Work
 from limitd.payload import Payload
 from limitd.spec import JobSpec
@@ -65,6 +66,12 @@ class ClientMiddleware:
     def abandon_work(self, spec: JobSpec | None, payloads: list[Payload]) -> Sequence[Work]:
         """Work that gives back what was reserved for a chunk that was not written."""
         return ()
+
+    def for_layout(self, layout: KeyLayout) -> ClientMiddleware:
+        """This middleware for pushes through a connection of key ``layout`` (the chain
+        asks once per layout): one whose work names keys returns one naming them in
+        ``layout``; the default is itself."""
+        return self
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from limitd import keys
 from limitd.connection.replication import NotReplicated
 from limitd.middleware.base import ClientMiddleware
 from limitd.middleware.callables import AsyncPushNext, CallableClient
@@ -80,20 +81,29 @@ class ClientChain(Chain):
 
     def __init__(self, entries: list[Any] | None = None) -> None:
         super().__init__(entries)
-        self._plan: tuple[int, list[ClientEntry]] = (-1, [])
+        self._plans: tuple[int, dict[keys.KeyLayout, list[ClientEntry]]] = (-1, {})
 
-    def _entries_now(self) -> list[ClientEntry]:
-        version, plan = self._plan
+    def _entries_now(self, redis: Any) -> list[ClientEntry]:
+        """The entries for a push through ``redis``: each middleware as it names keys in
+        that connection's layout (see ``ClientMiddleware.for_layout``)."""
+        version, plans = self._plans
         if version != self._version:
-            plan = [m if isinstance(m, ClientMiddleware) else CallableClient(m) for m in self]
-            self._plan = (self._version, plan)
+            plans = {}
+            self._plans = (self._version, plans)
+        layout = keys.of(redis)
+        plan = plans.get(layout)
+        if plan is None:
+            plan = plans[layout] = [
+                m.for_layout(layout) if isinstance(m, ClientMiddleware) else CallableClient(m)
+                for m in self
+            ]
         return plan
 
     def invoke(
         self, spec: JobSpec | None, payload: Payload, redis: RedisClient, push: PushNext
     ) -> Payload | None:
         """Run ``payload`` through every middleware, then ``push`` it."""
-        entries = self._entries_now()
+        entries = self._entries_now(redis)
 
         def step(index: int, current: Payload) -> Payload | None:
             if index == len(entries):
@@ -123,7 +133,7 @@ class ClientChain(Chain):
     ) -> Payload | None:
         """:meth:`invoke` on the running loop (``sync_redis``: for callable middleware
         without ``acall``, run on a worker thread)."""
-        entries = self._entries_now()
+        entries = self._entries_now(redis)
 
         async def step(index: int, current: Payload) -> Payload | None:
             if index == len(entries):
@@ -150,7 +160,7 @@ class ClientChain(Chain):
         """Before a bulk chunk goes through the chain job by job, let each middleware do
         its Redis work for the whole chunk in one round trip. Each job still passes
         every middleware on its own afterwards."""
-        for entry in self._entries_now():
+        for entry in self._entries_now(redis):
             if isinstance(entry, CallableClient):
                 if entry.prepare_bulk is not None:
                     entry.prepare_bulk(spec, payloads, redis)
@@ -167,7 +177,7 @@ class ClientChain(Chain):
         sync_redis: SyncRedis,
     ) -> None:
         """:meth:`prepare_bulk` on the running loop."""
-        for entry in self._entries_now():
+        for entry in self._entries_now(redis):
             if isinstance(entry, CallableClient):
                 hooks = (entry.aprepare_bulk, entry.prepare_bulk)
                 await entry.abulk(*hooks, (spec, payloads), redis, sync_redis)
@@ -183,7 +193,7 @@ class ClientChain(Chain):
         middleware give back what it reserved for its jobs, as a single push's do when
         the push raises. Each runs even if another fails; their failures are logged, the
         caller re-raises the original error."""
-        for entry in self._entries_now():
+        for entry in self._entries_now(redis):
             try:
                 if isinstance(entry, CallableClient):
                     if entry.abandon_bulk is not None:
@@ -203,7 +213,7 @@ class ClientChain(Chain):
         sync_redis: SyncRedis,
     ) -> None:
         """:meth:`abandon_bulk` on the running loop."""
-        for entry in self._entries_now():
+        for entry in self._entries_now(redis):
             try:
                 if isinstance(entry, CallableClient):
                     hooks = (entry.aabandon_bulk, entry.abandon_bulk)

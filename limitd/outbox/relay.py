@@ -127,18 +127,19 @@ class Relay:
     def _write_once(self, row_id: int, payload: Payload) -> Payload:
         """The end of the chain: ``outbox_push.lua``, as ``Client._write`` would write
         the job, unless this row was pushed already."""
+        k = keys.of(self.client.redis)
         at = payload.get("at")
-        handed_off = at is None and keys.is_cluster_layout()
+        handed_off = at is None and k.cluster
         if handed_off:  # the queue is on another shard: through the hand-off set
-            target, due, channel = keys.MOVING, repr(handoff.UNCLAIMED), keys.DUE_CHANNEL
+            target, due, channel = k.MOVING, repr(handoff.UNCLAIMED), keys.DUE_CHANNEL
         elif at is None:
             payload["enqueued_at"] = clock.now()
-            target, due, channel = keys.queue(payload["queue"]), "", keys.WAKE_CHANNEL
+            target, due, channel = k.queue(payload["queue"]), "", keys.WAKE_CHANNEL
         else:
             payload = {key: value for key, value in payload.items() if key != "at"}
-            target, due, channel = keys.SCHEDULE, repr(float(at)), keys.DUE_CHANNEL
-        marker = pushed_marker(str(payload["jid"]), row_id)
-        script_keys = [marker, target, keys.QUEUES]
+            target, due, channel = k.SCHEDULE, repr(float(at)), keys.DUE_CHANNEL
+        marker = pushed_marker(k, str(payload["jid"]), row_id)
+        script_keys = [marker, target, k.QUEUES]
         args = [PUSHED_MARKER_TTL, dumps(payload), due, str(payload["queue"]), channel]
         redis = self.client.redis
         if not retry_on_failover(redis, lambda: PUSH_ONCE(redis, script_keys, args)):
@@ -148,9 +149,10 @@ class Relay:
         return payload
 
     def _bury(self, row: Any, queue: str, error_class: str, reason: str) -> None:
+        k = keys.of(self.client.redis)
         now = clock.now()
         entry = dead_entry(row.payload, queue, error_class, f"outbox relay: {reason}", now)
-        self.client.redis.zadd(keys.DEAD, {entry: now})
+        self.client.redis.zadd(k.DEAD, {entry: now})
         log.error("outbox row %s jid=%s moved to the dead set: %s", row.id, row.jid, reason)
 
 

@@ -51,10 +51,10 @@ def ddl(name: str = DEFAULT_TABLE) -> str:
     return DDL.format(name=checked_name(name))
 
 
-def pushed_marker(jid: str, row_id: int) -> str:
+def pushed_marker(layout: keys.KeyLayout, jid: str, row_id: int) -> str:
     """The key saying that outbox row ``row_id`` (job ``jid``) was pushed. The row id is
     part of it so that a jid an app reuses on purpose is still pushed each time."""
-    return f"{keys.LIMITD_PREFIX}outbox:pushed:{jid}:{row_id}"
+    return f"{layout.LIMITD_PREFIX}outbox:pushed:{jid}:{row_id}"
 
 
 @functools.lru_cache(maxsize=32)

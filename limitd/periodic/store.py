@@ -24,9 +24,9 @@ from limitd import keys
 from limitd.connection import LuaScript, set_members
 
 
-def names_key() -> str:
-    """Set of the entries' names (named at call time: the key layout may change)."""
-    return keys.LIMITD_PREFIX + "periodic:names"
+def names_key(layout: keys.KeyLayout) -> str:
+    """Set of the entries' names."""
+    return layout.LIMITD_PREFIX + "periodic:names"
 
 
 META_FIELDS = ("cron", "tz", "job")
@@ -36,8 +36,8 @@ RELEASE = LuaScript(__package__ or "limitd.periodic", "periodic_release.lua")
 SETTLE = LuaScript(__package__ or "limitd.periodic", "periodic_settle.lua")
 
 
-def entry_key(name: str) -> str:
-    return keys.LIMITD_PREFIX + "periodic:entry:" + name
+def entry_key(layout: keys.KeyLayout, name: str) -> str:
+    return layout.LIMITD_PREFIX + "periodic:entry:" + name
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,7 @@ class PeriodicStore:
 
     def __init__(self, redis: Any) -> None:
         self.redis = redis
+        self.keys = keys.of(redis)
 
     def register(self, entries: Mapping[str, Mapping[str, str]]) -> None:
         """Record the entries a scheduler runs (name -> cron, tz, job), in one round
@@ -75,14 +76,14 @@ class PeriodicStore:
         if not entries:
             return
         pipe = self.redis.pipeline(transaction=False)
-        pipe.sadd(names_key(), *entries)
+        pipe.sadd(names_key(self.keys), *entries)
         for name, meta in entries.items():
-            pipe.hset(entry_key(name), mapping={key: meta[key] for key in META_FIELDS})
+            pipe.hset(entry_key(self.keys, name), mapping={key: meta[key] for key in META_FIELDS})
         pipe.execute()
 
     def claim(self, name: str, tick: float, jid: str, now: float) -> Claim | None:
         """Claim ``tick`` for ``jid``; None when this tick (or a later one) was claimed."""
-        reply = CLAIM(self.redis, [entry_key(name)], [_seconds(tick), jid, repr(now)])
+        reply = CLAIM(self.redis, [entry_key(self.keys, name)], [_seconds(tick), jid, repr(now)])
         if not reply:
             return None
         before = [_text(value) for value in reply]
@@ -90,21 +91,23 @@ class PeriodicStore:
 
     def give_back(self, claim: Claim) -> bool:
         """Undo ``claim`` (its push failed); False when a later tick was claimed since."""
-        return bool(RELEASE(self.redis, [entry_key(claim.name)], [claim.jid, *claim.previous]))
+        entry = entry_key(self.keys, claim.name)
+        return bool(RELEASE(self.redis, [entry], [claim.jid, *claim.previous]))
 
     def settle(self, claim: Claim, jids: Iterable[str]) -> bool:
         """Record the jids ``claim`` really enqueued in its place of ``claim.jid``."""
-        return bool(SETTLE(self.redis, [entry_key(claim.name)], [claim.jid, " ".join(jids)]))
+        entry = entry_key(self.keys, claim.name)
+        return bool(SETTLE(self.redis, [entry], [claim.jid, " ".join(jids)]))
 
     def names(self) -> list[str]:
-        return sorted(set_members(self.redis, names_key()))
+        return sorted(set_members(self.redis, names_key(self.keys)))
 
     def records(self, names: Iterable[str]) -> dict[str, Record]:
         """Each named entry's record, in one round trip."""
         wanted = list(names)
         pipe = self.redis.pipeline(transaction=False)
         for name in wanted:
-            pipe.hgetall(entry_key(name))
+            pipe.hgetall(entry_key(self.keys, name))
         return {name: _record(name, raw) for name, raw in zip(wanted, pipe.execute(), strict=True)}
 
 

@@ -46,15 +46,16 @@ class LimitSettings:
         """Write each configured limit unless Redis already has a value (a runtime change,
         or the same default). Idempotent: run at start and on every heartbeat, it also
         restores the limits after Redis lost its data."""
+        k = keys.of(redis)
         if not self.limits and not self.process_limits and not self.rate_limits:
             return
         pipe = pipeline(redis)
         for queue, value in self.limits.items():
-            pipe.hsetnx(keys.limits_of(queue), queue, value)
+            pipe.hsetnx(k.limits_of(queue), queue, value)
         for queue, value in self.process_limits.items():
-            pipe.hsetnx(keys.process_limits_of(queue), queue, value)
+            pipe.hsetnx(k.process_limits_of(queue), queue, value)
         for queue, rate in self.rate_limits.items():
-            pipe.hsetnx(keys.rate_limits_of(queue), queue, parse_rate(rate).stored())
+            pipe.hsetnx(k.rate_limits_of(queue), queue, parse_rate(rate).stored())
         pipe.execute()
 
 
@@ -64,13 +65,14 @@ def check_limit(value: object, where: str) -> int:
     return value
 
 
-def _hash(process: bool, queue: str) -> str:
-    return keys.process_limits_of(queue) if process else keys.limits_of(queue)
+def _hash(redis: redis_py.Redis, process: bool, queue: str) -> str:
+    layout = keys.of(redis)
+    return layout.process_limits_of(queue) if process else layout.limits_of(queue)
 
 
 def get_limit(redis: redis_py.Redis, queue: str, *, process: bool = False) -> int | None:
     """The limit in force, or None when the queue has none."""
-    raw = redis.hget(_hash(process, queue), queue)
+    raw = redis.hget(_hash(redis, process, queue), queue)
     try:
         return int(raw) if raw is not None else None
     except ValueError:
@@ -80,7 +82,7 @@ def get_limit(redis: redis_py.Redis, queue: str, *, process: bool = False) -> in
 def set_limit(redis: redis_py.Redis, queue: str, value: int, *, process: bool = False) -> None:
     """Change a limit now; running capsules apply it on their next fetch."""
     pipe = pipeline(redis)
-    pipe.hset(_hash(process, queue), queue, check_limit(value, queue))
+    pipe.hset(_hash(redis, process, queue), queue, check_limit(value, queue))
     pipe.publish(keys.WAKE_CHANNEL, queue)  # a raised limit may make jobs fetchable
     pipe.execute()
 
@@ -88,7 +90,7 @@ def set_limit(redis: redis_py.Redis, queue: str, value: int, *, process: bool = 
 def clear_limit(redis: redis_py.Redis, queue: str, *, process: bool = False) -> None:
     """Remove the limit, and keep it removed even if configuration sets one."""
     pipe = pipeline(redis)
-    pipe.hset(_hash(process, queue), queue, NO_LIMIT)
+    pipe.hset(_hash(redis, process, queue), queue, NO_LIMIT)
     pipe.publish(keys.WAKE_CHANNEL, queue)
     pipe.execute()
 
@@ -96,56 +98,63 @@ def clear_limit(redis: redis_py.Redis, queue: str, *, process: bool = False) -> 
 def reset_limit(redis: redis_py.Redis, queue: str, *, process: bool = False) -> None:
     """Forget the runtime value: capsules write their configured default at their next
     heartbeat (or leave the queue unlimited if they configure none)."""
-    redis.hdel(_hash(process, queue), queue)
+    redis.hdel(_hash(redis, process, queue), queue)
 
 
 def pause(redis: redis_py.Redis, queue: str) -> None:
     """Stop fetching from ``queue``; jobs already running finish, limits are kept."""
-    redis.sadd(keys.paused_of(queue), queue)
+    k = keys.of(redis)
+    redis.sadd(k.paused_of(queue), queue)
 
 
 def resume(redis: redis_py.Redis, queue: str) -> None:
+    k = keys.of(redis)
     pipe = pipeline(redis)
-    pipe.srem(keys.paused_of(queue), queue)
+    pipe.srem(k.paused_of(queue), queue)
     pipe.publish(keys.WAKE_CHANNEL, queue)
     pipe.execute()
 
 
 def is_paused(redis: redis_py.Redis, queue: str) -> bool:
-    return bool(redis.sismember(keys.paused_of(queue), queue))
+    k = keys.of(redis)
+    return bool(redis.sismember(k.paused_of(queue), queue))
 
 
 def busy(redis: redis_py.Redis, queue: str) -> int:
     """Jobs of ``queue`` in progress in all capsules."""
-    return int(cast("bytes | None", redis.hget(keys.busy_of(queue), queue)) or 0)
+    k = keys.of(redis)
+    return int(cast("bytes | None", redis.hget(k.busy_of(queue), queue)) or 0)
 
 
 def busy_by_capsule(redis: redis_py.Redis, queue: str) -> dict[str, int]:
     """Jobs of ``queue`` in progress, per capsule id (capsules running none omitted)."""
-    capsules = set_members(redis, keys.capsules_of(queue))
+    k = keys.of(redis)
+    capsules = set_members(redis, k.capsules_of(queue))
     pipe = pipeline(redis)
     for capsule in capsules:
-        pipe.llen(keys.in_progress(capsule, queue))
+        pipe.llen(k.in_progress(capsule, queue))
     counts = pipe.execute()
     return {c: int(n) for c, n in zip(capsules, counts, strict=True) if n}
 
 
 def paused_queues(redis: redis_py.Redis) -> set[str]:
     """Every paused queue (in cluster mode, of those Redis knows)."""
-    if not keys.is_cluster_layout():
-        return set(set_members(redis, keys.PAUSED))
-    return {name for name in set_members(redis, keys.QUEUES) if is_paused(redis, name)}
+    k = keys.of(redis)
+    if not k.cluster:
+        return set(set_members(redis, k.PAUSED))
+    return {name for name in set_members(redis, k.QUEUES) if is_paused(redis, name)}
 
 
 def all_limits(redis: redis_py.Redis) -> dict[str, dict[str, int | None]]:
     """Every queue with a stored limit: ``{queue: {"limit": n, "process_limit": m}}``."""
-    if keys.is_cluster_layout():
-        limits = hash_by_queue(redis, keys.limits_of)
-        process_limits = hash_by_queue(redis, keys.process_limits_of)
+    k = keys.of(redis)
+    if k.cluster:
+        limits = hash_by_queue(redis, k.limits_of)
+        process_limits = hash_by_queue(redis, k.process_limits_of)
     else:  # one round trip
         pipe = pipeline(redis)
-        pipe.hgetall(keys.LIMITS)
-        pipe.hgetall(keys.PROCESS_LIMITS)
+        pipe.hgetall(k.LIMITS)
+        pipe.hgetall(k.PROCESS_LIMITS)
         limits, process_limits = pipe.execute()
     result: dict[str, dict[str, int | None]] = {}
     for kind, values in (("limit", limits), ("process_limit", process_limits)):

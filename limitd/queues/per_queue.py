@@ -13,12 +13,13 @@ from limitd.connection import set_members
 
 
 def hash_by_queue(redis: redis_py.Redis, key_of: Callable[[str], str]) -> dict[bytes, bytes]:
-    """A per-queue hash (``keys.limits_of``, ``busy_of``...) as HGETALL reads the shared
+    """A per-queue hash (``KeyLayout.limits_of``, ``busy_of``...) as HGETALL reads the shared
     one: ``{queue: value}``. In cluster mode each queue has its own, in its own slot:
     read for every queue Redis knows (the ``queues`` set)."""
-    if not keys.is_cluster_layout():
+    k = keys.of(redis)
+    if not k.cluster:
         return cast("dict[bytes, bytes]", redis.hgetall(key_of("")))
-    names = set_members(redis, keys.QUEUES)
+    names = set_members(redis, k.QUEUES)
     pipe = redis.pipeline(transaction=False)
     for name in names:
         pipe.hget(key_of(name), name)

@@ -102,15 +102,17 @@ def _from_stored(raw: bytes | str | None) -> Rate | None:
 
 def get_rate(redis: redis_py.Redis, queue: str) -> Rate | None:
     """The rate limit in force, or None when the queue has none."""
-    return _from_stored(redis.hget(keys.rate_limits_of(queue), queue))
+    k = keys.of(redis)
+    return _from_stored(redis.hget(k.rate_limits_of(queue), queue))
 
 
 def set_rate(redis: redis_py.Redis, queue: str, rate: Rate | str) -> Rate:
     """Change the rate now; running capsules apply it on their next fetch. A queue's
     schedule is left alone: the fetch caps it to one interval of the new rate."""
+    k = keys.of(redis)
     checked = parse_rate(rate)
     pipe = pipeline(redis)
-    pipe.hset(keys.rate_limits_of(queue), queue, checked.stored())
+    pipe.hset(k.rate_limits_of(queue), queue, checked.stored())
     pipe.publish(keys.WAKE_CHANNEL, queue)  # a faster rate may make jobs fetchable now
     pipe.execute()
     return checked
@@ -118,8 +120,9 @@ def set_rate(redis: redis_py.Redis, queue: str, rate: Rate | str) -> Rate:
 
 def clear_rate(redis: redis_py.Redis, queue: str) -> None:
     """Remove the rate limit, and keep it removed even if configuration sets one."""
+    k = keys.of(redis)
     pipe = pipeline(redis)
-    pipe.hset(keys.rate_limits_of(queue), queue, NO_RATE)
+    pipe.hset(k.rate_limits_of(queue), queue, NO_RATE)
     pipe.publish(keys.WAKE_CHANNEL, queue)
     pipe.execute()
 
@@ -127,12 +130,14 @@ def clear_rate(redis: redis_py.Redis, queue: str) -> None:
 def reset_rate(redis: redis_py.Redis, queue: str) -> None:
     """Forget the run-time value: capsules write their configured rate at their next
     heartbeat (or leave the queue without one)."""
-    redis.hdel(keys.rate_limits_of(queue), queue)
+    k = keys.of(redis)
+    redis.hdel(k.rate_limits_of(queue), queue)
 
 
 def all_rates(redis: redis_py.Redis) -> dict[str, Rate | None]:
     """Every queue with a stored value; None for a cleared one."""
-    return rates_of(hash_by_queue(redis, keys.rate_limits_of))
+    k = keys.of(redis)
+    return rates_of(hash_by_queue(redis, k.rate_limits_of))
 
 
 def rates_of(stored: dict[bytes, bytes]) -> dict[str, Rate | None]:

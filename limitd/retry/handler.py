@@ -64,10 +64,11 @@ class DeadSetPolicy:
 def trim_dead(redis: Any, now: float, policy: DeadSetPolicy) -> None:
     """Drop dead jobs older than the policy allows and the oldest beyond its size, in one
     MULTI. Given a pipeline, adds the commands to it and executes it."""
+    k = keys.of(redis)
     is_pipe = isinstance(redis, (Pipeline, ClusterPipeline))
     pipe = redis if is_pipe else redis.pipeline(transaction=True)
-    pipe.zremrangebyscore(keys.DEAD, "-inf", now - policy.timeout_seconds)
-    pipe.zremrangebyrank(keys.DEAD, 0, -(policy.max_jobs + 1))
+    pipe.zremrangebyscore(k.DEAD, "-inf", now - policy.timeout_seconds)
+    pipe.zremrangebyrank(k.DEAD, 0, -(policy.max_jobs + 1))
     pipe.execute()
 
 
@@ -150,8 +151,9 @@ class RetryHandler:
     def _schedule_retry(self, payload: Payload, at: float) -> None:
         """ZADD to ``retry`` and announce ``at`` in the same round trip, so that sleeping
         pollers wake for it (a retry in 2 s runs in 2 s, not at their next poll)."""
+        k = keys.of(self.redis)
         pipe = pipeline(self.redis)
-        pipe.zadd(keys.RETRY, {dumps(payload): at})
+        pipe.zadd(k.RETRY, {dumps(payload): at})
         pipe.publish(keys.DUE_CHANNEL, repr(at))
         pipe.execute()
 
@@ -173,10 +175,11 @@ class RetryHandler:
 
     def bury(self, payload: Payload | str) -> None:
         """Add to the dead set and trim it by age and size, atomically."""
+        k = keys.of(self.redis)
         now = clock.now()
         body = payload if isinstance(payload, str) else dumps(payload)
         pipe = self.redis.pipeline(transaction=True)
-        pipe.zadd(keys.DEAD, {body: now})
+        pipe.zadd(k.DEAD, {body: now})
         trim_dead(pipe, now, self.dead_policy)
 
     @staticmethod

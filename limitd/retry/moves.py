@@ -26,15 +26,16 @@ def enqueue_member(
 ) -> bool:
     """Push ``payload`` (parsed from ``member``) to its queue with ``enqueued_at = now``.
     False when the member had already left ``zset``."""
+    k = keys.of(redis)
     queue = str(payload.get("queue") or DEFAULT_QUEUE)
     body = dumps({**payload, "enqueued_at": now})
-    if keys.is_cluster_layout():  # the queue is on another shard: hand it off
+    if k.cluster:  # the queue is on another shard: hand it off
         if not handoff.claim_from(redis, zset, member, now):
             return False
         handoff.push_claimed(redis, member, now)
         return True
     moved = ENQUEUE_MEMBER(
-        redis, [zset, keys.QUEUES, keys.queue(queue)], [member, body, queue, keys.WAKE_CHANNEL]
+        redis, [zset, k.QUEUES, k.queue(queue)], [member, body, queue, keys.WAKE_CHANNEL]
     )
     return bool(moved)
 
@@ -44,4 +45,5 @@ def bury_member(
 ) -> bool:
     """Move ``member`` to the dead set as ``entry``, scored ``now``. False when the
     member had already left ``zset``. The caller trims the dead set."""
-    return bool(BURY_MEMBER(redis, [zset, keys.DEAD], [member, entry, now]))
+    k = keys.of(redis)
+    return bool(BURY_MEMBER(redis, [zset, k.DEAD], [member, entry, now]))

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 
 import redis as redis_py
 
-from limitd import clock
+from limitd import clock, keys
 from limitd.config import CapsuleConfig
 from limitd.fetch import UnitOfWork
 from limitd.fetch.factory import build_fetch
@@ -100,7 +100,7 @@ class Capsule:
             average_scheduled_poll_interval=config.average_scheduled_poll_interval,
             mode=config.scheduled_poll,
         )
-        self.identity = new_identity(self.id)
+        self.identity = new_identity(self.id, keys.of(self.redis))
         self.reap_gate = liveness.ReapGate(config.heartbeat_period)
         self.flusher = StatsFlusher(self.stats, self.redis)
         self.record = ProcessRecord(

@@ -48,14 +48,14 @@ class WorkItem:
     run_at: float
 
 
-def new_identity(capsule_id: str) -> str:
+def new_identity(capsule_id: str, layout: keys.KeyLayout) -> str:
     """``hostname:pid:capsule_id``: unique even when a pid is reused after a restart
     (Sidekiq's last part is random; the capsule id is too, and it lets whoever reaps
     the capsule, knowing only its id, find the record). The identity is also the name of
     the process's keys: in cluster mode it starts with the ``{limitd}`` tag, so they
     share the slot of the ``processes`` set."""
     identity = f"{socket.gethostname()}:{os.getpid()}:{capsule_id}"
-    return keys.CLUSTER_TAG + identity if keys.is_cluster_layout() else identity
+    return layout.process_identity(identity)
 
 
 def forget_process(redis: redis_py.Redis, capsule_id: str) -> None:
@@ -64,13 +64,14 @@ def forget_process(redis: redis_py.Redis, capsule_id: str) -> None:
     as alive and busy. Found by the suffix of its identity among ``processes`` (one
     read; reaping is rare). Only removals (SREM, DEL), which a Redis out of memory
     still allows. A process that lives after all writes its record again."""
+    k = keys.of(redis)
     suffix = f":{capsule_id}"
-    dead = [m for m in set_members(redis, keys.PROCESSES) if m.endswith(suffix)]
+    dead = [m for m in set_members(redis, k.PROCESSES) if m.endswith(suffix)]
     if not dead:
         return
     pipe = redis.pipeline(transaction=True)
     for identity in dead:
-        pipe.srem(keys.PROCESSES, identity)
+        pipe.srem(k.PROCESSES, identity)
         pipe.delete(identity, *_record_keys(identity))
     pipe.execute()
 
@@ -114,9 +115,10 @@ class ProcessRecord:
     def write(self, redis: redis_py.Redis) -> str | None:
         """Refresh the record, in one round trip, and take the oldest signal sent to this
         process from afar (``limitd.api.Processes.quiet`` / ``stop``), if any."""
+        k = keys.of(redis)
         work = self.work()
         pipe = redis.pipeline(transaction=True)
-        pipe.sadd(keys.PROCESSES, self.identity)
+        pipe.sadd(k.PROCESSES, self.identity)
         pipe.hset(
             self.identity,
             mapping={
@@ -140,8 +142,9 @@ class ProcessRecord:
 
     def clear(self, redis: redis_py.Redis) -> None:
         """Remove the record: a stopped process is not a dead one."""
+        k = keys.of(redis)
         pipe = redis.pipeline(transaction=True)
-        pipe.srem(keys.PROCESSES, self.identity)
+        pipe.srem(k.PROCESSES, self.identity)
         pipe.delete(self.identity, *self._work_keys())
         pipe.execute()
 

@@ -44,11 +44,12 @@ def vouch(redis: redis_py.Redis, capsule_ids: list[str], heartbeat_period: float
     refreshed first, with a read of the registration, in one round trip, and only a
     capsule whose key or registration is missing (new, or reaped) is written in full, in
     a second one. A Redis out of memory thus cannot let a live capsule's key expire."""
+    k = keys.of(redis)
     ttl = max(1, math.ceil(EXPIRY_PERIODS * heartbeat_period))
     pipe = redis.pipeline(transaction=False)
     for capsule_id in capsule_ids:
-        pipe.expire(keys.capsule_heartbeat(capsule_id), ttl)
-        pipe.sismember(keys.CAPSULES, capsule_id)
+        pipe.expire(k.capsule_heartbeat(capsule_id), ttl)
+        pipe.sismember(k.CAPSULES, capsule_id)
     found = pipe.execute()
     missing = [
         capsule_id
@@ -61,8 +62,8 @@ def vouch(redis: redis_py.Redis, capsule_ids: list[str], heartbeat_period: float
         return
     pipe = redis.pipeline(transaction=False)
     for capsule_id in missing:
-        pipe.sadd(keys.CAPSULES, capsule_id)
-        pipe.set(keys.capsule_heartbeat(capsule_id), "1", ex=ttl)
+        pipe.sadd(k.CAPSULES, capsule_id)
+        pipe.set(k.capsule_heartbeat(capsule_id), "1", ex=ttl)
     pipe.execute()
 
 
@@ -98,7 +99,8 @@ def retire(redis: redis_py.Redis, capsule_id: str, reason: str = "", *, blame: b
     job it could not requeue itself. Returns how many jobs that was. With ``blame`` (its
     process died unasked) the crash is charged to its jobs as ``reap`` says, with
     ``reason`` (how it stopped); a capsule stopped on purpose charges nothing."""
-    redis.delete(keys.capsule_heartbeat(capsule_id))
+    k = keys.of(redis)
+    redis.delete(k.capsule_heartbeat(capsule_id))
     forget_process(redis, capsule_id)
     why = reason or f"capsule {capsule_id} stopped"
     return max(0, reap(redis, capsule_id, why, blame=blame))
@@ -108,21 +110,22 @@ def reap(redis: redis_py.Redis, capsule_id: str, reason: str = "", *, blame: boo
     """Requeue a dead capsule's jobs and free its slots; with ``blame``, charge the crash
     to the jobs that could have caused it (see ``reap_capsule.lua`` and
     ``limitd/fetch/recoveries.py``)."""
+    k = keys.of(redis)
     why = reason or f"capsule {capsule_id} stopped beating while running the job"
     charge = b"1" if blame else b"0"
-    if keys.is_cluster_layout():
+    if k.cluster:
         return _reap_per_queue(redis, capsule_id, why, charge)
     for _ in range(3):
-        names = set_members(redis, keys.capsule_queues(capsule_id))
+        names = set_members(redis, k.capsule_queues(capsule_id))
         script_keys = [
-            keys.capsule_heartbeat(capsule_id),
-            keys.CAPSULES,
-            keys.BUSY,
-            keys.capsule_queues(capsule_id),
+            k.capsule_heartbeat(capsule_id),
+            k.CAPSULES,
+            k.BUSY,
+            k.capsule_queues(capsule_id),
         ]
         for name in names:
-            script_keys += [keys.queue(name), keys.in_progress(capsule_id, name)]
-        script_keys.append(keys.RECOVERIES)
+            script_keys += [k.queue(name), k.in_progress(capsule_id, name)]
+        script_keys.append(k.RECOVERIES)
         args = [capsule_id, *names, charge, why, RECOVERIES_TTL, keys.WAKE_CHANNEL]
         moved = int(REAP_CAPSULE(redis, script_keys, args))
         if moved != QUEUES_CHANGED:
@@ -137,36 +140,38 @@ def _reap_per_queue(redis: redis_py.Redis, capsule_id: str, why: str, charge: by
     rare; the scan reads names only). The heartbeat lives on another shard: checked once
     first, and the script is given the name it would have in the queue's slot, which no
     capsule writes."""
-    if redis.exists(keys.capsule_heartbeat(capsule_id)):
+    k = keys.of(redis)
+    if redis.exists(k.capsule_heartbeat(capsule_id)):
         return STILL_ALIVE
     moved = 0
-    pattern = keys.in_progress(capsule_id, "*")
+    pattern = k.in_progress(capsule_id, "*")
     held = {keys.queue_of_in_progress(key.decode()) for key in redis.scan_iter(match=pattern)}
     for name in sorted(held):
         script_keys = [
-            keys.capsule_queues(capsule_id, name) + ":heartbeat",
-            keys.capsules_of(name),
-            keys.busy_of(name),
-            keys.capsule_queues(capsule_id, name),
-            keys.queue(name),
-            keys.in_progress(capsule_id, name),
-            keys.recoveries_of(name),
+            k.capsule_queues(capsule_id, name) + ":heartbeat",
+            k.capsules_of(name),
+            k.busy_of(name),
+            k.capsule_queues(capsule_id, name),
+            k.queue(name),
+            k.in_progress(capsule_id, name),
+            k.recoveries_of(name),
         ]
         args = [capsule_id, name, charge, why, RECOVERIES_TTL, keys.WAKE_CHANNEL]
         moved += max(0, int(REAP_CAPSULE(redis, script_keys, args)))
-    redis.srem(keys.CAPSULES, capsule_id)
+    redis.srem(k.CAPSULES, capsule_id)
     return moved
 
 
 def reap_dead(redis: redis_py.Redis) -> dict[str, int]:
     """Reap every registered capsule whose heartbeat expired; returns jobs requeued per
     capsule reaped. Safe to run from many processes at once."""
-    capsule_ids = set_members(redis, keys.CAPSULES)
+    k = keys.of(redis)
+    capsule_ids = set_members(redis, k.CAPSULES)
     if not capsule_ids:
         return {}
     pipe = redis.pipeline(transaction=False)
     for capsule_id in capsule_ids:
-        pipe.exists(keys.capsule_heartbeat(capsule_id))
+        pipe.exists(k.capsule_heartbeat(capsule_id))
     alive = pipe.execute()
     reaped: dict[str, int] = {}
     for capsule_id, exists in zip(capsule_ids, alive, strict=True):

@@ -47,9 +47,9 @@ log = logging.getLogger("limitd.poller")
 T = TypeVar("T")
 
 
-def sorted_sets() -> tuple[str, str]:
-    """The sets the poller drains (named at call time: the key layout may change)."""
-    return keys.RETRY, keys.SCHEDULE
+def sorted_sets(layout: keys.KeyLayout) -> tuple[str, str]:
+    """The sets the poller drains."""
+    return layout.RETRY, layout.SCHEDULE
 
 
 MODES = ("due", "interval")
@@ -113,15 +113,15 @@ class ScheduledPoller:
     def enqueue_due(self, now: float | None = None) -> int:
         """Move every job due at ``now`` (default: the clock) and return how many."""
         moved = 0
-        if keys.is_cluster_layout():  # batch callbacks and stalled moves (limitd.handoff)
+        if keys.of(self.redis).cluster:  # batch callbacks and stalled moves (limitd.handoff)
             moved += handoff.push_waiting(self.redis, clock.now() if now is None else now)
-        for zset in sorted_sets():
+        for zset in sorted_sets(keys.of(self.redis)):
             moved += self._drain_set(zset, clock.now() if now is None else now)
         return moved
 
     def heads(self) -> dict[str, float]:
         """The earliest score of each non-empty set, in one round trip."""
-        names = sorted_sets()
+        names = sorted_sets(keys.of(self.redis))
         pipe = self.redis.pipeline(transaction=False)
         for zset in names:
             pipe.zrange(zset, 0, 0, withscores=True)
@@ -133,7 +133,7 @@ class ScheduledPoller:
         Returns the earliest due time left (None: both sets are empty)."""
         while not self._done.is_set():
             now = clock.now()
-            if keys.is_cluster_layout():  # batch callbacks and stalled moves
+            if keys.of(self.redis).cluster:  # batch callbacks and stalled moves
                 handoff.push_waiting(self.redis, now)
             heads = self.heads()
             due = [zset for zset, score in heads.items() if score <= now]
@@ -152,20 +152,21 @@ class ScheduledPoller:
     def cleanup_processes(self) -> int:
         """Forget processes whose heartbeat hash expired; at most once a minute across
         the whole cluster (the lock key), because it reads every process."""
-        if not self.redis.set(keys.PROCESS_CLEANUP_LOCK, "1", nx=True, ex=CLEANUP_LOCK_SECONDS):
+        lock = keys.of(self.redis).PROCESS_CLEANUP_LOCK
+        if not self.redis.set(lock, "1", nx=True, ex=CLEANUP_LOCK_SECONDS):
             return 0
-        identities = list(self.redis.sscan_iter(keys.PROCESSES))
+        identities = list(self.redis.sscan_iter(keys.of(self.redis).PROCESSES))
         pipe = self.redis.pipeline(transaction=False)
         for identity in identities:
             pipe.hget(identity, "info")
         infos = pipe.execute()
         gone = [ident for ident, info in zip(identities, infos, strict=True) if info is None]
-        return int(self.redis.srem(keys.PROCESSES, *gone)) if gone else 0
+        return int(self.redis.srem(keys.of(self.redis).PROCESSES, *gone)) if gone else 0
 
     def random_poll_interval(self) -> float:
         """Random around the average, ±50% for small clusters, so restarts don't
         synchronise the pollers (a thundering herd)."""
-        count = max(1, int(self.redis.scard(keys.PROCESSES)))
+        count = max(1, int(self.redis.scard(keys.of(self.redis).PROCESSES)))
         interval = self.poll_interval_average or count * self.average_scheduled_poll_interval
         if count < 10:
             return interval * self.rng.random() + interval / 2

@@ -46,6 +46,7 @@ class JobStats:
         """Write what was counted since the last flush; returns how many jobs that was.
         On error the counts are kept for the next flush, so a Redis blip loses no
         statistics."""
+        k = keys.of(redis)
         with self._lock:
             processed, failed = self._processed, self._failed
             self._processed = self._failed = 0
@@ -56,7 +57,7 @@ class JobStats:
         day = dt.datetime.fromtimestamp(now, dt.timezone.utc).strftime("%Y-%m-%d")
         minute = int(now // 60)
         pipe = redis.pipeline(transaction=False)
-        for key, count in ((keys.STAT_PROCESSED, processed), (keys.STAT_FAILED, failed)):
+        for key, count in ((k.STAT_PROCESSED, processed), (k.STAT_FAILED, failed)):
             if not count:
                 continue
             pipe.incrby(key, count)

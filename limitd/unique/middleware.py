@@ -65,8 +65,8 @@ def args_digest(args: list[Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def lock_key(payload: Payload) -> str:
-    return keys.unique_lock(payload["class"], payload["queue"], args_digest(payload["args"]))
+def lock_key(layout: keys.KeyLayout, payload: Payload) -> str:
+    return layout.unique_lock(payload["class"], payload["queue"], args_digest(payload["args"]))
 
 
 def lock_milliseconds(payload: Payload, now: float) -> int:
@@ -92,16 +92,23 @@ class UniqueJobs(ClientMiddleware):
     """Client middleware: take the lock before the push, or halt the duplicate; give
     the lock back if the push does not happen after all."""
 
+    def __init__(self, layout: keys.KeyLayout = keys.STANDALONE) -> None:
+        self.keys = layout  # the chain gives each connection's its own (for_layout)
+
+    def for_layout(self, layout: keys.KeyLayout) -> UniqueJobs:
+        return self if layout is self.keys else UniqueJobs(layout)
+
     def push_work(self, spec: JobSpec | None, payload: Payload) -> ScriptCall | None:
         """The script call that takes ``payload``'s lock (or counts it as skipped)."""
         if not payload.get("unique_for"):
             return None
         ttl = lock_milliseconds(payload, clock.now())
-        return ACQUIRE.later([lock_key(payload), keys.UNIQUE_SKIPPED], [payload["jid"], ttl])
+        locks = [lock_key(self.keys, payload), self.keys.UNIQUE_SKIPPED]
+        return ACQUIRE.later(locks, [payload["jid"], ttl])
 
     def admit(self, spec: JobSpec | None, payload: Payload, reply: Any) -> bool:
         """With the lock, the payload names it; without, the duplicate is logged."""
-        key = lock_key(payload)
+        key = lock_key(self.keys, payload)
         if not reply:
             log.debug(
                 "duplicate not pushed class=%s queue=%s lock=%s",
