@@ -241,6 +241,12 @@ def default_client() -> Client:
         return _default
 
 
+def connection_or_default(redis: redis_py.Redis | None) -> redis_py.Redis:
+    """The caller's connection, else the default client's: an operator's shell sets one
+    client once and every admin function (the API's and each feature's) picks it up."""
+    return redis if redis is not None else default_client().redis
+
+
 def client_for(where: Location) -> Client:
     """A client with the default middleware for a located Redis and its config."""
     sections = where.config.sections if where.config is not None else None

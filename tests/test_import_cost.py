@@ -18,6 +18,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import limitd
 from limitd.cli import build_parser
@@ -140,3 +141,30 @@ def test_the_command_line_loads_metrics_and_web_only_for_their_commands() -> Non
     loaded = set(modules_after("from limitd.cli import build_parser; build_parser()"))
     assert loaded.isdisjoint({"prometheus_client", "starlette", "jinja2", "a2wsgi"})
     assert loaded.isdisjoint({"limitd.metrics.exporter", "limitd.web.application"})
+
+
+def test_each_feature_admin_and_commands_module_imports_alone() -> None:
+    """Each feature folder's admin and commands module, imported first and alone in a
+    fresh interpreter (one subprocess each): a feature admin module that imported the
+    ``limitd.api`` package, which imports the feature admin modules back, would fail
+    half-initialised."""
+    package = Path(limitd.__file__).parent
+    modules = sorted(
+        f"limitd.{path.parent.name}.{path.stem}"
+        for role in ("admin", "commands")
+        for path in package.glob(f"*/{role}.py")
+    )
+    assert {"limitd.periodic.admin", "limitd.fair_tenant.admin"} <= set(modules)
+    failed = {}
+    for name in modules:
+        done = subprocess.run(
+            [sys.executable, "-c", f"import {name}"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if done.returncode:
+            failed[name] = done.stderr.strip().splitlines()[-1]
+    print(f"{len(modules)} feature admin/commands modules imported alone")
+    assert failed == {}

@@ -20,8 +20,8 @@ from collections.abc import Iterator
 import redis as redis_py
 
 from limitd import keys
-from limitd.api.records import _connection, _text
-from limitd.connection import set_members
+from limitd.client import connection_or_default
+from limitd.connection import decode_name, set_members
 
 NO_KEY = -2  # TTL's reply for a key that does not exist
 
@@ -52,7 +52,7 @@ class Capsules:
     capsules: list[Capsule]
 
     def __init__(self, redis: redis_py.Redis | None = None) -> None:
-        self.redis = _connection(redis)
+        self.redis = connection_or_default(redis)
         self.refresh()
 
     def refresh(self) -> None:
@@ -71,7 +71,7 @@ class Capsules:
         held = (
             [every for _ in ids]
             if cluster
-            else [sorted(map(_text, queues)) for queues in replies[len(ids) :]]
+            else [sorted(map(decode_name, queues)) for queues in replies[len(ids) :]]
         )
         counts = self._in_progress(ids, held)
         self.capsules = [

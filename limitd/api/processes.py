@@ -24,8 +24,8 @@ from typing import Any
 import redis as redis_py
 
 from limitd import clock, keys
-from limitd.api.records import _connection, _text
-from limitd.connection import set_members
+from limitd.client import connection_or_default
+from limitd.connection import decode_name, set_members
 
 RECORD_FIELDS = ("info", "busy", "beat", "quiet")
 
@@ -70,7 +70,7 @@ class Processes:
     processes: list[ProcessStatus]
 
     def __init__(self, redis: redis_py.Redis | None = None) -> None:
-        self.redis = _connection(redis)
+        self.redis = connection_or_default(redis)
         self.refresh()
 
     def refresh(self) -> None:
@@ -151,7 +151,7 @@ def _status(identity: str, record: list[bytes | None], now: float) -> ProcessSta
         concurrency=_int_or_none(info.get("concurrency")),
         queues=[str(queue) for queue in queues] if isinstance(queues, list) else [],
         busy=int(_number(busy) or 0),
-        quiet=quiet is not None and _text(quiet) == "true",
+        quiet=quiet is not None and decode_name(quiet) == "true",
         beat=beat_at,
         seconds_since_beat=None if beat_at is None else max(0.0, now - beat_at),
         started_at=_number(info.get("started_at")),
@@ -169,7 +169,7 @@ def _info(raw: bytes | None) -> dict[str, Any]:
 
 def _number(value: object) -> float | None:
     if isinstance(value, bytes):
-        value = _text(value)
+        value = decode_name(value)
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         return None
     try:

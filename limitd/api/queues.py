@@ -19,7 +19,8 @@ from collections.abc import Iterator
 import redis as redis_py
 
 from limitd import keys
-from limitd.api.records import PAGE_SIZE, JobRecord, _connection, _Seen
+from limitd.api.records import PAGE_SIZE, JobRecord, _Seen
+from limitd.client import connection_or_default
 from limitd.connection import LuaScript, set_members
 from limitd.queues import limits, rates
 from limitd.queues.rates import Rate
@@ -49,13 +50,13 @@ class Queue:
 
     def __init__(self, name: str, redis: redis_py.Redis | None = None) -> None:
         self.name = name
-        self.redis = _connection(redis)
+        self.redis = connection_or_default(redis)
         self.key = keys.of(self.redis).queue(name)
 
     @classmethod
     def all(cls, redis: redis_py.Redis | None = None) -> list[Queue]:
         """Every queue named in ``queues``, sorted by name."""
-        conn = _connection(redis)
+        conn = connection_or_default(redis)
         return [cls(name, conn) for name in set_members(conn, keys.of(conn).QUEUES)]
 
     def size(self) -> int:

@@ -1,4 +1,4 @@
-"""What every part of the admin API shares: the connection, the record of one stored
+"""What every part of the admin API shares: the record of one stored
 job, and the bookkeeping that keeps paged iteration stable.
 
 Every record keeps the exact bytes Redis holds, because removing it (LREM, ZREM) must
@@ -12,24 +12,10 @@ import contextlib
 from collections import deque
 from typing import Any
 
-import redis as redis_py
-
 from limitd import clock
-from limitd.client import default_client
 from limitd.payload import DEFAULT_QUEUE, MalformedPayload, Payload, parse, to_seconds
 
 PAGE_SIZE = 100
-
-
-def _connection(redis: redis_py.Redis | None) -> redis_py.Redis:
-    """The caller's connection, else the default client's: an operator's shell sets one
-    client once and every admin object picks it up."""
-    return redis if redis is not None else default_client().redis
-
-
-def _text(value: bytes | str) -> str:
-    """A name read from Redis (responses stay bytes, see ``limitd.connection.connect``)."""
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
 class _Seen:

@@ -22,7 +22,8 @@ from typing import Any, ClassVar, Generic, TypeVar
 import redis as redis_py
 
 from limitd import clock, keys
-from limitd.api.records import PAGE_SIZE, JobRecord, _connection, _Seen
+from limitd.api.records import PAGE_SIZE, JobRecord, _Seen
+from limitd.client import connection_or_default
 from limitd.connection import LuaScript
 from limitd.payload import MalformedPayload, dead_entry_for_malformed
 from limitd.retry import DeadSetPolicy, trim_dead
@@ -153,7 +154,7 @@ class SortedSet(Generic[EntryT]):
     def __init__(
         self, redis: redis_py.Redis | None = None, *, dead_policy: DeadSetPolicy | None = None
     ) -> None:
-        self.redis = _connection(redis)
+        self.redis = connection_or_default(redis)
         self.dead_policy = dead_policy or DeadSetPolicy()
 
     def size(self) -> int:

@@ -16,7 +16,9 @@ from typing import Any, cast
 import redis as redis_py
 
 from limitd import clock, keys
-from limitd.api.records import JobRecord, _connection, _text
+from limitd.api.records import JobRecord
+from limitd.client import connection_or_default
+from limitd.connection import decode_name
 from limitd.queues import limits, rates
 from limitd.queues.per_queue import hash_by_queue
 
@@ -35,7 +37,7 @@ class Stats:
     queues: dict[str, int]
 
     def __init__(self, redis: redis_py.Redis | None = None) -> None:
-        self.redis = _connection(redis)
+        self.redis = connection_or_default(redis)
         self.refresh()
 
     @property
@@ -57,7 +59,7 @@ class Stats:
         self.processed, self.failed = int(processed or 0), int(failed or 0)
         self.scheduled_size, self.retry_size, self.dead_size = scheduled, retries, dead
         self.processes_size = processes
-        self.queues = self._queue_sizes(sorted(map(_text, names)))
+        self.queues = self._queue_sizes(sorted(map(decode_name, names)))
 
     def _queue_sizes(self, names: list[str]) -> dict[str, int]:
         k = keys.of(self.redis)
@@ -92,7 +94,7 @@ def queue_overview(redis: redis_py.Redis | None = None) -> list[QueueStatus]:
     those with a stored limit, a pause flag or jobs in progress (an idle limited queue
     may have no list yet). Three round trips whatever the number of queues (in cluster
     mode, where each queue's state is its own, a few per queue)."""
-    conn = _connection(redis)
+    conn = connection_or_default(redis)
     k = keys.of(conn)
     stored_limits = limits.all_limits(conn)
     if k.cluster:  # per-queue state, queue by queue
@@ -108,9 +110,9 @@ def queue_overview(redis: redis_py.Redis | None = None) -> list[QueueStatus]:
         pipe.hgetall(k.RATE_LIMITS)
         listed, paused_raw, busy_raw, rates_raw = pipe.execute()
     stored_rates = rates.rates_of(rates_raw)
-    paused = set(map(_text, paused_raw))
-    busy = {_text(queue): int(count) for queue, count in busy_raw.items()}
-    names = set(map(_text, listed)) | stored_limits.keys() | stored_rates.keys() | paused
+    paused = set(map(decode_name, paused_raw))
+    busy = {decode_name(queue): int(count) for queue, count in busy_raw.items()}
+    names = set(map(decode_name, listed)) | stored_limits.keys() | stored_rates.keys() | paused
     names |= {queue for queue, count in busy.items() if count}
     sizes = _sizes_and_latencies(conn, sorted(names))
     unlimited: dict[str, int | None] = {"limit": None, "process_limit": None}
@@ -149,7 +151,7 @@ def minute_history(
     """(minute start as epoch seconds, processed, failed) for each of the last
     ``minutes`` minutes, oldest first, the current one last; quiet minutes are zeros.
     Counts land in the minute their capsule flushed them (every heartbeat). One MGET."""
-    conn = _connection(redis)
+    conn = connection_or_default(redis)
     now_minute = int(clock.now() // 60)
     span = range(now_minute - minutes + 1, now_minute + 1)
     return _history(conn, [(m * 60.0, m) for m in span], keys.minute_stat)
@@ -160,7 +162,7 @@ def daily_history(
 ) -> list[tuple[str, int, int]]:
     """(UTC day, processed, failed) for each of the last ``days`` days, oldest first,
     today last, from Sidekiq's per-day keys. One MGET."""
-    conn = _connection(redis)
+    conn = connection_or_default(redis)
     today = dt.datetime.fromtimestamp(clock.now(), dt.timezone.utc).date()
     names = [(today - dt.timedelta(days=back)).isoformat() for back in range(days - 1, -1, -1)]
     return _history(conn, [(name, name) for name in names], keys.daily_stat)
@@ -202,11 +204,13 @@ class RedisInfo:
 def redis_info(redis: redis_py.Redis | None = None) -> RedisInfo:
     """The server's version, memory and clients from one INFO call (its default
     sections, which are small; ``INFO everything`` would list every client's keyspace)."""
-    info = _connection(redis).info()
+    info = connection_or_default(redis).info()
 
     def field(name: str) -> str | None:
         value = info.get(name)
-        return None if value is None else _text(value) if isinstance(value, bytes) else str(value)
+        if value is None:
+            return None
+        return decode_name(value) if isinstance(value, bytes) else str(value)
 
     def count(name: str) -> int | None:
         value = field(name)

@@ -22,7 +22,9 @@ from typing import Any
 import redis as redis_py
 
 from limitd import keys
-from limitd.api.records import JobRecord, _connection, _text
+from limitd.api.records import JobRecord
+from limitd.client import connection_or_default
+from limitd.connection import decode_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,13 +72,13 @@ def running_jobs(
     """The jobs ``identities`` (live processes, e.g. from ``Processes``) run now, the
     longest-running first. One round trip however many processes: a pipelined HGETALL
     per identity (each hash holds at most the process's concurrency of rows)."""
-    conn = _connection(redis)
+    conn = connection_or_default(redis)
     pipe = conn.pipeline(transaction=False)
     for identity in identities:
         pipe.hgetall(keys.process_work(identity))
     rows = pipe.execute() if identities else []
     jobs = [
-        _running(identity, _text(thread), raw)
+        _running(identity, decode_name(thread), raw)
         for identity, work in zip(identities, rows, strict=True)
         for thread, raw in work.items()
     ]

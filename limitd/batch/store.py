@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from limitd import clock, handoff, keys
-from limitd.connection import LuaScript, ScriptCall
+from limitd.connection import LuaScript, ScriptCall, decode_name
 from limitd.middleware.work import RedisClient
 
 _PACKAGE = __package__ or "limitd.batch"
@@ -240,13 +240,13 @@ def _status(
 ) -> BatchStatus | None:
     if not meta_raw:
         return None
-    meta = {_text(k): _text(v) for k, v in meta_raw.items()}
+    meta = {decode_name(k): decode_name(v) for k, v in meta_raw.items()}
     return BatchStatus(
         bid=bid,
         description=meta.get("description", ""),
         total=int(meta.get("total", 0)),
         pending=int(meta.get("pending", 0)),
-        failures={_text(k): _text(v) for k, v in failures_raw.items()},
+        failures={decode_name(k): decode_name(v) for k, v in failures_raw.items()},
         created_at=float(meta.get("created_at", 0)),
         complete_at=_time(meta.get("complete_at")),
         success_at=_time(meta.get("success_at")),
@@ -255,10 +255,6 @@ def _status(
         children=int(meta.get("children", 0)),
         building=int(meta.get("building", 0)),
     )
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
 def _time(value: str | None) -> float | None:

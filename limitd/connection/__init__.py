@@ -18,7 +18,7 @@ from limitd.connection.connect import (
     unreachable,
 )
 from limitd.connection.failover import is_failover_error, retry_on_failover
-from limitd.connection.pipelines import apipeline, pipeline, set_members
+from limitd.connection.pipelines import apipeline, decode_name, pipeline, set_members
 from limitd.connection.scripts import (
     LuaScript,
     MergedCall,
@@ -49,6 +49,7 @@ __all__ = [
     "async_twin",
     "client_of",
     "connect",
+    "decode_name",
     "is_failover_error",
     "loop_twin",
     "masked",

@@ -64,6 +64,13 @@ class _AsyncPublishAfter(_PublishLater):
         return replies
 
 
+def decode_name(value: bytes | str) -> str:
+    """A name read from Redis (responses stay bytes, see ``limitd.connection.connect``),
+    as text; bytes that are not UTF-8 are replaced, never an error, so a listing shows
+    what is there."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
 def set_members(conn: redis.Redis, key: str) -> list[str]:
     """A set of names (queues, capsule ids), decoded and sorted."""
     members = cast("set[bytes]", conn.smembers(key))

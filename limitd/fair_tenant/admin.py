@@ -33,8 +33,8 @@ from typing import Any, cast
 import redis as redis_py
 
 from limitd import clock, keys
-from limitd.api.records import _connection, _text
-from limitd.client import default_client
+from limitd.client import connection_or_default, default_client
+from limitd.connection import decode_name
 from limitd.fair_tenant.middleware import FairTenant, FairTenantSettings, Rule
 from limitd.payload import DEFAULT_QUEUE
 from limitd.registry import registry
@@ -114,7 +114,7 @@ def top_tenants(
     client's ``FairTenant``, else the environment's)."""
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be at least 1 (None: no limit), got {limit}")
-    conn = _connection(redis)
+    conn = connection_or_default(redis)
     settings = _client_settings() if settings is None else settings
     now = clock.now()
     rules = job_rules(conn)
@@ -128,16 +128,16 @@ def top_tenants(
 def reroutes(redis: redis_py.Redis | None = None) -> Reroutes:
     """Every reroute counter: (job, tenant, queue, rule number) -> jobs that rule
     rerouted to that queue."""
-    conn = _connection(redis)
+    conn = connection_or_default(redis)
     return _reroutes(conn.hgetall(keys.of(conn).FAIR_TENANT_REROUTES))
 
 
 def job_rules(redis: redis_py.Redis | None = None) -> dict[str, list[Rule]]:
     """Each job's rules, as its last enqueue carried them (jobs never enqueued with a
     tenant are not there)."""
-    conn = _connection(redis)
+    conn = connection_or_default(redis)
     stored = conn.hgetall(keys.of(conn).FAIR_TENANT_RULES)
-    return {_text(job): _rules(raw) for job, raw in stored.items()}
+    return {decode_name(job): _rules(raw) for job, raw in stored.items()}
 
 
 def _tracked(conn: redis_py.Redis, since: float) -> list[tuple[str, str, float]]:
@@ -219,7 +219,7 @@ def _rule_windows(rules: dict[str, list[Rule]]) -> list[float]:
 def _rules(raw: bytes | str) -> list[Rule]:
     """A job's stored rules; an unreadable entry (not written by limitd) as none."""
     try:
-        entries = json.loads(_text(raw))
+        entries = json.loads(decode_name(raw))
         return [Rule(str(r["queue"]), int(r["threshold"]), float(r["per"])) for r in entries]
     except (ValueError, TypeError, KeyError):
         return []
@@ -239,7 +239,7 @@ def _member(raw: bytes | str, size: int) -> tuple[str, ...] | None:
     """A JSON list of ``size`` strings, as the script encodes its members and fields;
     None for anything else."""
     try:
-        value = json.loads(_text(raw))
+        value = json.loads(decode_name(raw))
     except ValueError:
         return None
     if not isinstance(value, list) or len(value) != size:

@@ -21,7 +21,7 @@ from zoneinfo import ZoneInfo
 import redis as redis_py
 
 from limitd import clock
-from limitd.api.records import _connection
+from limitd.client import connection_or_default
 from limitd.periodic.section import PeriodicEntry, in_zone
 from limitd.periodic.store import PeriodicStore, Record
 
@@ -52,7 +52,7 @@ def periodic_status(
     now: float | None = None,
 ) -> list[PeriodicStatus]:
     """Each entry's status, in the entries' order (by name for recorded ones)."""
-    store = PeriodicStore(_connection(redis))
+    store = PeriodicStore(connection_or_default(redis))
     if entries is None:
         records = store.records(store.names())
         entries = recorded_entries(records)
