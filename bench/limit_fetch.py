@@ -58,8 +58,9 @@ from _common import bench_redis_url, command_counts, timed_drain
 
 import limitd
 from limitd import keys
-from limitd.fetch import LimitFetch, QueueOrder
+from limitd.fetch.limit import LimitFetch
 from limitd.queues import limits as queue_limits
+from limitd.queues.order import QueueOrder
 from limitd.supervisor import Capsule, CapsuleConfig
 
 # The `limitd start` driver of the peer benchmark and its job module, imported from

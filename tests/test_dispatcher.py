@@ -16,11 +16,12 @@ import redis as redis_py
 
 import limitd
 from limitd import keys
-from limitd.fetch import LimitFetch, QueueOrder
 from limitd.fetch.dispatcher import Dispatcher
 from limitd.fetch.factory import limit_fetch
+from limitd.fetch.limit import LimitFetch
 from limitd.fetch.wakeup import IdleGate
 from limitd.queues import limits as queue_limits
+from limitd.queues.order import QueueOrder
 from limitd.supervisor import Capsule, CapsuleConfig
 from tests.helpers import wait_for
 

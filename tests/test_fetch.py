@@ -8,7 +8,8 @@ from collections import Counter
 import pytest
 import redis as redis_py
 
-from limitd.fetch import BasicFetch, QueueOrder
+from limitd.fetch.basic import BasicFetch
+from limitd.queues.order import QueueOrder
 
 
 def take_one(fetch, done=None, **options):  # type: ignore[no-untyped-def]

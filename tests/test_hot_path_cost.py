@@ -16,11 +16,11 @@ import pytest
 import redis as redis_py
 
 import limitd
-from limitd.fetch import QueueOrder
 from limitd.fetch.basic import UnitOfWork
 from limitd.fetch.factory import limit_fetch
 from limitd.middleware.defaults import default_server_chain
 from limitd.queues import limits as queue_limits
+from limitd.queues.order import QueueOrder
 from limitd.retry import RetryHandler
 from limitd.supervisor.executor import JobExecutor
 

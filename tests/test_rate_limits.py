@@ -19,8 +19,9 @@ import limitd
 from limitd import keys
 from limitd.api import Queue, queue_overview
 from limitd.config import ConfigError, config_as_dict, load_config
-from limitd.fetch import LimitFetch, QueueOrder
 from limitd.fetch.factory import limit_fetch
+from limitd.fetch.limit import LimitFetch
+from limitd.queues.order import QueueOrder
 from limitd.queues.rates import Rate, parse_rate
 from limitd.supervisor import Capsule, CapsuleConfig
 from tests.helpers import wait_for

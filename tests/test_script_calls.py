@@ -13,8 +13,9 @@ import limitd
 from limitd import keys
 from limitd.batch import store
 from limitd.connection import LuaScript, merge_calls, pack_command, send_packed
-from limitd.fetch import LimitFetch, QueueOrder
 from limitd.fetch.factory import limit_fetch
+from limitd.fetch.limit import LimitFetch
+from limitd.queues.order import QueueOrder
 from limitd.supervisor import Capsule, CapsuleConfig
 from limitd.unique import middleware as unique
 from tests.test_batch import callback, work

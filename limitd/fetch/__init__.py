@@ -9,17 +9,20 @@ to its ``finish``. The limit fetch's dispatcher (``fetch/dispatcher.py``) batche
 processors' calls into one; the basic fetch's (``fetch/direct.py``) lets each processor
 call BRPOP itself. ``fetch/factory.py`` builds the pair from the config. Nobody above
 the fetch builds a Redis key.
+
+Only the protocols live here, so ``import limitd.fetch.recoveries`` (as ``import
+limitd`` does) loads no fetch: the implementations are imported from their modules
+(``fetch.basic``, ``fetch.limit``, ``fetch.sharded``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from limitd.connection import Conn
-from limitd.fetch.basic import BasicFetch, UnitOfWork
-from limitd.fetch.limit import LimitFetch, LimitUnitOfWork
-from limitd.queues.order import QueueOrder
+if TYPE_CHECKING:  # annotations only: importing the package loads no implementation
+    from limitd.connection import Conn
+    from limitd.fetch.basic import UnitOfWork
 
 
 class Fetch(Protocol):
@@ -115,12 +118,4 @@ class Dispatch(Protocol):
         ...
 
 
-__all__ = [
-    "BasicFetch",
-    "Dispatch",
-    "Fetch",
-    "LimitFetch",
-    "LimitUnitOfWork",
-    "QueueOrder",
-    "UnitOfWork",
-]
+__all__ = ["Dispatch", "Fetch"]

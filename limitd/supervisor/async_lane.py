@@ -34,7 +34,8 @@ from dataclasses import dataclass
 
 from limitd import clock
 from limitd.config import CapsuleConfig
-from limitd.fetch import Dispatch, UnitOfWork
+from limitd.fetch import Dispatch
+from limitd.fetch.basic import UnitOfWork
 from limitd.payload import Payload, describe_job
 from limitd.spec import JobSpec
 from limitd.supervisor.executor import JobExecutor

@@ -31,7 +31,7 @@ import redis as redis_py
 
 from limitd import clock, keys
 from limitd.config import CapsuleConfig
-from limitd.fetch import UnitOfWork
+from limitd.fetch.basic import UnitOfWork
 from limitd.fetch.factory import build_fetch
 from limitd.fetch.wakeup import IdleGate, WakeupListener
 from limitd.locate import app_location, connect_to

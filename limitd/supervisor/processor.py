@@ -18,7 +18,8 @@ import redis as redis_py
 
 from limitd import clock
 from limitd.connection.backoff import Backoff
-from limitd.fetch import Dispatch, UnitOfWork
+from limitd.fetch import Dispatch
+from limitd.fetch.basic import UnitOfWork
 from limitd.payload import describe_job
 from limitd.supervisor.executor import HANDED_OFF, JobExecutor, Shutdown
 

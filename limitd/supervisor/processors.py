@@ -15,7 +15,8 @@ import threading
 from collections.abc import Callable
 
 from limitd import clock
-from limitd.fetch import Dispatch, UnitOfWork
+from limitd.fetch import Dispatch
+from limitd.fetch.basic import UnitOfWork
 from limitd.supervisor.async_lane import AsyncLane, NullLane
 from limitd.supervisor.executor import JobExecutor
 from limitd.supervisor.heartbeat import WorkItem
