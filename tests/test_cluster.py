@@ -22,10 +22,11 @@ from limitd.config import ConfigError, load_config
 from limitd.connection import LuaScript, async_twin, cluster, connect, pipeline
 from limitd.connection.embedded import RedisServer
 from limitd.connection.wire import OwnConnection, own_connection
+from limitd.fetch import liveness
 from limitd.fetch.factory import limit_fetch
 from limitd.queues import limits as queue_limits
 from limitd.queues.order import QueueOrder
-from limitd.supervisor import Capsule, CapsuleConfig, liveness
+from limitd.supervisor import Capsule, CapsuleConfig
 from tests.helpers import LimitdProcesses, wait_for
 from tests.topologies import ClusterGroup, cluster_port
 

@@ -12,12 +12,12 @@ import pytest
 import redis as redis_py
 
 from limitd import keys
+from limitd.fetch import liveness
 from limitd.fetch.factory import limit_fetch
 from limitd.fetch.limit import LimitFetch
 from limitd.queues import limits as queue_limits
 from limitd.queues.limits import LimitSettings
 from limitd.queues.order import QueueOrder
-from limitd.supervisor import liveness
 
 
 def take_one(fetch, done=None, **options):  # type: ignore[no-untyped-def]

@@ -18,10 +18,10 @@ import redis as redis_py
 import limitd
 from limitd import keys
 from limitd.connection.embedded import RedisServer
-from limitd.fetch import recoveries
+from limitd.fetch import liveness, recoveries
 from limitd.middleware import ServerChain
 from limitd.payload import Payload, new_jid
-from limitd.supervisor import Capsule, CapsuleConfig, liveness
+from limitd.supervisor import Capsule, CapsuleConfig
 from tests.helpers import LimitdProcesses, children, wait_for
 
 

@@ -12,12 +12,12 @@ import redis as redis_py
 
 import limitd
 from limitd import keys
-from limitd.fetch import recoveries
+from limitd.fetch import liveness, recoveries
 from limitd.fetch.factory import limit_fetch
 from limitd.fetch.limit import LimitFetch, LimitUnitOfWork
 from limitd.payload import new_jid
 from limitd.queues.order import QueueOrder
-from limitd.supervisor import Capsule, CapsuleConfig, liveness
+from limitd.supervisor import Capsule, CapsuleConfig
 from tests.helpers import wait_for
 
 ran: list[str] = []

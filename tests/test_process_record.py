@@ -18,8 +18,9 @@ import redis as redis_py
 import limitd
 from limitd import keys
 from limitd.connection.embedded import RedisServer
-from limitd.supervisor import Capsule, CapsuleConfig, liveness
-from limitd.supervisor.heartbeat import ProcessRecord, WorkItem, forget_process, new_identity
+from limitd.fetch import liveness
+from limitd.supervisor import Capsule, CapsuleConfig
+from limitd.supervisor.heartbeat import ProcessRecord, WorkItem, new_identity
 from tests.helpers import LimitdProcesses, children, wait_for
 
 STATS_DEADLINE = 3.0  # "within about a second", with room for a busy 2-core machine
@@ -82,7 +83,7 @@ def test_forget_matches_the_whole_capsule_id(redis: redis_py.Redis) -> None:
     """An id that ends another's is not mistaken for it; Ruby's records are left alone."""
     kept = write_record(redis, "abc123")
     redis.sadd(keys.of(redis).PROCESSES, "ruby-host:42:0123456789ab")
-    forget_process(redis, "123")
+    liveness.forget_process(redis, "123")
     assert redis.smembers(keys.of(redis).PROCESSES) == {kept.encode(), b"ruby-host:42:0123456789ab"}
 
 

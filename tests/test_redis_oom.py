@@ -22,8 +22,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 import limitd
 from limitd import clock, keys
 from limitd.connection.embedded import RedisServer
+from limitd.fetch import liveness
 from limitd.metrics.process import RefusalCollector
-from limitd.supervisor import Capsule, CapsuleConfig, liveness
+from limitd.supervisor import Capsule, CapsuleConfig
 from limitd.supervisor.refusals import WriteRefusals
 from tests.helpers import LimitdProcesses, wait_for
 

@@ -44,7 +44,7 @@ from limitd.connection import (
     send_packed,
     set_members,
 )
-from limitd.fetch import recoveries
+from limitd.fetch import liveness, recoveries
 from limitd.fetch.basic import UnitOfWork, as_units
 from limitd.fetch.wakeup import IdleGate
 from limitd.payload import Payload
@@ -190,16 +190,12 @@ class LimitFetch:
 
     def vouch(self, period: float) -> None:
         """Keep this capsule's liveness key: the reapers leave its jobs alone."""
-        from limitd.supervisor import liveness  # it imports the package that builds us
-
         liveness.vouch(self.redis, [self.capsule_id], period)
 
     def maintain(self, held: Callable[[], list[UnitOfWork]], *, reap: bool) -> None:
         """The heartbeat's work on Redis: re-apply configured limits Redis lost, reap the
         capsules that stopped beating (``reap``: unless our own beats failed lately),
         and requeue what this capsule holds but no thread runs (``held``: what runs)."""
-        from limitd.supervisor import liveness
-
         if self.limits is not None:
             self.limits.apply_defaults(self.redis)
         if reap:
@@ -209,8 +205,6 @@ class LimitFetch:
     def retire(self) -> int:
         """At stop: no liveness any more, and what is still in progress (a requeue that
         failed) goes back to its queues. Returns how many jobs that was."""
-        from limitd.supervisor import liveness
-
         return liveness.retire(self.redis, self.capsule_id)
 
     def recover_orphans(self, held: Iterable[UnitOfWork]) -> int:

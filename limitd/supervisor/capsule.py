@@ -31,6 +31,7 @@ import redis as redis_py
 
 from limitd import clock, keys
 from limitd.config import CapsuleConfig
+from limitd.fetch import liveness
 from limitd.fetch.basic import UnitOfWork
 from limitd.fetch.factory import build_fetch
 from limitd.fetch.wakeup import IdleGate, WakeupListener
@@ -39,7 +40,6 @@ from limitd.middleware.chain import ServerChain
 from limitd.middleware.defaults import default_server_chain
 from limitd.queues.order import QueueOrder
 from limitd.retry import RetryHandler
-from limitd.supervisor import liveness
 from limitd.supervisor.async_lane import build_lane
 from limitd.supervisor.executor import JobExecutor
 from limitd.supervisor.heartbeat import (

@@ -6,9 +6,9 @@ thread id -> JSON of the job that thread runs (``queue``, ``payload`` as the job
 text, ``run_at`` in integer epoch seconds), written twice: ``<identity>:work`` for
 Sidekiq 7+ and ``<identity>:workers`` for Sidekiq 6, whose ``Workers`` API and Busy page
 read only that name. A process that stops removes its record; one that dies has it
-removed by whoever reaps its capsule (``forget_process``: the supervisor that saw it die,
-or the reaper that saw its heartbeat expire); failing both, its keys expire and the
-poller's cleanup drops it from ``processes``.
+removed by whoever reaps its capsule (``limitd.fetch.liveness.forget_process``: the
+supervisor that saw it die, or the reaper that saw its heartbeat expire); failing both,
+its keys expire and the poller's cleanup drops it from ``processes``.
 
 The capsule refreshes the record every ``CapsuleConfig.record_period`` (5 s, as Sidekiq
 does), so ``busy`` and the Busy page follow the jobs closely; its heavier heartbeat
@@ -29,7 +29,6 @@ import redis as redis_py
 
 from limitd import clock, keys
 from limitd.config import CapsuleConfig
-from limitd.connection import set_members
 from limitd.supervisor.refusals import REFUSALS
 from limitd.version import __version__
 
@@ -56,24 +55,6 @@ def new_identity(capsule_id: str, layout: keys.KeyLayout) -> str:
     share the slot of the ``processes`` set."""
     identity = f"{socket.gethostname()}:{os.getpid()}:{capsule_id}"
     return layout.process_identity(identity)
-
-
-def forget_process(redis: redis_py.Redis, capsule_id: str) -> None:
-    """Remove the record of the dead process that ran ``capsule_id``, so that process
-    lists (``limitd status``, the Busy page, Sidekiq's ``ProcessSet``) stop showing it
-    as alive and busy. Found by the suffix of its identity among ``processes`` (one
-    read; reaping is rare). Only removals (SREM, DEL), which a Redis out of memory
-    still allows. A process that lives after all writes its record again."""
-    k = keys.of(redis)
-    suffix = f":{capsule_id}"
-    dead = [m for m in set_members(redis, k.PROCESSES) if m.endswith(suffix)]
-    if not dead:
-        return
-    pipe = redis.pipeline(transaction=True)
-    for identity in dead:
-        pipe.srem(k.PROCESSES, identity)
-        pipe.delete(identity, *_record_keys(identity))
-    pipe.execute()
 
 
 def process_info(
@@ -151,15 +132,6 @@ class ProcessRecord:
     def _work_keys(self) -> tuple[str, str]:
         """Sidekiq 7 reads ``:work``, Sidekiq 6 ``:workers``: both get the same rows."""
         return keys.process_work(self.identity), keys.process_workers(self.identity)
-
-
-def _record_keys(identity: str) -> tuple[str, str, str]:
-    """The keys beside the record's hash: its work (twice) and its signals from afar."""
-    return (
-        keys.process_work(identity),
-        keys.process_workers(identity),
-        keys.process_signals(identity),
-    )
 
 
 class Heartbeat:

@@ -44,7 +44,7 @@ import redis as redis_py
 
 from limitd import clock
 from limitd.config import CapsuleConfig, CapsuleSpec
-from limitd.supervisor import liveness
+from limitd.fetch import liveness
 from limitd.supervisor.rolling import STOP_GRACE_SECONDS, RollingRestart
 from limitd.supervisor.signals import (
     CAPSULE_HANDLED,

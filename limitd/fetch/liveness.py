@@ -9,7 +9,7 @@ expires ``4 x heartbeat_period`` after the last write.
 The reaper runs on every heartbeat of every capsule: it finds capsules whose key is
 gone and, in one Lua call each (``reap_capsule.lua``), returns their in-progress jobs to
 the front of their queues and frees their busy slots, and removes their Sidekiq process
-record (``heartbeat.forget_process``), so process lists stop showing them at once.
+record (``forget_process``), so process lists stop showing them at once.
 
 Whatever Redis refuses, a live process is not reaped: its key is kept by EXPIRE, which a
 Redis out of memory still allows (``vouch``), and a process whose own beat failed judges
@@ -26,11 +26,10 @@ import redis as redis_py
 from limitd import clock, keys
 from limitd.connection import LuaScript, set_members
 from limitd.fetch.recoveries import RECOVERIES_TTL
-from limitd.supervisor.heartbeat import forget_process
 
 log = logging.getLogger("limitd.liveness")
 
-REAP_CAPSULE = LuaScript(__package__ or "limitd.supervisor", "reap_capsule.lua")
+REAP_CAPSULE = LuaScript(__package__ or "limitd.fetch", "reap_capsule.lua")
 EXPIRY_PERIODS = 4
 STILL_ALIVE = -1
 QUEUES_CHANGED = -2
@@ -65,6 +64,33 @@ def vouch(redis: redis_py.Redis, capsule_ids: list[str], heartbeat_period: float
         pipe.sadd(k.CAPSULES, capsule_id)
         pipe.set(k.capsule_heartbeat(capsule_id), "1", ex=ttl)
     pipe.execute()
+
+
+def forget_process(redis: redis_py.Redis, capsule_id: str) -> None:
+    """Remove the record of the dead process that ran ``capsule_id``, so that process
+    lists (``limitd status``, the Busy page, Sidekiq's ``ProcessSet``) stop showing it
+    as alive and busy. Found by the suffix of its identity among ``processes`` (one
+    read; reaping is rare). Only removals (SREM, DEL), which a Redis out of memory
+    still allows. A process that lives after all writes its record again."""
+    k = keys.of(redis)
+    suffix = f":{capsule_id}"
+    dead = [m for m in set_members(redis, k.PROCESSES) if m.endswith(suffix)]
+    if not dead:
+        return
+    pipe = redis.pipeline(transaction=True)
+    for identity in dead:
+        pipe.srem(k.PROCESSES, identity)
+        pipe.delete(identity, *_record_keys(identity))
+    pipe.execute()
+
+
+def _record_keys(identity: str) -> tuple[str, str, str]:
+    """The keys beside the record's hash: its work (twice) and its signals from afar."""
+    return (
+        keys.process_work(identity),
+        keys.process_workers(identity),
+        keys.process_signals(identity),
+    )
 
 
 class ReapGate:
