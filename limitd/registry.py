@@ -6,7 +6,9 @@ payload names: a job runs only if the code the worker was told to load defined i
 
 from __future__ import annotations
 
+import importlib
 import threading
+from collections.abc import Sequence
 
 from limitd.spec import JobSpec
 
@@ -47,3 +49,12 @@ class JobRegistry:
 
 
 registry = JobRegistry()
+
+
+def import_app(modules: Sequence[str]) -> None:
+    """Import the modules that define the app's jobs: the only jobs this worker runs."""
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ImportError(f"cannot import required module {module!r}: {exc}") from exc

@@ -19,7 +19,7 @@ from typing import Any, TypeAlias
 
 import redis as redis_py
 
-from limitd.supervisor.capsule import import_app
+from limitd.registry import import_app
 
 EX_OK = 0
 EX_NOT_FOUND = 1  # some of the named jobs were not found; the others were processed

@@ -18,8 +18,7 @@ from limitd.client import Client
 from limitd.commands.common import EX_UNAVAILABLE, EX_USAGE, ResolveRedis, Subparsers
 from limitd.config import app_modules
 from limitd.locate import named_config
-from limitd.registry import registry
-from limitd.supervisor.capsule import import_app
+from limitd.registry import import_app, registry
 
 
 def add_enqueue_command(subparsers: Subparsers, resolve_redis: ResolveRedis) -> None:

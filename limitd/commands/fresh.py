@@ -34,7 +34,7 @@ from limitd.commands.start import (
 )
 from limitd.commands.start_flags import apply_flags
 from limitd.config import CapsuleConfig, Config, app_modules, check_app, load_config
-from limitd.supervisor.capsule import import_app
+from limitd.registry import import_app
 from limitd.supervisor.signals import die_with_parent
 from limitd.supervisor.spawn import FRESH_ENV, report_ready
 

@@ -60,7 +60,8 @@ from limitd.locate import (
 )
 from limitd.middleware.defaults import default_client_chain, default_server_chain
 from limitd.plugins import ProcessContext, start_process_services, stop_process_services
-from limitd.supervisor.capsule import Capsule, import_app
+from limitd.registry import import_app
+from limitd.supervisor.capsule import Capsule
 from limitd.supervisor.launcher import Launcher
 from limitd.supervisor.signals import SignalQueue
 from limitd.supervisor.spawn import FreshStart, python_command

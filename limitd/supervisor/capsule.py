@@ -12,24 +12,23 @@ monotonic deadline, then requeue unfinished jobs *before* abandoning their threa
 ``drain`` (run in the calling thread until the queues are empty: for tests and scripts).
 
 Every heartbeat marks the capsule alive, writes the Sidekiq process record (also
-rewritten every ``record_period``), lets the fetch do its work on Redis (for the limit
-fetch: re-apply configured limits, reap capsules that stopped beating unless its own
-beats failed lately, ``liveness.ReapGate``, and requeue jobs it holds but no thread
-runs), and flushes the job counters, which ``StatsFlusher`` otherwise writes a second
-after jobs end.
+rewritten every ``record_period``; ``remote.py`` obeys the signals read back with it),
+lets the fetch do its work on Redis (for the limit fetch: re-apply configured limits,
+reap capsules that stopped beating unless its own beats failed lately,
+``liveness.ReapGate``, and requeue jobs it holds but no thread runs), and flushes the
+job counters, which ``StatsFlusher`` otherwise writes a second after jobs end.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import redis as redis_py
 
-from limitd import clock, keys
+from limitd import clock
 from limitd.config import CapsuleConfig
 from limitd.fetch import liveness
 from limitd.fetch.basic import UnitOfWork
@@ -39,14 +38,14 @@ from limitd.locate import app_location, connect_to
 from limitd.middleware.chain import ServerChain
 from limitd.middleware.defaults import default_server_chain
 from limitd.queues.order import QueueOrder
+from limitd.registry import import_app
 from limitd.retry import RetryHandler
+from limitd.supervisor import remote
 from limitd.supervisor.async_lane import build_lane
 from limitd.supervisor.executor import JobExecutor
 from limitd.supervisor.heartbeat import (
     Heartbeat,
-    ProcessRecord,
     WorkItem,
-    new_identity,
     process_info,
 )
 from limitd.supervisor.poller import ScheduledPoller
@@ -100,32 +99,25 @@ class Capsule:
             average_scheduled_poll_interval=config.average_scheduled_poll_interval,
             mode=config.scheduled_poll,
         )
-        self.identity = new_identity(self.id, keys.of(self.redis))
         self.reap_gate = liveness.ReapGate(config.heartbeat_period)
         self.flusher = StatsFlusher(self.stats, self.redis)
-        self.record = ProcessRecord(
-            self.identity,
-            process_info(config, self.order.weights, self.lane.size),
-            self.work,
-            ttl=liveness.EXPIRY_PERIODS * config.heartbeat_period,
-        )
+        # A stop or rolling restart asked from afar (see ``remote.py``): a supervisor
+        # replaces both. ``stopped`` is set once ``stop`` has retired the capsule.
+        self.on_remote_stop: Callable[[], None] = remote.stop_in_background(self.stop)
+        self.on_remote_restart: Callable[[], None] = remote.no_supervisor
+        self.stopped = threading.Event()
+        info = process_info(config, self.order.weights, self.lane.size)
+        self.remote = remote.RemoteControl(self, self.redis, config, info, self.work)
+        self.record, self.identity = self.remote.record, self.remote.record.identity
         self.heartbeat = Heartbeat(
             self.beat,
             config.heartbeat_period,
-            refresh=self._write_record,
+            refresh=self.remote.write,
             refresh_period=config.record_period,
         )
         # One subscription for the fetch's wake-ups and the poller's due times.
         channels = {**self.poller.channels(), **self.fetch.wake_handlers()}
         self.wakeup = WakeupListener(self.redis, channels)
-        # Set when ``stop`` has retired the capsule: a stop asked from afar runs on a
-        # thread of its own, and whoever embeds the capsule may need to know it is over.
-        self.stopped = threading.Event()
-        self.on_remote_stop: Callable[[], None] = self._stop_in_background
-        # A rolling restart asked from afar: only a supervisor can run one.
-        self.on_remote_restart: Callable[[], None] = lambda: log.error(
-            "rolling restart requested from afar (USR2), but no supervisor runs this capsule"
-        )
 
     def start(self) -> None:
         self.lane.start()
@@ -151,34 +143,13 @@ class Capsule:
         Redis refuses the other writes, which then close the reap gate."""
         try:
             self.fetch.vouch(self.config.heartbeat_period)
-            self._write_record()
+            self.remote.write()
         except redis_py.RedisError:
             self.reap_gate.failed()
             raise
         self.reap_gate.succeeded()
         self.fetch.maintain(self._held, reap=self.reap_gate.open())
         self.stats.flush(self.redis)
-
-    def _write_record(self) -> None:
-        """The process record, and a signal an operator sent from afar: ``TSTP`` quiets
-        this capsule, ``TERM`` calls ``on_remote_stop`` (by default, a graceful stop of
-        this capsule; under a supervisor, the supervisor's TERM, as if sent by hand);
-        ``USR2`` calls ``on_remote_restart`` (under a supervisor, its rolling restart)."""
-        signal = self.record.write(self.redis)
-        if signal == "TSTP":
-            log.warning("quiet requested from afar (TSTP)")
-            self.quiet()
-        elif signal == "TERM":
-            log.warning("stop requested from afar (TERM)")
-            self.on_remote_stop()
-        elif signal == "USR2":
-            log.warning("rolling restart requested from afar (USR2)")
-            self.on_remote_restart()
-        elif signal is not None:
-            log.error("ignored an unknown signal sent from afar: %r", signal)
-
-    def _stop_in_background(self) -> None:
-        threading.Thread(target=self.stop, name="limitd-remote-stop", daemon=True).start()
 
     def quiet(self) -> None:
         """Finish what runs, start nothing new (TSTP)."""
@@ -272,12 +243,3 @@ def connect_for(config: CapsuleConfig) -> redis_py.Redis:
     """A capsule's own pool, where the app finds Redis: a connection per thread and a
     few for the heartbeat, the poller and the wake-ups."""
     return connect_to(app_location(), max_connections=config.concurrency + POOL_EXTRA)
-
-
-def import_app(modules: Sequence[str]) -> None:
-    """Import the modules that define the app's jobs: the only jobs this worker runs."""
-    for module in modules:
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            raise ImportError(f"cannot import required module {module!r}: {exc}") from exc
