@@ -14,7 +14,8 @@ import limitd
 from limitd import keys
 from limitd.fetch import liveness, recoveries
 from limitd.fetch.factory import limit_fetch
-from limitd.fetch.limit import LimitFetch, LimitUnitOfWork
+from limitd.fetch.limit import LimitFetch
+from limitd.fetch.limit_unit import LimitUnitOfWork
 from limitd.payload import new_jid
 from limitd.queues.order import QueueOrder
 from limitd.supervisor import Capsule, CapsuleConfig

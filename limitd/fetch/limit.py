@@ -27,8 +27,7 @@ import logging
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, cast
+from typing import Any, cast
 
 import redis as redis_py
 from redis.exceptions import NoScriptError
@@ -37,7 +36,6 @@ from limitd import clock, keys
 from limitd.connection import (
     Conn,
     LuaScript,
-    ScriptCall,
     pack_command,
     replication,
     send_calls_then,
@@ -46,8 +44,8 @@ from limitd.connection import (
 )
 from limitd.fetch import liveness, recoveries
 from limitd.fetch.basic import UnitOfWork, as_units
+from limitd.fetch.limit_unit import LimitUnitOfWork, calls_before_ack, forget_calls
 from limitd.fetch.wakeup import IdleGate
-from limitd.payload import Payload
 from limitd.queues.limits import LimitSettings
 from limitd.queues.order import QueueOrder
 
@@ -58,34 +56,6 @@ DYNAMIC_REFRESH_SECONDS = 5.0
 SHORTFALL_LOG_EVERY = 60.0
 ACK, REQUEUE = b"ack", b"requeue"
 JOB_FIELDS = 4  # each job in a fetch reply: queue, job, crashes, crashes alone
-
-
-@dataclass
-class LimitUnitOfWork(UnitOfWork):
-    """A job held in this capsule's in-progress list until its fetch settles it."""
-
-    fetch: LimitFetch  # type: ignore[assignment]
-    after_run: list[ScriptCall] = field(default_factory=list)
-    defer_is_io: ClassVar[bool] = False
-
-    def defer(self, calls: Sequence[ScriptCall]) -> None:
-        """Keep ``calls`` to send with this job's settlement, in the same round trip
-        (they run first)."""
-        self.after_run.extend(calls)
-
-    def recovery_reason(self, payload: Payload) -> str:
-        if self.recoveries:
-            return recoveries.last_reason(self.fetch.redis, self.job, self.queue)
-        return super().recovery_reason(payload)
-
-    def forget_recoveries(self) -> None:
-        if self.recoveries:
-            recoveries.forget(self.fetch.redis, self.fetch.capsule_id, self.job, self.queue)
-
-    def suspect_started(self) -> None:
-        """Say in Redis that this suspect runs now, so that a crash is charged to it."""
-        if self.recoveries:
-            recoveries.started(self.fetch.redis, self.fetch.capsule_id, self.job, self.queue)
 
 
 class LimitFetch:
@@ -410,15 +380,3 @@ class LimitFetch:
                 self._extra_queues = [name for name in names if name not in known]
                 self._extra_refreshed = now
             return list(self._extra_queues)
-
-
-def forget_calls(units: Sequence[UnitOfWork]) -> None:
-    """The units' bookkeeping calls were made: they must not be made again."""
-    for unit in units:
-        if isinstance(unit, LimitUnitOfWork):
-            unit.after_run = []
-
-
-def calls_before_ack(units: Sequence[UnitOfWork]) -> list[ScriptCall]:
-    """The bookkeeping server middleware left on these units (see ``ScriptCall``)."""
-    return [call for unit in units if isinstance(unit, LimitUnitOfWork) for call in unit.after_run]

@@ -15,7 +15,8 @@ from typing import Any, cast
 from limitd import clock, handoff
 from limitd.connection import Conn, run_calls
 from limitd.fetch.basic import UnitOfWork
-from limitd.fetch.limit import ACK, JOB_FIELDS, LimitFetch, calls_before_ack, forget_calls
+from limitd.fetch.limit import ACK, JOB_FIELDS, LimitFetch
+from limitd.fetch.limit_unit import calls_before_ack, forget_calls
 
 # With wake-ups: a queue that gave nothing when asked is not asked again for this long,
 # unless a wake-up names it (each ask is a round trip to its shard).
