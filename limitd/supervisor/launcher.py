@@ -100,8 +100,7 @@ class Launcher:
             self.capsule.quiet()
         elif signum == signal.SIGTTIN:
             log_thread_stacks()
-            if self.capsule.lane is not None:
-                self.capsule.lane.log_task_stacks()
+            self.capsule.lane.log_task_stacks()  # the null lane has none to log
         elif signum == signal.SIGHUP:
             reopen_log_files()
         elif signum == ROLL:
