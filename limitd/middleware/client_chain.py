@@ -75,47 +75,78 @@ def log_abandon_failure(middleware: Any, payloads: list[Payload]) -> None:
 ClientEntry = ClientMiddleware | CallableClient
 
 
+class PushStep:
+    """One entry as a push calls it: which of its push hooks are its own, so the no-op
+    defaults are not called for every job. A plain class with slots: read per push."""
+
+    __slots__ = ("entry", "pushes", "typed", "undoes", "wrapped")
+
+    def __init__(self, entry: ClientEntry) -> None:
+        self.entry = entry
+        self.wrapped: CallableClient | None = None
+        self.typed: ClientMiddleware = ClientMiddleware()  # a no-op for a callable one
+        self.pushes = self.undoes = False
+        if isinstance(entry, CallableClient):
+            self.wrapped = entry
+            return
+        self.typed = entry
+        kind, base = type(entry), ClientMiddleware
+        self.pushes = kind.push_work is not base.push_work
+        self.undoes = kind.undo_work is not base.undo_work
+
+
 class ClientChain(Chain):
     """The middleware every push passes, run by :meth:`invoke` (sync) or :meth:`ainvoke`
     (on an event loop)."""
 
     def __init__(self, entries: list[Any] | None = None) -> None:
         super().__init__(entries)
-        self._plans: tuple[int, dict[keys.KeyLayout, list[ClientEntry]]] = (-1, {})
+        self._plans: tuple[int, dict[keys.KeyLayout, list[PushStep]]] = (-1, {})
+        self._last: tuple[Any, list[PushStep]] = (None, [])  # the last client and its plan
 
-    def _entries_now(self, redis: Any) -> list[ClientEntry]:
+    def _steps_now(self, redis: Any) -> list[PushStep]:
         """The entries for a push through ``redis``: each middleware as it names keys in
         that connection's layout (see ``ClientMiddleware.for_layout``)."""
         version, plans = self._plans
         if version != self._version:
             plans = {}
             self._plans = (self._version, plans)
+        elif self._last[0] is redis:  # the common case: one client, push after push
+            return self._last[1]
         layout = keys.of(redis)
         plan = plans.get(layout)
         if plan is None:
             plan = plans[layout] = [
-                m.for_layout(layout) if isinstance(m, ClientMiddleware) else CallableClient(m)
+                PushStep(
+                    m.for_layout(layout) if isinstance(m, ClientMiddleware) else CallableClient(m)
+                )
                 for m in self
             ]
+        self._last = (redis, plan)
         return plan
+
+    def _entries_now(self, redis: Any) -> list[ClientEntry]:
+        return [step.entry for step in self._steps_now(redis)]
 
     def invoke(
         self, spec: JobSpec | None, payload: Payload, redis: RedisClient, push: PushNext
     ) -> Payload | None:
         """Run ``payload`` through every middleware, then ``push`` it."""
-        entries = self._entries_now(redis)
+        steps = self._steps_now(redis)
 
         def step(index: int, current: Payload) -> Payload | None:
-            if index == len(entries):
+            if index == len(steps):
                 return push(current)
-            entry = entries[index]
+            this = steps[index]
             call_next = functools.partial(step, index + 1)
-            if isinstance(entry, CallableClient):
-                return entry.middleware(spec, current, redis, call_next)
-            work = entry.push_work(spec, current)
-            if work is not None and not entry.admit(spec, current, run_work(redis, work)[0]):
-                return None
-            undo = entry.undo_work(spec, current)
+            if this.wrapped is not None:
+                return this.wrapped.middleware(spec, current, redis, call_next)
+            entry = this.typed
+            if this.pushes:
+                work = entry.push_work(spec, current)
+                if work is not None and not entry.admit(spec, current, run_work(redis, work)[0]):
+                    return None
+            undo = entry.undo_work(spec, current) if this.undoes else None
             if undo is None:
                 return call_next(current)
             return call_next_or_undo(call_next, current, lambda: run_work(redis, undo))
@@ -133,21 +164,23 @@ class ClientChain(Chain):
     ) -> Payload | None:
         """:meth:`invoke` on the running loop (``sync_redis``: for callable middleware
         without ``acall``, run on a worker thread)."""
-        entries = self._entries_now(redis)
+        steps = self._steps_now(redis)
 
         async def step(index: int, current: Payload) -> Payload | None:
-            if index == len(entries):
+            if index == len(steps):
                 return await push(current)
-            entry = entries[index]
+            this = steps[index]
             call_next = functools.partial(step, index + 1)
-            if isinstance(entry, CallableClient):
-                return await entry.ainvoke(spec, current, redis, call_next, sync_redis)
-            work = entry.push_work(spec, current)
-            if work is not None and not entry.admit(
-                spec, current, (await arun_work(redis, work))[0]
-            ):
-                return None
-            undo = entry.undo_work(spec, current)
+            if this.wrapped is not None:
+                return await this.wrapped.ainvoke(spec, current, redis, call_next, sync_redis)
+            entry = this.typed
+            if this.pushes:
+                work = entry.push_work(spec, current)
+                if work is not None and not entry.admit(
+                    spec, current, (await arun_work(redis, work))[0]
+                ):
+                    return None
+            undo = entry.undo_work(spec, current) if this.undoes else None
             if undo is None:
                 return await call_next(current)
             return await acall_next_or_undo(call_next, current, lambda: arun_work(redis, undo))
