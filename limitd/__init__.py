@@ -13,7 +13,7 @@ The public API::
 # Last: the shipped features register themselves (see limitd.features).
 from limitd import features as _features  # noqa: F401
 from limitd import retry as _retry  # noqa: F401  (declares the retry job options)
-from limitd.batch.api import Batch, BatchNotOpen, BatchStatus
+from limitd.batch.app import Batch, BatchNotOpen, BatchStatus
 from limitd.capacity.job import LimitedCapacityJob
 from limitd.client import Client, configure, default_client, redis_client, set_default_client
 from limitd.connection.replication import NotReplicated
@@ -24,7 +24,7 @@ from limitd.options import InvalidJobOption
 from limitd.payload import MalformedPayload, UnsafeArgument
 from limitd.registry import registry
 from limitd.spec import JobSpec, current_payload
-from limitd.transactions.api import transaction_aware
+from limitd.transactions.app import transaction_aware
 from limitd.version import __version__
 
 __all__ = [

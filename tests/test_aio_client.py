@@ -29,7 +29,7 @@ import limitd
 from limitd import clock, keys
 from limitd.aio import client as aio_client
 from limitd.aio.client import AsyncClient
-from limitd.batch.api import AsyncBatchJobs
+from limitd.batch.app import AsyncBatchJobs
 from limitd.connection import loop_twin
 from limitd.connection.embedded import RedisServer
 from limitd.middleware import ClientChain

@@ -85,7 +85,7 @@ ROLES: dict[str, Layer] = {
     "section": (CONFIG, ""),
     "checks": (CONFIG, ""),
     # what app code calls
-    "api": (SIDES, "client"),
+    "app": (SIDES, "client"),  # batch.app (Batch), transactions.app (transaction_aware)
     "job": (SIDES, "client"),
     "limiter": (SIDES, "client"),
     "aio": (SIDES, "client"),
