@@ -8,6 +8,7 @@ rest of the suite is unaffected).
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -68,7 +69,27 @@ CLUSTER_MODULES = frozenset(
 )
 
 
+# Environment variables limitd reads: a developer's shell often exports REDIS_URL, and
+# the suite must not depend on it (tests that need one set it themselves).
+LIMITD_ENVIRONMENT = ("LIMITD_REDIS_URL", "REDIS_URL", "LIMITD_CONFIG", "LIMITD_FRESH_CAPSULE")
+LIMITD_ENVIRONMENT_PREFIXES = ("LIMITD_FAIR_TENANT_",)
+
+
+def hermetic_environment() -> list[str]:
+    """Remove from this process (and so from every process the suite starts) the
+    variables limitd reads; returns their names."""
+    names = [
+        name
+        for name in os.environ
+        if name in LIMITD_ENVIRONMENT or name.startswith(LIMITD_ENVIRONMENT_PREFIXES)
+    ]
+    for name in names:
+        del os.environ[name]
+    return names
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    hermetic_environment()
     config.addinivalue_line(
         "markers",
         "standalone_only(reason): in a module of CLUSTER_MODULES, not run against the "
