@@ -66,3 +66,25 @@ def test_the_suite_ignores_the_redis_url_a_shell_exports() -> None:
         timeout=120,
     )
     assert done.returncode == 0, done.stdout[-2000:]
+
+
+def test_the_version_is_written_once() -> None:
+    """pyproject.toml reads the version from limitd/version.py, so a release bumps one
+    line, and the installed metadata says what ``limitd.__version__`` says."""
+    import importlib.metadata
+
+    import limitd
+
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        project = tomllib.load(f)
+    assert "version" not in project["project"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {
+        "attr": "limitd.version.__version__"
+    }
+    assert importlib.metadata.version("limitd") == limitd.__version__
+
+
+def test_the_changelog_has_an_entry_for_this_version() -> None:
+    import limitd
+
+    assert f"## [{limitd.__version__}]" in (ROOT / "CHANGELOG.md").read_text()
