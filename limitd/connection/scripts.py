@@ -65,16 +65,15 @@ class ScriptCall:
         return self.args if self.shared is None else (*self.shared, *self.args)
 
     def run(self, conn: Any) -> Any:
-        reply = self.script(conn, self.keys, self.all_args())
-        if self.shared is not None:
-            reply = reply[0]
-        if self.on_reply is not None:
-            self.on_reply(reply)
-        return reply
+        return self.delivered(self.script(conn, self.keys, self.all_args()))
 
     async def arun(self, conn: redis.asyncio.Redis) -> Any:
         """:meth:`run` on an asyncio client."""
-        reply = await self.script.acall(conn, self.keys, self.all_args())
+        return self.delivered(await self.script.acall(conn, self.keys, self.all_args()))
+
+    def delivered(self, reply: Any) -> Any:
+        """The script's raw reply (however it was sent) as this call's: a mergeable
+        call's own group, handed to ``on_reply`` too."""
         if self.shared is not None:
             reply = reply[0]
         if self.on_reply is not None:

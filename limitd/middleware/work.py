@@ -108,11 +108,5 @@ async def _arun_one(conn: AsyncRedisClient, piece: Work) -> Any:
 
 
 def _delivered(piece: Work, reply: Any) -> Any:
-    """A pipelined script call's reply, as :meth:`ScriptCall.run` would return it."""
-    if not isinstance(piece, ScriptCall):
-        return reply
-    if piece.shared is not None:
-        reply = reply[0]
-    if piece.on_reply is not None:
-        piece.on_reply(reply)
-    return reply
+    """A pipelined piece's reply, as running it alone would return it."""
+    return piece.delivered(reply) if isinstance(piece, ScriptCall) else reply
