@@ -42,12 +42,16 @@ _DECLARED: dict[str, OptionSpec] = {}
 
 def declare(name: str, normalize: Normalizer, owner: str) -> None:
     """Declare an option. Declaring the same name from two owners is a programming error."""
-    existing = _DECLARED.get(name)
+    _check_owner("job option", _DECLARED.get(name), name, owner)
+    _DECLARED[name] = OptionSpec(name, owner, normalize)
+
+
+def _check_owner(what: str, existing: OptionSpec | HookSpec | None, name: str, owner: str) -> None:
+    """Options and hooks alike: one owner per name (the same owner may declare again)."""
     if existing is not None and existing.owner != owner:
         raise InvalidJobOption(
-            f"job option {name!r} is already declared by {existing.owner}, not {owner}"
+            f"{what} {name!r} is already declared by {existing.owner}, not {owner}"
         )
-    _DECLARED[name] = OptionSpec(name, owner, normalize)
 
 
 def declared() -> dict[str, OptionSpec]:
@@ -89,11 +93,7 @@ _HOOKS: dict[str, HookSpec] = {}
 
 def declare_hook(keyword: str, method: str, owner: str) -> None:
     """Declare a job hook. The same keyword from two owners is a programming error."""
-    existing = _HOOKS.get(keyword)
-    if existing is not None and existing.owner != owner:
-        raise InvalidJobOption(
-            f"job hook {keyword!r} is already declared by {existing.owner}, not {owner}"
-        )
+    _check_owner("job hook", _HOOKS.get(keyword), keyword, owner)
     _HOOKS[keyword] = HookSpec(keyword, method, owner)
 
 
