@@ -272,8 +272,12 @@ class Dispatcher:
         """Units in Redis's in-progress lists that no processor holds: fetched and not
         yet taken, or finished and not yet settled."""
         with self._mutex:
-            kept = [waiter.done for waiter in self._waiters if waiter.done is not None]
-            return [*self._ready, *self._finished, *kept]
+            return [*self._ready, *self._finished, *self._kept()]
+
+    def _kept(self) -> list[UnitOfWork]:
+        """Under the mutex: the jobs processor threads finished and keep for their next
+        take (``_Waiter.done``)."""
+        return [waiter.done for waiter in self._waiters if waiter.done is not None]
 
     def close(self) -> None:
         """Quiet: fetch nothing more; processors waiting return None at once."""
@@ -373,7 +377,7 @@ class Dispatcher:
 
     def _flush(self) -> None:
         with self._mutex:
-            kept = [waiter.done for waiter in self._waiters if waiter.done is not None]
+            kept = self._kept()
             for waiter in self._waiters:
                 waiter.done = None
             finished, self._finished = [*self._finished, *kept], []

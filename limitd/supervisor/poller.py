@@ -72,6 +72,7 @@ class ScheduledPoller:
         if mode not in MODES:
             raise ValueError(f"scheduled poll mode must be one of {MODES}, not {mode!r}")
         self.redis = redis
+        self.keys = keys.of(redis)  # the key layout of its connection
         self.poll_interval_average = poll_interval_average
         self.average_scheduled_poll_interval = average_scheduled_poll_interval
         self.mode = mode
@@ -113,15 +114,15 @@ class ScheduledPoller:
     def enqueue_due(self, now: float | None = None) -> int:
         """Move every job due at ``now`` (default: the clock) and return how many."""
         moved = 0
-        if keys.of(self.redis).cluster:  # batch callbacks and stalled moves (limitd.handoff)
+        if self.keys.cluster:  # batch callbacks and stalled moves (limitd.handoff)
             moved += handoff.push_waiting(self.redis, clock.now() if now is None else now)
-        for zset in sorted_sets(keys.of(self.redis)):
+        for zset in sorted_sets(self.keys):
             moved += self._drain_set(zset, clock.now() if now is None else now)
         return moved
 
     def heads(self) -> dict[str, float]:
         """The earliest score of each non-empty set, in one round trip."""
-        names = sorted_sets(keys.of(self.redis))
+        names = sorted_sets(self.keys)
         pipe = self.redis.pipeline(transaction=False)
         for zset in names:
             pipe.zrange(zset, 0, 0, withscores=True)
@@ -133,7 +134,7 @@ class ScheduledPoller:
         Returns the earliest due time left (None: both sets are empty)."""
         while not self._done.is_set():
             now = clock.now()
-            if keys.of(self.redis).cluster:  # batch callbacks and stalled moves
+            if self.keys.cluster:  # batch callbacks and stalled moves
                 handoff.push_waiting(self.redis, now)
             heads = self.heads()
             due = [zset for zset, score in heads.items() if score <= now]
@@ -152,21 +153,21 @@ class ScheduledPoller:
     def cleanup_processes(self) -> int:
         """Forget processes whose heartbeat hash expired; at most once a minute across
         the whole cluster (the lock key), because it reads every process."""
-        lock = keys.of(self.redis).PROCESS_CLEANUP_LOCK
+        lock = self.keys.PROCESS_CLEANUP_LOCK
         if not self.redis.set(lock, "1", nx=True, ex=CLEANUP_LOCK_SECONDS):
             return 0
-        identities = list(self.redis.sscan_iter(keys.of(self.redis).PROCESSES))
+        identities = list(self.redis.sscan_iter(self.keys.PROCESSES))
         pipe = self.redis.pipeline(transaction=False)
         for identity in identities:
             pipe.hget(identity, "info")
         infos = pipe.execute()
         gone = [ident for ident, info in zip(identities, infos, strict=True) if info is None]
-        return int(self.redis.srem(keys.of(self.redis).PROCESSES, *gone)) if gone else 0
+        return int(self.redis.srem(self.keys.PROCESSES, *gone)) if gone else 0
 
     def random_poll_interval(self) -> float:
         """Random around the average, ±50% for small clusters, so restarts don't
         synchronise the pollers (a thundering herd)."""
-        count = max(1, int(self.redis.scard(keys.of(self.redis).PROCESSES)))
+        count = max(1, int(self.redis.scard(self.keys.PROCESSES)))
         interval = self.poll_interval_average or count * self.average_scheduled_poll_interval
         if count < 10:
             return interval * self.rng.random() + interval / 2
