@@ -13,7 +13,7 @@ runs through them:
 """
 
 from limitd.config.app_checks import app_modules, check_app
-from limitd.config.schema import config_as_dict, load_config
+from limitd.config.schema import accepted_keys, config_as_dict, load_config
 from limitd.config.settings import (
     CapsuleConfig,
     CapsuleSpec,
@@ -30,6 +30,7 @@ __all__ = [
     "ConfigError",
     "LoggingSettings",
     "RedisSettings",
+    "accepted_keys",
     "app_modules",
     "check_app",
     "config_as_dict",

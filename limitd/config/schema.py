@@ -151,6 +151,22 @@ def load_config(paths: Sequence[str | Path], env: Mapping[str, str] | None = Non
     )
 
 
+def accepted_keys() -> dict[str, frozenset[str]]:
+    """Every key the core schema accepts, by the dotted path of the mapping that holds
+    it: ``""`` the top level (feature sections included, by their key), ``capsules.*``
+    any named capsule, ``dead`` the dead-set mapping (top level or a capsule's). The
+    keys inside a feature's section are that section's own (its reader checks them).
+    For the configuration reference page and its test, which keep the page complete:
+    nothing reads the files through this."""
+    return {
+        "": frozenset(BUILT_IN_TOP_KEYS | {section.key for section in sections()}),
+        "capsules.*": CAPSULE_KEYS,
+        "redis": REDIS_KEYS,
+        "logging": LOGGING_KEYS,
+        "dead": DEAD_KEYS,
+    }
+
+
 def read_shared(section: Section, base: Shared) -> Shared:
     """The inheritable settings of ``section``, falling back to ``base``'s."""
     return Shared(
