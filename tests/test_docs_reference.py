@@ -45,7 +45,7 @@ def chapter_for(path: str) -> str:
     """The heading that documents the mapping at ``path`` (as ``accepted_keys`` names it)."""
     if path == "":
         return "Top level"
-    return f"`{path.split('.')[0]}`"
+    return f"`{path.split('.', maxsplit=1)[0]}`"
 
 
 def feature_keys() -> dict[str, frozenset[str]]:
@@ -106,7 +106,9 @@ def test_every_command_and_long_option_is_documented() -> None:
 
 def exposed_names(families: list[Metric]) -> set[str]:
     """The names a scrape shows: counters carry ``_total``."""
-    return {f"{family.name}_total" if family.type == "counter" else family.name for family in families}
+    return {
+        f"{family.name}_total" if family.type == "counter" else family.name for family in families
+    }
 
 
 def documented_metrics() -> set[str]:
