@@ -50,6 +50,7 @@ FOLDERS: dict[str, Layer] = {
     "limitd.client": (SIDES, "client"),
     "limitd.job": (SIDES, "client"),
     "limitd.aio": (SIDES, "client"),
+    "limitd.arguments": (SIDES, "client"),
     "limitd.fetch": (SIDES, "server"),
     "limitd.supervisor": (SIDES, "server"),
     "limitd.logs": (SIDES, "server"),
@@ -59,6 +60,7 @@ FOLDERS: dict[str, Layer] = {
     "limitd.cli": (TOP, ""),
     "limitd.web": (TOP, ""),
     "limitd.features": (TOP, ""),
+    "limitd.testing": (TOP, ""),  # the testing modes: a default client, a capsule's chain
 }
 FEATURES = (
     "limitd.batch",
