@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import redis as redis_py
+import yaml
 from prometheus_client.core import Metric
 
 from limitd.cli import build_parser
@@ -28,6 +29,7 @@ DOCS = Path(__file__).resolve().parent.parent / "docs"
 CONFIGURATION = DOCS / "reference" / "configuration.md"
 CLI = DOCS / "reference" / "cli.md"
 METRICS = DOCS / "reference" / "metrics.md"
+ALERTS = DOCS / "operations" / "metrics-and-alerts.md"
 
 
 def chapters(page: Path) -> dict[str, str]:
@@ -115,17 +117,48 @@ def documented_metrics() -> set[str]:
     return set(re.findall(r"`([a-z_]+)`", METRICS.read_text(encoding="utf-8")))
 
 
+def cluster_metric_names(redis: redis_py.Redis) -> set[str]:
+    return exposed_names(list(ClusterCollector(redis).collect()))
+
+
+def process_metric_names() -> set[str]:
+    context = ProcessContext(redis=None, sections={}, capsule=CapsuleConfig(), chain=None)
+    served = ProcessMetrics(context, MetricsSettings(port=9200))  # not started: no port taken
+    return exposed_names(list(served.registry.collect()))
+
+
 def test_every_cluster_metric_is_documented(redis: redis_py.Redis) -> None:
-    names = exposed_names(list(ClusterCollector(redis).collect()))
+    names = cluster_metric_names(redis)
     assert "limitd_queue_size" in names  # the collector really ran
     missing = names - documented_metrics()
     assert not missing, f"{METRICS.name} lacks: {sorted(missing)}"
 
 
 def test_every_process_metric_is_documented() -> None:
-    context = ProcessContext(redis=None, sections={}, capsule=CapsuleConfig(), chain=None)
-    served = ProcessMetrics(context, MetricsSettings(port=9200))  # not started: no port taken
-    names = exposed_names(list(served.registry.collect()))
+    names = process_metric_names()
     assert "limitd_jobs_total" in names
     missing = names - documented_metrics()
     assert not missing, f"{METRICS.name} lacks: {sorted(missing)}"
+
+
+def test_alert_rules_use_metrics_that_exist(redis: redis_py.Redis) -> None:
+    """The recommended rules parse, and every limitd (or process) metric their
+    expressions name is one the code serves (a histogram's series by their suffixes)."""
+    blocks = re.findall(r"```yaml\n(.*?)```", ALERTS.read_text(encoding="utf-8"), re.DOTALL)
+    rules = [
+        rule
+        for block in blocks
+        for group in (yaml.safe_load(block) or {}).get("groups", [])
+        for rule in group["rules"]
+    ]
+    assert len(rules) >= 5
+    served = cluster_metric_names(redis) | process_metric_names()
+    histograms = {f"{name}{suffix}" for name in served for suffix in ("_bucket", "_sum", "_count")}
+    used = {
+        name
+        for rule in rules
+        for name in re.findall(r"\b((?:limitd|process)_[a-z_]+)", rule["expr"])
+    }
+    assert used, "the rules name no limitd metric"
+    unknown = used - served - histograms
+    assert not unknown, f"{ALERTS.name} alerts on metrics nobody serves: {sorted(unknown)}"
