@@ -16,6 +16,11 @@ Classes suit jobs with hooks or state, and map Ruby Sidekiq class names::
 Both produce a :class:`~limitd.spec.JobSpec` (what the server needs to run the job)
 registered under its wire name, and both enqueue through an :class:`Enqueuer`. This is the
 top of the client side: it builds specs and pushes through :mod:`limitd.client`.
+
+The enqueue methods are typed with the job's own parameters (``Enqueuer[P]``, ``P`` a
+``ParamSpec``), so a type checker reports ``send_webhook.perform_async("42")`` when
+``tenant_id`` is an ``int``; keyword arguments are placed at their parameter's position
+(:mod:`limitd.arguments`), since the wire format is a list. See ``docs/typing.md``.
 """
 
 from __future__ import annotations
@@ -24,16 +29,22 @@ import datetime as dt
 import functools
 import inspect
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, ParamSpec, Protocol, TypeVar, overload
 
 from limitd import clock, options
 from limitd.aio.enqueue import AsyncEnqueuer
+from limitd.arguments import Arguments, P, PlaceArguments, positional_only
 from limitd.client import Client, default_client
 from limitd.payload import Payload
 from limitd.registry import registry
 from limitd.spec import ExhaustedHook, JobSpec, RetryInHook, current_payload
 
 options.declare("queue", options.non_empty_str, owner="limitd.job")
+
+R = TypeVar("R")
+# A job function's own parameters: like P, without its default (a type parameter with
+# a default may not come before R, which has none).
+FP = ParamSpec("FP")
 
 
 def define(
@@ -63,47 +74,61 @@ def define(
     return spec
 
 
-class Enqueuer:
+class Enqueuer(Generic[P]):
     """Pushes one job with a fixed set of options. ``.set()`` returns a copy with more
-    options, so ``send.set(queue="low").perform_async(1)`` leaves ``send`` unchanged."""
+    options, so ``send.set(queue="low").perform_async(1)`` leaves ``send`` unchanged.
+    ``P`` is the job's parameters, which type checkers hold every enqueue call to;
+    ``place`` turns a call's arguments into the payload's list (an enqueuer made from a
+    bare spec, its job's function unknown, takes positional arguments only)."""
 
     def __init__(
-        self, spec: JobSpec, overrides: dict[str, Any] | None = None, client: Client | None = None
+        self,
+        spec: JobSpec,
+        overrides: dict[str, Any] | None = None,
+        client: Client | None = None,
+        *,
+        place: PlaceArguments = positional_only,
     ) -> None:
         self._spec = spec
         self._overrides = overrides or {}
         self._client = client
+        self._place = place
 
-    def set(self, *, client: Client | None = None, **job_options: Any) -> Enqueuer:
+    def set(self, *, client: Client | None = None, **job_options: Any) -> Enqueuer[P]:
         """A configured enqueuer: the options are checked like definition options."""
         merged = {**self._overrides, **options.validate(self._spec.name, job_options)}
-        return Enqueuer(self._spec, merged, client or self._client)
+        return Enqueuer(self._spec, merged, client or self._client, place=self._place)
 
     @property
-    def aio(self) -> AsyncEnqueuer:
+    def aio(self) -> AsyncEnqueuer[P]:
         """The same enqueuer for async code: ``await send.aio.perform_async(1)`` (see
         :mod:`limitd.aio`), with these options and this client's async twin."""
-        return AsyncEnqueuer(self._spec, self._overrides, self._client)
+        return AsyncEnqueuer(self._spec, self._overrides, self._client, place=self._place)
 
-    def perform_async(self, *args: Any) -> str | None:
+    def perform_async(self, *args: P.args, **kwargs: P.kwargs) -> str | None:
         """Enqueue now. Returns the jid, or None if a client middleware stopped the push."""
-        return self._push(list(args), at=None)
+        return self._push(self._place(args, kwargs), at=None)
 
-    def perform_in(self, interval: float | dt.timedelta, *args: Any) -> str | None:
+    def perform_in(
+        self, interval: float | dt.timedelta, /, *args: P.args, **kwargs: P.kwargs
+    ) -> str | None:
         """Run after ``interval`` seconds (or a timedelta)."""
         if isinstance(interval, dt.timedelta):
             interval = interval.total_seconds()
-        return self._push(list(args), at=clock.now() + float(interval))
+        return self._push(self._place(args, kwargs), at=clock.now() + float(interval))
 
-    def perform_at(self, when: float | dt.datetime, *args: Any) -> str | None:
+    def perform_at(
+        self, when: float | dt.datetime, /, *args: P.args, **kwargs: P.kwargs
+    ) -> str | None:
         """Run at an epoch time in seconds or a datetime (naive means local time)."""
         at = when.timestamp() if isinstance(when, dt.datetime) else float(when)
-        return self._push(list(args), at=at)
+        return self._push(self._place(args, kwargs), at=at)
 
     def perform_bulk(
         self, args_list: Sequence[Sequence[Any]], batch_size: int = 1000
     ) -> list[str | None]:
-        """Enqueue many jobs of this class, one LPUSH per ``batch_size`` jobs."""
+        """Enqueue many jobs of this class, one LPUSH per ``batch_size`` jobs. Each
+        inner list is one job's positional arguments, unchecked by type checkers."""
         item = self._item([])
         return self._get_client().push_bulk(
             item, [list(a) for a in args_list], batch_size=batch_size, spec=self._spec
@@ -122,21 +147,44 @@ class Enqueuer:
         return self._client if self._client is not None else default_client()
 
 
-class JobFunction(Enqueuer):
+class JobFunction(Enqueuer[FP], Generic[FP, R]):
     """What ``@limitd.job`` returns: still callable as the plain function (handy in
-    tests and for running inline), plus the enqueue methods."""
+    tests and for running inline), plus the enqueue methods, all typed with the
+    function's parameters (and the call with its return type)."""
 
-    def __init__(self, fn: Callable[..., Any], spec: JobSpec) -> None:
-        super().__init__(spec)
+    def __init__(self, fn: Callable[FP, R], spec: JobSpec) -> None:
+        super().__init__(spec, place=Arguments(spec.name, fn))
         self.fn = fn
         self.spec = spec
         functools.update_wrapper(self, fn)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: FP.args, **kwargs: FP.kwargs) -> R:
         return self.fn(*args, **kwargs)
 
     def __repr__(self) -> str:
         return f"<limitd job {self.spec.name}>"
+
+
+@overload
+def job(
+    fn: Callable[FP, R],
+    *,
+    name: str | None = None,
+    retry_in: RetryInHook | None = None,
+    retries_exhausted: ExhaustedHook | None = None,
+    **job_options: Any,
+) -> JobFunction[FP, R]: ...
+
+
+@overload
+def job(
+    fn: None = None,
+    *,
+    name: str | None = None,
+    retry_in: RetryInHook | None = None,
+    retries_exhausted: ExhaustedHook | None = None,
+    **job_options: Any,
+) -> Callable[[Callable[FP, R]], JobFunction[FP, R]]: ...
 
 
 def job(
@@ -153,12 +201,13 @@ def job(
     ``limitd.fair_tenant``) and ``limiter_backoff`` (see ``limitd.limiters.middleware``)."""
     hooks, job_options = options.split_hooks(job_options)
 
-    def decorate(target: Callable[..., Any]) -> JobFunction:
+    def decorate(target: Callable[FP, R]) -> JobFunction[FP, R]:
         origin = f"{target.__module__}.{target.__qualname__}"
+        run: Callable[..., Any] = target  # the payload's list, unchecked: it comes from JSON
         spec = define(
             name or origin,
             origin,
-            lambda payload: target(*payload["args"]),
+            lambda payload: run(*payload["args"]),
             job_options,
             retry_in=retry_in,
             retries_exhausted=retries_exhausted,
@@ -170,11 +219,20 @@ def job(
     return decorate(fn) if fn is not None else decorate
 
 
+class _Performs(Protocol[P]):
+    """A job class as the enqueue class methods see it: ``cls`` typed with this
+    protocol lets a type checker take ``P`` from the class's own ``perform``."""
+
+    _enqueuer: ClassVar[Enqueuer[Any]]
+
+    def perform(self, *args: P.args, **kwargs: P.kwargs) -> Any: ...
+
+
 class _ClassAio:
     """``Job.aio``: the class's enqueue methods for async code (see :mod:`limitd.aio`)."""
 
-    def __get__(self, instance: Job | None, owner: type[Job]) -> AsyncEnqueuer:
-        return AsyncEnqueuer(owner.spec)
+    def __get__(self, instance: object, owner: type[_Performs[P]]) -> AsyncEnqueuer[P]:
+        return owner._enqueuer.aio
 
 
 class Job:
@@ -185,6 +243,7 @@ class Job:
     instance runs each job, with ``jid`` and ``payload`` set before ``perform``."""
 
     spec: ClassVar[JobSpec]
+    _enqueuer: ClassVar[Enqueuer[Any]]  # the class's options, no overrides; places by perform
     jid: str
     payload: Payload
 
@@ -207,30 +266,43 @@ class Job:
             hooks=_feature_hooks(cls),
             is_async=inspect.iscoroutinefunction(cls.perform),  # type: ignore[attr-defined]
         )
+        place = Arguments(cls.spec.name, cls.perform, method=True)  # type: ignore[attr-defined]
+        cls._enqueuer = Enqueuer(cls.spec, place=place)
 
     aio = _ClassAio()  # ``await HardJob.aio.perform_async(...)``
 
-    @classmethod
-    def set(cls, **job_options: Any) -> Enqueuer:
-        return Enqueuer(cls.spec).set(**job_options)
+    # ``cls: type[_Performs[P]]``: the arguments are checked against ``perform``'s, less
+    # ``self``; a class without ``perform`` (an abstract base) has no enqueue methods.
 
     @classmethod
-    def perform_async(cls, *args: Any) -> str | None:
-        return Enqueuer(cls.spec).perform_async(*args)
+    def set(cls: type[_Performs[P]], **job_options: Any) -> Enqueuer[P]:
+        return cls._enqueuer.set(**job_options)
 
     @classmethod
-    def perform_in(cls, interval: float | dt.timedelta, *args: Any) -> str | None:
-        return Enqueuer(cls.spec).perform_in(interval, *args)
+    def perform_async(cls: type[_Performs[P]], *args: P.args, **kwargs: P.kwargs) -> str | None:
+        return cls._enqueuer.perform_async(*args, **kwargs)
 
     @classmethod
-    def perform_at(cls, when: float | dt.datetime, *args: Any) -> str | None:
-        return Enqueuer(cls.spec).perform_at(when, *args)
+    def perform_in(
+        cls: type[_Performs[P]],
+        interval: float | dt.timedelta,
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> str | None:
+        return cls._enqueuer.perform_in(interval, *args, **kwargs)
+
+    @classmethod
+    def perform_at(
+        cls: type[_Performs[P]], when: float | dt.datetime, /, *args: P.args, **kwargs: P.kwargs
+    ) -> str | None:
+        return cls._enqueuer.perform_at(when, *args, **kwargs)
 
     @classmethod
     def perform_bulk(
-        cls, args_list: Sequence[Sequence[Any]], batch_size: int = 1000
+        cls: type[_Performs[P]], args_list: Sequence[Sequence[Any]], batch_size: int = 1000
     ) -> list[str | None]:
-        return Enqueuer(cls.spec).perform_bulk(args_list, batch_size=batch_size)
+        return cls._enqueuer.perform_bulk(args_list, batch_size=batch_size)
 
 
 def _run_instance(cls: type[Job], payload: Payload) -> Any:

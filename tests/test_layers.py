@@ -70,6 +70,7 @@ FEATURES = (
     "limitd.periodic",
     "limitd.metrics",
     "limitd.outbox",
+    "limitd.tracing",
     "limitd.transactions",
     "limitd.unique",
 )
