@@ -29,7 +29,7 @@ import datetime as dt
 import functools
 import inspect
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Generic, ParamSpec, Protocol, TypeVar, overload
+from typing import Any, ClassVar, Generic, ParamSpec, Protocol, TypeVar, cast, overload
 
 from limitd import clock, options
 from limitd.aio.enqueue import AsyncEnqueuer
@@ -223,16 +223,22 @@ class _Performs(Protocol[P]):
     """A job class as the enqueue class methods see it: ``cls`` typed with this
     protocol lets a type checker take ``P`` from the class's own ``perform``."""
 
-    _enqueuer: ClassVar[Enqueuer[Any]]
+    _enqueuer: ClassVar[Enqueuer[...]]
 
     def perform(self, *args: P.args, **kwargs: P.kwargs) -> Any: ...
+
+
+def _typed_enqueuer(cls: type[_Performs[P]]) -> Enqueuer[P]:
+    """The class's enqueuer, typed with its ``perform``'s parameters (which its class
+    attribute cannot say: a ClassVar takes no type variables)."""
+    return cast("Enqueuer[P]", cls._enqueuer)
 
 
 class _ClassAio:
     """``Job.aio``: the class's enqueue methods for async code (see :mod:`limitd.aio`)."""
 
     def __get__(self, instance: object, owner: type[_Performs[P]]) -> AsyncEnqueuer[P]:
-        return owner._enqueuer.aio
+        return _typed_enqueuer(owner).aio
 
 
 class Job:
@@ -243,7 +249,7 @@ class Job:
     instance runs each job, with ``jid`` and ``payload`` set before ``perform``."""
 
     spec: ClassVar[JobSpec]
-    _enqueuer: ClassVar[Enqueuer[Any]]  # the class's options, no overrides; places by perform
+    _enqueuer: ClassVar[Enqueuer[...]]  # the class's options, no overrides; places by perform
     jid: str
     payload: Payload
 
@@ -276,11 +282,11 @@ class Job:
 
     @classmethod
     def set(cls: type[_Performs[P]], **job_options: Any) -> Enqueuer[P]:
-        return cls._enqueuer.set(**job_options)
+        return _typed_enqueuer(cls).set(**job_options)
 
     @classmethod
     def perform_async(cls: type[_Performs[P]], *args: P.args, **kwargs: P.kwargs) -> str | None:
-        return cls._enqueuer.perform_async(*args, **kwargs)
+        return _typed_enqueuer(cls).perform_async(*args, **kwargs)
 
     @classmethod
     def perform_in(
@@ -290,19 +296,19 @@ class Job:
         *args: P.args,
         **kwargs: P.kwargs,
     ) -> str | None:
-        return cls._enqueuer.perform_in(interval, *args, **kwargs)
+        return _typed_enqueuer(cls).perform_in(interval, *args, **kwargs)
 
     @classmethod
     def perform_at(
         cls: type[_Performs[P]], when: float | dt.datetime, /, *args: P.args, **kwargs: P.kwargs
     ) -> str | None:
-        return cls._enqueuer.perform_at(when, *args, **kwargs)
+        return _typed_enqueuer(cls).perform_at(when, *args, **kwargs)
 
     @classmethod
     def perform_bulk(
         cls: type[_Performs[P]], args_list: Sequence[Sequence[Any]], batch_size: int = 1000
     ) -> list[str | None]:
-        return cls._enqueuer.perform_bulk(args_list, batch_size=batch_size)
+        return _typed_enqueuer(cls).perform_bulk(args_list, batch_size=batch_size)
 
 
 def _run_instance(cls: type[Job], payload: Payload) -> Any:
