@@ -6,7 +6,9 @@ middleware halt the push, to take the job back out of the batch), then uniquenes
 (a skipped duplicate is not counted against its tenant). Limiters have only a server
 middleware, innermost, so it sees ``OverLimit`` straight from the job. Limited-capacity
 jobs, periodic jobs, metrics, the outbox and the web dashboard have no default middleware (the job
-metrics middleware is added by its per-process service), so their place is free.
+metrics middleware is added by its per-process service), so their place is free. Tracing
+has none either: its service, when the config turns it on, puts its middleware first in
+each chain, so its spans cover the others.
 
 Adding a feature: a folder with its modules and a ``plug`` module describing it as one
 ``limitd.plugins.Feature``, then one line here. ``import limitd`` runs this module, so a
@@ -22,10 +24,11 @@ from limitd.limiters.plug import LIMITERS
 from limitd.metrics.plug import METRICS
 from limitd.outbox.plug import OUTBOX
 from limitd.periodic.plug import PERIODIC
+from limitd.tracing.plug import TRACING
 from limitd.unique.plug import UNIQUE
 from limitd.web.plug import WEB
 
-SHIPPED = (BATCH, UNIQUE, FAIR_TENANT, LIMITERS, CAPACITY, PERIODIC, METRICS, OUTBOX, WEB)
+SHIPPED = (BATCH, UNIQUE, FAIR_TENANT, LIMITERS, CAPACITY, PERIODIC, METRICS, OUTBOX, WEB, TRACING)
 
 for _feature in SHIPPED:
     plugins.register(_feature)
