@@ -13,6 +13,7 @@ The public API::
 # Last: the shipped features register themselves (see limitd.features).
 from limitd import features as _features  # noqa: F401
 from limitd import retry as _retry  # noqa: F401  (declares the retry job options)
+from limitd.app_hooks import ClientConfig, ServerConfig, configure_client, configure_server
 from limitd.batch.app import Batch, BatchNotOpen, BatchStatus
 from limitd.capacity.job import LimitedCapacityJob
 from limitd.client import Client, configure, default_client, redis_client, set_default_client
@@ -32,6 +33,7 @@ __all__ = [
     "BatchNotOpen",
     "BatchStatus",
     "Client",
+    "ClientConfig",
     "Enqueuer",
     "InvalidJobOption",
     "Job",
@@ -42,9 +44,12 @@ __all__ = [
     "NotReplicated",
     "OverLimit",
     "RecoveredTooOften",
+    "ServerConfig",
     "UnsafeArgument",
     "__version__",
     "configure",
+    "configure_client",
+    "configure_server",
     "current_payload",
     "default_client",
     "job",

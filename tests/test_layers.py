@@ -43,6 +43,7 @@ FOLDERS: dict[str, Layer] = {
     "limitd.middleware": (MIDDLEWARE, ""),
     "limitd.retry": (MIDDLEWARE, ""),
     "limitd.queues": (MIDDLEWARE, ""),
+    "limitd.app_hooks": (MIDDLEWARE, ""),  # what app code declares: handlers, middleware, hooks
     # configuration, and where Redis is
     "limitd.config": (CONFIG, ""),
     "limitd.locate": (CONFIG, ""),

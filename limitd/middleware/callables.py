@@ -7,7 +7,9 @@ or queue, call_next)``) and may define the optional methods of that form: ``acal
 presence is looked up once, when the chain changes, into the typed records below; the
 chains then call what a type checker sees. One without ``acall`` runs on a worker
 thread in async code, its ``call_next`` handed back to the loop: it works unchanged,
-but holds a thread for as long as it runs.
+but holds a thread for as long as it runs. The capsule warns about such a server
+middleware, unless it comes wrapped in :class:`OnThread`: a sync middleware declared
+for that (the app's, through ``limitd.configure_server``), whose cost is documented.
 
 The shipped middleware subclass :mod:`limitd.middleware.base` instead.
 """
@@ -81,14 +83,33 @@ class CallableClient:
             await asyncio.to_thread(sync_hook, *args, sync_redis())
 
 
+class OnThread:
+    """A sync server middleware of the callable form that async jobs run on a worker
+    thread by design, not for want of an ``acall``: its ``__call__`` becomes its
+    ``acall`` there, so the capsule does not warn about it. Calls (and its optional
+    methods) go to ``middleware``."""
+
+    __slots__ = ("middleware",)
+
+    def __init__(self, middleware: Callable[..., Any]) -> None:
+        self.middleware = middleware
+
+    def __call__(self, *args: Any) -> Any:
+        return self.middleware(*args)
+
+
 class CallableServer:
     """A server middleware of the callable form, with its optional methods."""
 
     def __init__(self, middleware: Callable[..., Any]) -> None:
-        self.middleware = middleware
-        self.acall = _optional(middleware, "acall")
-        self.concerns = _optional(middleware, "concerns")
-        self.settled = _optional(middleware, "settled")
+        threaded = isinstance(middleware, OnThread)
+        inner = middleware.middleware if isinstance(middleware, OnThread) else middleware
+        self.middleware = inner
+        self.acall = _optional(inner, "acall")
+        if self.acall is None and threaded:
+            self.acall = self.on_worker_thread
+        self.concerns = _optional(inner, "concerns")
+        self.settled = _optional(inner, "settled")
 
     async def ainvoke(
         self,
@@ -100,6 +121,16 @@ class CallableServer:
         """Its ``acall`` awaited, or its ``__call__`` on a worker thread."""
         if self.acall is not None:
             return await self.acall(spec, payload, queue, call_next)
+        return await self.on_worker_thread(spec, payload, queue, call_next)
+
+    async def on_worker_thread(
+        self,
+        spec: JobSpec,
+        payload: Payload,
+        queue: str,
+        call_next: Callable[[], Awaitable[Any]],
+    ) -> Any:
+        """Its ``__call__`` on a worker thread, ``call_next`` run back on this loop."""
         loop = asyncio.get_running_loop()
 
         def call_next_on_loop() -> Any:

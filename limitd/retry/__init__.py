@@ -2,13 +2,16 @@
 and the atomic moves out of the sorted sets (``schedule``, ``retry``, ``dead``) that the
 scheduled poller and the admin API share.
 
-- ``handler``: the retry decision (Sidekiq's rules) and the dead set's trimming;
+- ``handler``: the retry decision (Sidekiq's rules), the dead set's trimming, and the
+  error and death handlers told of failures and deaths;
 - ``moves``: one Lua call per job moved out of a sorted set, so a job is pushed once.
 """
 
 from limitd.retry.handler import (
     DeadSetPolicy,
     DeathHandler,
+    ErrorHandler,
+    Failure,
     Fate,
     RetryHandler,
     backoff_seconds,
@@ -21,6 +24,8 @@ from limitd.retry.handler import (
 __all__ = [
     "DeadSetPolicy",
     "DeathHandler",
+    "ErrorHandler",
+    "Failure",
     "Fate",
     "RetryHandler",
     "backoff_seconds",

@@ -10,7 +10,10 @@ Follows Sidekiq's rules so jobs move between limitd and Sidekiq unchanged:
   ``retry_in`` hook returns a positive number (used as is), ``"discard"`` or ``"kill"``;
 - exhausted jobs go to the dead set (unless ``dead: false`` or ``retries_exhausted``
   returns ``"discard"``), which is trimmed by age and size in the same transaction, and
-  the death handlers are called.
+  the death handlers are called;
+- every failed attempt, once its fate is recorded (or recording it failed), is told to
+  the error handlers as the exception and a :class:`Failure`: how an app reports errors
+  (Sentry and the like, declared with ``limitd.configure_server``).
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ from __future__ import annotations
 import json
 import logging
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import redis as redis_py
@@ -37,6 +41,7 @@ DEFAULT_MAX_RETRIES = 25
 MAX_ERROR_MESSAGE = 10_000
 
 DeathHandler = Callable[[Payload, BaseException], Any]
+"""Told of a job that died (dead set, or discarded): its payload and the last error."""
 
 
 def _retry_option(value: Any) -> bool | int:
@@ -111,6 +116,60 @@ class Fate:
     retry_at: float | None = None
 
 
+# Fields of a payload that name a job without its arguments (Failure.as_dict).
+_IDENTIFYING = ("bid", "fair_tenant", "created_at", "enqueued_at", "failed_at", "retried_at")
+
+
+@dataclass(frozen=True)
+class Failure:
+    """What an error handler is told about one failed attempt of a job, beside the
+    exception. ``outcome`` is where the job went: ``retry``, ``dead``, ``discarded``, or
+    ``unrecorded`` when writing that to Redis failed (the job is still held and runs
+    again). ``retry_count`` is the job's count after this failure (0 at the first one,
+    as in Sidekiq), None for a job with ``retry: false``. ``payload`` is a read-only
+    copy of the job as recorded, arguments included: what a handler sends out of the
+    process is its choice, and :meth:`as_dict` leaves them out unless asked."""
+
+    job_class: str
+    jid: str
+    queue: str
+    retry_count: int | None
+    outcome: str
+    retry_at: float | None
+    payload: Mapping[str, Any]
+
+    @property
+    def will_retry(self) -> bool:
+        return self.outcome == "retry"
+
+    @property
+    def args(self) -> list[Any]:
+        return list(self.payload.get("args") or [])
+
+    def as_dict(self, *, include_args: bool = False) -> dict[str, Any]:
+        """A JSON-able summary for a reporter's extra data: the job's identity, where it
+        went and its error, the arguments only with ``include_args`` (they may hold
+        personal data)."""
+        summary: dict[str, Any] = {
+            "class": self.job_class,
+            "jid": self.jid,
+            "queue": self.queue,
+            "retry_count": self.retry_count,
+            "outcome": self.outcome,
+            "will_retry": self.will_retry,
+            "retry_at": self.retry_at,
+            "error_class": self.payload.get("error_class"),
+        }
+        summary.update({k: self.payload[k] for k in _IDENTIFYING if k in self.payload})
+        if include_args:
+            summary["args"] = self.args
+        return summary
+
+
+ErrorHandler = Callable[[BaseException, Failure], Any]
+"""Told of every failed attempt of a job: the exception and a :class:`Failure`."""
+
+
 class RetryHandler:
     """Decides and records the fate of a failed job (a :class:`Fate`, whose outcome is
     ``retry``, ``dead`` or ``discarded``)."""
@@ -121,13 +180,28 @@ class RetryHandler:
         dead_policy: DeadSetPolicy | None = None,
         death_handlers: Sequence[DeathHandler] = (),
         rng: random.Random | None = None,
+        error_handlers: Sequence[ErrorHandler] = (),
     ) -> None:
         self.redis = redis
         self.dead_policy = dead_policy or DeadSetPolicy()
         self.death_handlers = list(death_handlers)
+        self.error_handlers = list(error_handlers)
         self.rng = rng or random.Random()
 
     def job_failed(
+        self, spec: JobSpec | None, payload: Payload, queue: str, exc: BaseException
+    ) -> Fate:
+        """Record the job's fate, then tell the error handlers (also when recording it
+        raised: the failure happened all the same)."""
+        fate: Fate | None = None
+        try:
+            fate = self._record_failure(spec, payload, queue, exc)
+            return fate
+        finally:
+            if self.error_handlers:
+                self._call_error_handlers(payload, queue, exc, fate)
+
+    def _record_failure(
         self, spec: JobSpec | None, payload: Payload, queue: str, exc: BaseException
     ) -> Fate:
         setting = payload.get("retry", spec.options.get("retry", True) if spec else True)
@@ -205,6 +279,22 @@ class RetryHandler:
     def _call_death_handlers(self, payload: Payload, exc: BaseException) -> None:
         for handler in self.death_handlers:
             _call_hook(handler, payload, payload, exc)
+
+    def _call_error_handlers(
+        self, payload: Payload, queue: str, exc: BaseException, fate: Fate | None
+    ) -> None:
+        count = payload.get("retry_count")
+        failure = Failure(
+            job_class=str(payload.get("class")),
+            jid=str(payload.get("jid")),
+            queue=queue,
+            retry_count=None if count is None else int(count),
+            outcome="unrecorded" if fate is None else fate.outcome,
+            retry_at=None if fate is None else fate.retry_at,
+            payload=MappingProxyType(json.loads(dumps(payload))),  # a copy, not the job's
+        )
+        for handler in self.error_handlers:
+            _call_hook(handler, payload, exc, failure)
 
 
 def _count_failure(payload: Payload, now: float) -> int:

@@ -29,6 +29,7 @@ from collections.abc import Callable
 import redis as redis_py
 
 from limitd import clock
+from limitd.app_hooks import server_config
 from limitd.config import CapsuleConfig
 from limitd.fetch import liveness
 from limitd.fetch.basic import UnitOfWork
@@ -77,8 +78,14 @@ class Capsule:
         self.gate = IdleGate(config.poll_range)
         self.fetch, self.dispatcher = build_fetch(config, self.redis, self.order, self.gate)
         self.stats = JobStats()
+        self.app = app = server_config()
         self.executor = JobExecutor(
-            RetryHandler(self.redis, config.dead_set, config.death_handlers),
+            RetryHandler(
+                self.redis,
+                config.dead_set,
+                [*config.death_handlers, *app.death_handlers],
+                error_handlers=app.error_handlers,
+            ),
             middleware if middleware is not None else default_server_chain(self.redis),
             self.stats,
             max_recoveries=config.max_recoveries,
@@ -106,6 +113,7 @@ class Capsule:
         self.on_remote_stop: Callable[[], None] = remote.stop_in_background(self.stop)
         self.on_remote_restart: Callable[[], None] = remote.no_supervisor
         self.stopped = threading.Event()
+        self._quieted = False
         info = process_info(config, self.order.weights, self.lane.size)
         self.remote = remote.RemoteControl(self, self.redis, config, info, self.work)
         self.record, self.identity = self.remote.record, self.remote.record.identity
@@ -120,6 +128,7 @@ class Capsule:
         self.wakeup = WakeupListener(self.redis, channels)
 
     def start(self) -> None:
+        self.app.fire("startup")
         self.lane.start()
         self.heartbeat.start()
         self.flusher.start()
@@ -160,6 +169,9 @@ class Capsule:
         self.record.quiet = True
         self.heartbeat.beat_soon()
         self._busy_changed()
+        if not self._quieted:  # TSTP then TERM: the app hears of it once
+            self._quieted = True
+            self.app.fire("quiet")
 
     def stop(self, timeout: float | None = None, *, grace: float = KILL_GRACE_SECONDS) -> int:
         """Stop within ``timeout`` seconds (default: the capsule's), then give threads
@@ -177,6 +189,7 @@ class Capsule:
         self.heartbeat.stop()
         self.flusher.stop()
         self._retire()
+        self.app.fire("shutdown")
         log.info("capsule %s stopped (%d jobs requeued)", self.config.name, requeued)
         self.stopped.set()
         return requeued
