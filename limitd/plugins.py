@@ -9,7 +9,9 @@ the features above them, and a new feature is a folder plus a line in
 ``limitd.features``.
 
 This module is at the bottom of the job-spec layer: it names the pieces only by the
-plain types they are called with.
+plain types they are called with. It is for limitd's own features: app code declares
+its error handlers, middleware and lifecycle hooks with ``limitd.configure_server`` and
+``limitd.configure_client`` (``limitd.app_hooks``, docs/extending.md).
 
 Two seams let a feature step into the core's own work without the core naming it:
 
