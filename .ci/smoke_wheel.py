@@ -21,6 +21,7 @@ templates once were missing; the suite, run from the checkout, could not see it)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -57,6 +58,7 @@ timeout: 5
 SMOKE_APP = '''\
 """The smoke test's app: one job that leaves a marker saying which limitd ran it."""
 
+import contextlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -116,11 +118,24 @@ class Servers:
 
     def kill_all(self) -> None:
         for process in self.running.values():
-            os.killpg(process.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # the group may be gone already
+                os.killpg(process.pid, signal.SIGKILL)
             process.wait()
         self.running.clear()
         if self.redis_pid is not None and redis_alive(self.redis_pid):
             os.kill(self.redis_pid, signal.SIGKILL)
+
+    def wait(self, name: str, what: str, probe: Callable[[], T | None]) -> T:
+        """``probe()`` until it returns something true, within the deadline, while the
+        server ``name`` runs: one that died fails at once, with its log."""
+        deadline = time.monotonic() + DEADLINE
+        while time.monotonic() < deadline:
+            self.check_alive(name)
+            found = probe()
+            if found:
+                return found
+            time.sleep(0.1)  # waiting on another process; bounded by the deadline
+        fail(f"gave up after {DEADLINE:.0f}s waiting for {what}", name)
 
     def check_alive(self, name: str) -> None:
         status = self.running[name].poll()
@@ -138,17 +153,6 @@ def fail(message: str, log_name: str | None = None) -> NoReturn:
             tail = path.read_text(errors="replace")[-4000:]
             message += f"\n--- {path} (end) ---\n{tail}"
     raise SystemExit(f"smoke test FAILED: {message}")
-
-
-def poll(what: str, probe: Callable[[], T | None], log_name: str | None = None) -> T:
-    """``probe()`` until it returns something true, within the deadline."""
-    deadline = time.monotonic() + DEADLINE
-    while time.monotonic() < deadline:
-        found = probe()
-        if found:
-            return found
-        time.sleep(0.1)  # waiting on another process; bounded by the deadline
-    fail(f"gave up after {DEADLINE:.0f}s waiting for {what}", log_name)
 
 
 def free_port() -> int:
@@ -245,8 +249,7 @@ def embedded_redis_binary(app: Path, servers: Servers) -> str:
     import redis
 
     url_file = app / ".limitd" / "redis.url"
-    poll("the embedded Redis's URL in .limitd/redis.url", url_file.exists, "start")
-    servers.check_alive("start")
+    servers.wait("start", "the embedded Redis's URL in .limitd/redis.url", url_file.exists)
     with redis.Redis.from_url(url_file.read_text().strip()) as conn:
         info = conn.info("server")
     servers.redis_pid = int(info["process_id"])
@@ -263,8 +266,8 @@ def check_start(app: Path, env: dict[str, str], servers: Servers) -> None:
     print(f"limitd start: embedded Redis {executable}")
     run(["-C", "smoke.yml", "enqueue", "smoke_app.mark", '["wheel"]'], app, env, "enqueue")
     marker = app / "marker.json"
-    poll("the job's marker file", marker.exists, "start")
-    ran = json.loads(poll("the marker's content", marker.read_text, "start"))
+    servers.wait("start", "the job's marker file", marker.exists)
+    ran = json.loads(servers.wait("start", "the marker's content", marker.read_text))
     if ran["word"] != "wheel" or SITE not in Path(ran["limitd"]).resolve().parents:
         fail(f"the job left {ran}: not the argument pushed, or not the wheel's limitd")
     print("limitd start: the job ran in a worker importing the wheel's limitd")
@@ -279,7 +282,7 @@ def check_web(app: Path, servers: Servers) -> None:
     port = free_port()
     servers.start("web", ["web", "--port", str(port), "smoke.yml"], app)
     base = f"http://127.0.0.1:{port}"
-    poll("the dashboard to answer", lambda: answers(base + "/"), "web")
+    servers.wait("web", "the dashboard to answer", lambda: answers(base + "/"))
     status, home = get(base + "/")
     pages = navigation(home)
     statics = sorted(set(re.findall(r'(?:href|src)="(/static/[^"?]+)', home)))
@@ -308,8 +311,8 @@ def check_metrics(app: Path, servers: Servers) -> None:
     port = free_port()
     servers.start("metrics", ["metrics", "--port", str(port), "smoke.yml"], app)
     url = f"http://127.0.0.1:{port}/metrics"
-    poll("the exporter to answer", lambda: answers(url), "metrics")
-    body = poll("limitd_processed_total >= 1", lambda: scrape_after_the_job(url), "metrics")
+    servers.wait("metrics", "the exporter to answer", lambda: answers(url))
+    body = servers.wait("metrics", "limitd_processed_total >= 1", lambda: scrape_after_the_job(url))
     if 'limitd_queue_size{queue="default"}' not in body:
         fail(f"no limitd_queue_size for the default queue in /metrics\n{body[-3000:]}")
     print("limitd metrics: /metrics counts the processed job")
