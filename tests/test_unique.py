@@ -4,6 +4,7 @@ freezegun, compare-and-delete after expiry, bulk, and concurrent enqueues."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import threading
 from collections.abc import Iterator
@@ -229,3 +230,45 @@ def test_a_skipped_duplicate_is_logged_at_debug_level(
     [record] = [r for r in caplog.records if r.name == "limitd.unique"]
     assert record.levelno == logging.DEBUG
     assert "class=unique_test.Import queue=default" in record.getMessage()
+
+
+seen_while_running: list[str | None] = []
+probe_redis: list[redis_py.Redis] = []
+
+
+@limitd.job(name="unique_test.Probe", unique_for=60)
+def probe(key: str) -> None:
+    seen_while_running.append(lock_of(probe_redis[0], "unique_test.Probe", [key]))
+
+
+@pytest.mark.parametrize(
+    ("alias", "expected"),
+    [  # (limitd's policy, lock held while the job runs, lock held after it succeeded)
+        ("until_executed", ("executed", True, False)),  # the unique-jobs gems' default
+        ("success", ("executed", True, False)),  # Sidekiq Enterprise's default
+        ("until_executing", ("executing", False, False)),
+        ("start", ("executing", False, False)),  # Sidekiq Enterprise
+        ("until_timeout", ("timeout", True, True)),
+    ],
+)
+def test_sidekiq_names_of_unique_until_behave_as_their_meaning(
+    capsule: Capsule, redis: redis_py.Redis, alias: str, expected: tuple[str, bool, bool]
+) -> None:
+    policy, held_while_running, held_after = expected
+    seen_while_running.clear()
+    probe_redis[:] = [redis]
+    jid = probe.set(unique_until=alias).perform_async(alias)
+    assert jid is not None
+    [queued] = redis.lrange(keys.of(redis).queue("default"), 0, -1)
+    assert json.loads(queued)["unique_until"] == policy  # one spelling on the wire
+    assert probe.set(unique_until=alias).perform_async(alias) is None
+    assert capsule.drain() == {"done": 1}
+    assert seen_while_running == [jid if held_while_running else None]
+    assert lock_of(redis, "unique_test.Probe", [alias]) == (jid if held_after else None)
+
+
+def test_a_sidekiq_name_given_at_definition_is_stored_as_limitds() -> None:
+    job = limitd.job(name="unique_test.Started", unique_for=10, unique_until="start")(
+        lambda: None
+    )
+    assert job.spec.options["unique_until"] == "executing"

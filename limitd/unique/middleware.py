@@ -20,6 +20,12 @@ and logged at debug level. A scheduled job's lock lives for its delay plus
 - ``"executing"``: when the job starts, so a new copy may be queued while it runs;
 - ``"timeout"``: never; the lock only expires.
 
+Sidekiq's names are accepted and stored as limitd's (:data:`ALIASES`): the unique-jobs
+gems' ``until_executed``, ``until_executing`` and ``until_timeout``, and Sidekiq
+Enterprise's ``success`` (the lock goes when the job succeeds: ``executed``) and
+``start`` (``executing``). One difference: under ``executed`` a job that dies frees its
+lock at once, where Enterprise keeps it until it expires.
+
 Release is compare-and-delete, so a job whose lock expired never frees the lock a newer
 copy took. A process killed while holding a lock needs nothing: the lock expires.
 """
@@ -44,13 +50,26 @@ log = logging.getLogger("limitd.unique")
 ACQUIRE = LuaScript(__package__ or "limitd.unique", "unique_acquire.lua")
 RELEASE = LuaScript(__package__ or "limitd.unique", "unique_release.lua")
 POLICIES = ("executed", "executing", "timeout")
+ALIASES = {  # Sidekiq's spellings of the same policies
+    "until_executed": "executed",
+    "until_executing": "executing",
+    "until_timeout": "timeout",
+    "success": "executed",  # Sidekiq Enterprise
+    "start": "executing",  # Sidekiq Enterprise
+}
 DEFAULT_POLICY = "executed"
 LOCK_FIELD = "unique_key"  # payload field naming the lock the job holds
 
 
 def _policy_option(value: Any) -> str:
+    """The policy in limitd's name, so the payload and the server see one spelling."""
+    if isinstance(value, str) and value in ALIASES:
+        return ALIASES[value]
     if value not in POLICIES:
-        raise ValueError(f"expected one of {', '.join(repr(p) for p in POLICIES)}")
+        raise ValueError(
+            f"expected one of {', '.join(repr(p) for p in POLICIES)} (or Sidekiq's "
+            f"{', '.join(repr(a) for a in ALIASES)})"
+        )
     return str(value)
 
 
