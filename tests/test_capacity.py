@@ -282,13 +282,49 @@ def test_the_command_and_the_gauges_show_the_same_state(
     assert lines[0].split()[:4] == ["NAME", "RUNNING", "QUEUED", "MAX"]
     assert lines[1].split()[:5] == [Import.spec.name, "1", "2", "3", "8"]
     samples = {
-        (family.name, sample.labels["job_class"]): sample.value
+        (family.name, *sample.labels.items()): sample.value
         for family in capacity_metrics(redis)
         for sample in family.samples
     }
     assert samples == {
-        ("limitd_limited_capacity_running_jobs", Import.spec.name): 1,
-        ("limitd_limited_capacity_max_running_jobs", Import.spec.name): 3,
-        ("limitd_limited_capacity_remaining_work_count", Import.spec.name): 8,
+        ("limitd_limited_capacity_running_jobs", ("job_class", Import.spec.name)): 1,
+        ("limitd_limited_capacity_max_running_jobs", ("job_class", Import.spec.name)): 3,
+        ("limitd_limited_capacity_remaining_work_count", ("job_class", Import.spec.name)): 8,
+        # the same figures under the names of GitLab's LimitedCapacity::Worker
+        ("limited_capacity_worker_running_jobs", ("worker", Import.spec.name)): 1,
+        ("limited_capacity_worker_max_running_jobs", ("worker", Import.spec.name)): 3,
+        ("limited_capacity_worker_remaining_work_count", ("worker", Import.spec.name)): 8,
     }
     assert limitd.api.capacity(redis)[0].running == 1
+
+
+def test_the_exporter_serves_each_gauge_under_gitlab_names_too(
+    redis: redis_py.Redis, backlog: Backlog
+) -> None:
+    """Dashboards built on GitLab's LimitedCapacity::Worker gauges keep working: a real
+    scrape shows each figure under both names, with the same value."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from limitd.capacity.plug import CAPACITY
+    from limitd.metrics.exporter import ClusterCollector
+
+    backlog.rows = list(range(5))
+    jids = Import.perform_with_capacity()
+    store(redis).claim(jids[0], 3)
+    registry = CollectorRegistry()
+    registry.register(ClusterCollector(redis, lambda: [CAPACITY]))
+    text = generate_latest(registry).decode()
+    found = {
+        (sample.name, *sorted(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+    for figure, expected in (
+        ("running_jobs", 1),
+        ("max_running_jobs", 3),
+        ("remaining_work_count", 5),
+    ):
+        ours = found[(f"limitd_limited_capacity_{figure}", ("job_class", Import.spec.name))]
+        theirs = found[(f"limited_capacity_worker_{figure}", ("worker", Import.spec.name))]
+        assert ours == theirs == expected, figure

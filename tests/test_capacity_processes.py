@@ -18,6 +18,7 @@ import pytest
 import redis as redis_py
 
 import limitd
+import limitd.api  # limitd.api.DeadSet below; import limitd alone does not load it
 from limitd import keys
 from limitd.capacity.metrics import capacity_metrics
 from limitd.connection.embedded import RedisServer
@@ -123,7 +124,7 @@ def gauges(redis: redis_py.Redis) -> dict[str, float]:
         family.name.removeprefix("limitd_limited_capacity_"): sample.value
         for family in capacity_metrics(redis)
         for sample in family.samples
-        if sample.labels["job_class"] == NAME
+        if sample.labels.get("job_class") == NAME  # limitd's names (GitLab's: "worker")
     }
 
 

@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import limitd
 from limitd import clock, keys
 from limitd.api import Queue
+from limitd.capacity.metrics import GITLAB
 from limitd.connection.embedded import RedisServer
 from limitd.fair_tenant.metrics import fair_tenant_metrics
 from limitd.fair_tenant.plug import FAIR_TENANT
@@ -116,7 +117,8 @@ def test_metric_names_follow_prometheus_conventions(redis: redis_py.Redis) -> No
     registry = CollectorRegistry()
     registry.register(ClusterCollector(redis))
     for family in text_string_to_metric_families(generate_latest(registry).decode()):
-        assert family.name.startswith("limitd_"), family.name
+        # limitd's prefix, or the names GitLab's LimitedCapacity::Worker dashboards read
+        assert family.name.startswith(("limitd_", GITLAB.prefix)), family.name
         assert family.documentation, family.name
         if family.type == "counter":
             assert all(s.name.endswith("_total") for s in family.samples), family.name
