@@ -309,7 +309,7 @@ BAD_CONFIGS = {
     "dynamic not a bool": (["dynamic: 'yes'\n"], 0, "dynamic", "true or false"),
     "tag not a string": (["tag: 5\n"], 0, "tag", "a string"),
     "fetch unknown": (["fetch: fast\n"], 0, "fetch", "['basic', 'limit']"),
-    "require not a list": (["require: app.jobs\n"], 0, "require", "a list of module names"),
+    "require not a list": (["require: {app: jobs}\n"], 0, "require", "a list of module names"),
     "require a file path": (["require: [app/jobs.py]\n"], 0, "require[0]", "a module name"),
     "negative timeout": (["timeout: -1\n"], 0, "timeout", "seconds >= 0"),
     "zero heartbeat": (["heartbeat_period: 0\n"], 0, "heartbeat_period", "seconds > 0"),
@@ -476,3 +476,125 @@ def test_config_as_dict_round_trips_through_yaml(tmp_path: Path) -> None:
         "format": "json",
         "file": "/tmp/limitd.log",
     }
+
+
+# A sidekiq.yml as Sidekiq 7 and sidekiq-limit_fetch document it, and limitd's spelling.
+SIDEKIQ_YML = """
+:concurrency: 5
+:timeout: 8
+:tag: blue
+:verbose: true
+:logfile: log/sidekiq.log
+:dead_max_jobs: 500
+:dead_timeout_in_seconds: 1209600
+:queues:
+  - [critical, 2]
+  - default
+:limits:
+  critical: 3
+:process_limits:
+  default: 1
+:blocking:
+  - critical
+:capsules:
+  :single:
+    :queues: [serial]
+    :concurrency: 1
+"""
+LIMITD_YML = """
+concurrency: 5
+timeout: 8
+tag: blue
+logging: {level: DEBUG, file: log/sidekiq.log}
+dead: {max_jobs: 500, timeout_days: 14}
+queues: [[critical, 2], default]
+limits: {critical: 3}
+process_limits: {default: 1}
+blocking: [critical]
+capsules:
+  single:
+    queues: [serial]
+    concurrency: 1
+"""
+
+
+def test_a_sidekiq_yml_loads_to_the_same_config_as_limitds_spelling(tmp_path: Path) -> None:
+    sidekiq = load_config([write(tmp_path, "sidekiq.yml", SIDEKIQ_YML)], env={})
+    ours = load_config([write(tmp_path, "limitd.yml", LIMITD_YML)], env={})
+    assert config_as_dict(sidekiq) == config_as_dict(ours)
+    default = capsule(sidekiq, "default").config
+    assert default.concurrency == 5 and default.timeout == 8
+    assert list(default.queues) == [["critical", 2], "default"]
+
+
+def test_the_smallest_sidekiq_yml_is_the_issues(tmp_path: Path) -> None:
+    sidekiq = write(tmp_path, "sidekiq.yml", ":concurrency: 5\n:queues: [[critical, 2], default]\n")
+    ours = write(tmp_path, "limitd.yml", "concurrency: 5\nqueues: [[critical, 2], default]\n")
+    assert config_as_dict(load_config([sidekiq], env={})) == config_as_dict(
+        load_config([ours], env={})
+    )
+
+
+def test_sidekiq_yml_merges_with_a_limitd_file_key_by_key(tmp_path: Path) -> None:
+    config = load(tmp_path, ":concurrency: 5\n:queues: [a]\n", "concurrency: 7\n")
+    assert capsule(config, "default").config.concurrency == 7
+
+
+def test_require_as_one_module_name_is_a_list_of_one(tmp_path: Path) -> None:
+    assert load(tmp_path, ":require: myapp.jobs\n").require == ["myapp.jobs"]
+
+
+def test_verbose_false_is_the_default_level(tmp_path: Path) -> None:
+    assert load(tmp_path, ":verbose: false\n").logging.level == "INFO"
+
+
+SIDEKIQ_MISTAKES = {
+    "pidfile": (":pidfile: tmp/pids/sidekiq.pid\n", "pidfile", "writes no pid file"),
+    "environment": (":environment: production\n", "environment", "no environments"),
+    "environment section": (
+        "production:\n  :concurrency: 25\n",
+        "production",
+        "limitd start base.yml production.yml",
+    ),
+    "strict": (":strict: false\n", "strict", "Sidekiq ignores it too"),
+    "labels": (":labels: [a]\n", "labels", "set tag"),
+    "max_retries": (":max_retries: 5\n", "max_retries", "retry=N"),
+    "poll interval": (
+        ":average_scheduled_poll_interval: 2\n",
+        "average_scheduled_poll_interval",
+        "until the next scheduled job is due",
+    ),
+    "handlers": (":error_handlers: []\n", "error_handlers", "limitd.configure_server"),
+    "require a path": (":require: ./app.rb\n", "require", "imports Python modules by name"),
+    "require a directory": (":require: .\n", "require", "is a path"),
+    "erb": (
+        ":concurrency: <%= ENV['RAILS_MAX_THREADS'] %>\n",
+        "concurrency",
+        "${VAR} or ${VAR:-default}",
+    ),
+    "both spellings": (":concurrency: 5\nconcurrency: 6\n", "concurrency", "given twice"),
+    "renamed and new key": (
+        ":dead_max_jobs: 5\ndead: {max_jobs: 6}\n",
+        "dead_max_jobs",
+        "spelling of dead.max_jobs, which is set too",
+    ),
+    "verbose not a boolean": (":verbose: loud\n", "verbose", "expected true or false"),
+    "dead timeout not a number": (
+        ":dead_timeout_in_seconds: soon\n",
+        "dead_timeout_in_seconds",
+        "a number of seconds",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "words"), SIDEKIQ_MISTAKES.values(), ids=SIDEKIQ_MISTAKES.keys()
+)
+def test_sidekiq_keys_limitd_has_no_meaning_for_are_refused_saying_what_to_do(
+    tmp_path: Path, text: str, key: str, words: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load(tmp_path, text)
+    assert caught.value.file == str(tmp_path / "base.yml")
+    assert caught.value.key == key
+    assert words in caught.value.message

@@ -8,6 +8,8 @@ Rules:
 
 - a file must hold a YAML mapping (an empty file is an empty mapping); a key may appear
   only once per mapping, and keys must be strings;
+- Sidekiq's spelling (``:concurrency: 5``, ``dead_max_jobs``) is read as limitd's, and
+  what has no meaning in limitd is refused with what to do instead (``sidekiq``);
 - later files override earlier ones: mappings merge key by key (so capsules merge by
   name), anything else (scalars, lists) is replaced whole;
 - after merging, ``${VAR}`` and ``${VAR:-default}`` in string values are replaced from
@@ -28,6 +30,7 @@ from typing import Any
 import yaml
 
 from limitd.config.settings import ConfigError
+from limitd.config.sidekiq import from_sidekiq
 
 KeyPath = tuple[str | int, ...]
 
@@ -85,7 +88,7 @@ def merge_files(paths: Sequence[str | Path]) -> Layers:
     """Read every file and merge them in order (later files win)."""
     layers = Layers(files=[str(path) for path in paths])
     for name in layers.files:
-        _merge_into(layers.data, read_yaml(name), name, layers.origins, ())
+        _merge_into(layers.data, from_sidekiq(read_yaml(name), name), name, layers.origins, ())
     return layers
 
 
