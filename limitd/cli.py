@@ -3,7 +3,10 @@
 The commands live in ``limitd.commands``; this module owns the global options, logging,
 and how a command finds Redis (:func:`resolve_redis`: the order of ``limitd.locate``,
 which app code follows too). ``-C`` names the config for every command, ``start`` and
-``check`` included, like ``LIMITD_CONFIG`` does when no ``-C`` is given.
+``check`` included, like ``LIMITD_CONFIG`` does when no ``-C`` is given. It may come
+before the command (``limitd -C app.yml start``) or, as Sidekiq users type it, after
+(``limitd start -C app.yml``, ``limitd limit set -C app.yml ...``): every ``-C`` counts,
+in the order given.
 """
 
 from __future__ import annotations
@@ -31,8 +34,15 @@ DESCRIPTION = (
 )
 
 
+CONFIG_HELP = (
+    "config file for every command, start and check included: its Redis, its jobs "
+    "(repeatable, merged in order; default: LIMITD_CONFIG)"
+)
+_CONFIG_AFTER = "config_after_"  # dest prefix of -C given after the command, by depth
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     logging.basicConfig(  # until 'limitd start' applies the config's logging section
         level=logging.DEBUG if args.verbose else logging.INFO,
         handlers=[logs.handler_for(LoggingSettings())],
@@ -49,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="limitd", description=DESCRIPTION)
-    parser.add_argument("--version", action="version", version=f"limitd {__version__}")
+    parser.add_argument("-V", "--version", action="version", version=f"limitd {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument(
         "--redis", metavar="URL", help="Redis URL (default: environment, config, embedded Redis)"
@@ -60,14 +70,49 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="FILE",
-        help="config file for every command, start and check included: its Redis, its "
-        "jobs (repeatable, merged in order; default: LIMITD_CONFIG)",
+        help=CONFIG_HELP,
     )
     commands = parser.add_subparsers(title="commands", required=True)
     add_start_commands(commands)
     add_enqueue_command(commands, resolve_redis)
     add_admin_commands(commands, resolve_redis)
+    accept_config_after_commands(parser)
     return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line, with every ``-C`` (before the command or after it, at any
+    depth) in ``args.config``, in the order typed."""
+    args = build_parser().parse_args(argv)
+    after = sorted(
+        (name for name in vars(args) if name.startswith(_CONFIG_AFTER)),
+        key=lambda name: int(name.removeprefix(_CONFIG_AFTER)),
+    )
+    for name in after:
+        args.config = [*args.config, *getattr(args, name)]
+        delattr(args, name)
+    return args
+
+
+def accept_config_after_commands(parser: argparse.ArgumentParser, depth: int = 1) -> None:
+    """Give every (sub)command its own ``-C/--config``, the one a Sidekiq user types
+    after the command (``sidekiq -C config/sidekiq.yml``). argparse copies a
+    subcommand's namespace over its parent's, so each depth keeps its files under a
+    dest of its own, unset unless given; :func:`parse_args` joins them."""
+    for action in parser._actions:
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        for sub in {id(sub): sub for sub in action.choices.values()}.values():  # aliases
+            sub.add_argument(
+                "-C",
+                "--config",
+                action="append",
+                dest=f"{_CONFIG_AFTER}{depth}",
+                default=argparse.SUPPRESS,
+                metavar="FILE",
+                help=CONFIG_HELP + "; after the command as before it",
+            )
+            accept_config_after_commands(sub, depth + 1)
 
 
 def resolve_redis(args: argparse.Namespace) -> redis_py.Redis | None:

@@ -34,6 +34,7 @@ from limitd.commands.common import EX_UNAVAILABLE, EX_USAGE, Subparsers
 from limitd.commands.start_flags import (
     CONFIG_FLAGS,
     add_override_flags,
+    add_sidekiq_flags,
     add_timing_flags,
     apply_flags,
 )
@@ -101,6 +102,7 @@ def add_start_commands(subparsers: Subparsers) -> None:
     start.add_argument("files", nargs="*", metavar="CONFIG", help=FILES_HELP)
     add_override_flags(start)
     add_timing_flags(start)
+    add_sidekiq_flags(start)
     start.set_defaults(command=cmd_start)
     check = subparsers.add_parser(
         "check",

@@ -89,7 +89,47 @@ def add_timing_flags(parser: argparse.ArgumentParser) -> None:
         help="liveness beat; a silent capsule is reaped after 4 periods (every capsule)",
     )
     add("--fetch", choices=("limit", "basic"), help="fetch strategy (every capsule)")
-    add("--tag", help="label shown in process lists and titles")
+    add("-g", "--tag", help="label shown in process lists and titles")
+
+
+def add_sidekiq_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags a Sidekiq user types after the command that limitd has no other place
+    for: ``-v`` (as ``limitd -v start``) and ``-e``, which limitd refuses with what to
+    do instead rather than argparse's bare "unrecognized arguments"."""
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=argparse.SUPPRESS,  # unset unless given: 'limitd -v start' still counts
+        help="debug logging, as 'limitd -v start'",
+    )
+    parser.add_argument(
+        "-e",
+        "--environment",
+        action=_NoEnvironment,
+        metavar="ENV",
+        help="refused: limitd has no environments; give the environment's file instead",
+    )
+
+
+class _NoEnvironment(argparse.Action):
+    """Sidekiq's ``-e production`` picks a section of sidekiq.yml (and the Rails
+    environment). limitd's files have no such sections: the environment's settings go
+    in a file of their own, named after the base one."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        parser.error(
+            f"{option_string} {values}: limitd has no environments; put that "
+            f"environment's settings in a file of their own and name it after the base "
+            f"one (limitd start base.yml {values}.yml), and set the app's own "
+            f"environment variable (e.g. APP_ENV) yourself"
+        )
 
 
 def apply_flags(config: Config, args: argparse.Namespace) -> Config:
