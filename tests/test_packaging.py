@@ -5,10 +5,14 @@ exports."""
 from __future__ import annotations
 
 import fnmatch
+import importlib
 import os
+import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
+from typing import Any
 
 import tomllib
 
@@ -88,3 +92,85 @@ def test_the_changelog_has_an_entry_for_this_version() -> None:
     import limitd
 
     assert f"## [{limitd.__version__}]" in (ROOT / "CHANGELOG.md").read_text()
+
+
+def pyproject() -> dict[str, Any]:
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        return tomllib.load(f)
+
+
+def package_files() -> set[str]:
+    """Every file of the package in the checkout, as a path from the repository's root."""
+    return {
+        path.relative_to(ROOT).as_posix()
+        for path in PACKAGE.rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
+    }
+
+
+def build_sdist(source: Path, out: Path) -> Path:
+    """setuptools' PEP 517 sdist hook run in ``source`` (no isolation: the dev venv's
+    setuptools); the path of the archive it made."""
+    code = f"from setuptools import build_meta; print(build_meta.build_sdist({str(out)!r}))"
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        cwd=source,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out / done.stdout.strip().splitlines()[-1]
+
+
+def test_the_sdist_carries_every_package_file(tmp_path: Path) -> None:
+    """The sdist is what pip builds a wheel from when none fits, and what distributions
+    package: it carries every file under limitd/, the Lua scripts, the dashboard's
+    templates and static files and py.typed among them. (.ci/package builds the wheel
+    from the sdist and runs it.) Built from a copy of the checkout, so the checkout's
+    limitd.egg-info is left alone."""
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md", "MANIFEST.in", "setup.cfg", "setup.py"):
+        if (ROOT / name).exists():
+            shutil.copy(ROOT / name, source / name)
+    shutil.copytree(PACKAGE, source / "limitd", ignore=shutil.ignore_patterns("__pycache__"))
+    wanted = package_files()
+    kinds = ("limitd/py.typed", ".lua", "limitd/web/templates/", "limitd/web/static/")
+    assert all(any(kind in name for name in wanted) for kind in kinds)
+
+    sdist = build_sdist(source, tmp_path)
+    top = sdist.name.removesuffix(".tar.gz")
+    with tarfile.open(sdist) as archive:
+        in_sdist = {name.removeprefix(top + "/") for name in archive.getnames()}
+    assert sorted(wanted - in_sdist) == [], f"missing from {sdist.name}"
+
+
+def entry_points() -> list[tuple[str, str, str]]:
+    """``(group, name, "module:attribute")`` for the scripts and every entry-point group
+    pyproject.toml declares (pytest11, the testing modes' plugin, among them)."""
+    project = pyproject()["project"]
+    groups = {
+        "console_scripts": project.get("scripts", {}),
+        "gui_scripts": project.get("gui-scripts", {}),
+        **project.get("entry-points", {}),
+    }
+    return [
+        (group, name, value) for group, points in groups.items() for name, value in points.items()
+    ]
+
+
+def test_every_entry_point_names_a_module_the_package_ships() -> None:
+    """An entry point naming a module that is not in the wheel breaks more than itself: a
+    pytest11 plugin that does not import stops every pytest run of every app that
+    installed limitd."""
+    points = entry_points()
+    assert ("pytest11", "limitd", "limitd.testing.pytest_plugin") in points
+    for group, name, value in points:
+        module_name, _, attribute = value.partition(":")
+        module = importlib.import_module(module_name.strip())
+        where = Path(module.__file__ or "").resolve()
+        assert PACKAGE in where.parents, f"{group} {name}: {where} is not under limitd/"
+        if attribute:
+            assert callable(getattr(module, attribute.strip())), f"{group} {name}: {value}"
