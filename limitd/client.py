@@ -264,6 +264,13 @@ def redis_client() -> redis_py.Redis:
         @limitd.job
         def count_visit(page: str) -> None:
             limitd.redis_client().incr(f"visits:{page}")
+
+    Replies are ``bytes``, as redis-py's are by default (``decode_responses=False``):
+    ``get`` gives ``b"3"``, ``smembers`` a set of bytes. Ruby's client (and so
+    ``Sidekiq.redis``) gives strings. limitd's own commands share this client's
+    connections and read bytes, so it has no switch for that: decode what you read
+    (``value.decode()``), or, for a client that decodes, open one of your own with
+    ``redis.Redis.from_url(url, decode_responses=True)`` on the same URL.
     """
     client = _default  # read without the lock: jobs call this once or more each
     return (client if client is not None else default_client()).job_redis
