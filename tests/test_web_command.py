@@ -50,6 +50,7 @@ def test_it_serves_the_dashboard_and_asks_for_the_password(
         proc.terminate()
         _, err = proc.communicate(timeout=10)
     assert b"asks for a user and password" in err
+    assert proc.returncode == 0, "a TERM is a clean stop, not a death by the signal"
 
 
 def test_it_refuses_to_listen_beyond_loopback_without_credentials(

@@ -11,9 +11,12 @@ large. It says at start where it listens and whether it asks for a password.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import os
+import signal
 import sys
+from collections.abc import Iterator
 
 from limitd.commands.common import (
     EX_OK,
@@ -28,6 +31,8 @@ from limitd.commands.common import (
 )
 from limitd.locate import named_config
 from limitd.web.credentials import Credentials
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 DEFAULT_BIND = "127.0.0.1"
 DEFAULT_PORT = "9292"
@@ -89,10 +94,29 @@ def run_web(args: argparse.Namespace, connect: Connect) -> int:
     guarded = "asks for a user and password" if credentials else "no password (loopback only)"
     print(f"limitd web on http://{args.bind}:{port}/ ({guarded})", file=sys.stderr, flush=True)
     try:
-        uvicorn.run(dashboard, host=args.bind, port=port, log_level="warning")
+        with _stop_signals_end_cleanly():
+            uvicorn.run(dashboard, host=args.bind, port=port, log_level="warning")
     except OSError as exc:
         return fail("limitd web", f"cannot listen on {args.bind}:{port}: {exc}", EX_UNAVAILABLE)
     return EX_OK
+
+
+@contextlib.contextmanager
+def _stop_signals_end_cleanly() -> Iterator[None]:
+    """uvicorn handles TERM and INT itself, shuts down gracefully, then raises the signal
+    again under the handler it found. With the default handler the process would die of
+    its own clean stop (status 143 for a service manager); with this one the re-raised
+    signal is a no-op and the command returns 0, as ``limitd start`` does."""
+    previous = {sig: signal.signal(sig, _stopped) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _stopped(signum: int, frame: object) -> None:
+    """The graceful stop already happened (see :func:`_stop_signals_end_cleanly`)."""
 
 
 def _credentials(args: argparse.Namespace) -> Credentials | None:
