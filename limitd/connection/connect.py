@@ -102,6 +102,14 @@ _ASYNC_CONNECTIONS = {
 }
 
 
+def register_async_connection(
+    sync_class: type[redis.Connection], async_class: type[redis.asyncio.Connection]
+) -> None:
+    """Teach :func:`async_twin` the asyncio counterpart of a connection class of its own
+    (``limitd.testing``'s in-memory connection), so clients built on it get async twins."""
+    _ASYNC_CONNECTIONS[sync_class] = async_class
+
+
 def async_twin(client: redis.Redis, max_connections: int = 100) -> redis.asyncio.Redis:
     """An asyncio client for the server ``client`` talks to, with its settings (address,
     database, password, timeouts). Async code must not share a sync client's sockets, and

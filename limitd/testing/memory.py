@@ -228,11 +228,11 @@ def _reply(reply: Any) -> Any:
 
 
 # The asyncio twin of a client (limitd.connection.loop_twin, used by the async client,
-# async jobs and ``batch.aio``) is built for its connection class: ours is added to the
-# table of sync -> asyncio connection classes. (The module, not the ``connect`` function
-# the package exports under the same name.)
-_twins_table = importlib.import_module("limitd.connection.connect")._ASYNC_CONNECTIONS
-_twins_table[MemoryConnection] = AsyncMemoryConnection
+# async jobs and ``batch.aio``) is built for its connection class: ours is registered.
+# (The module, not the ``connect`` function the package exports under the same name.)
+importlib.import_module("limitd.connection.connect").register_async_connection(
+    MemoryConnection, AsyncMemoryConnection
+)
 
 
 def memory_redis(server: MemoryServer) -> redis_py.Redis:
