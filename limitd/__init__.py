@@ -25,6 +25,7 @@ from limitd.options import InvalidJobOption
 from limitd.payload import MalformedPayload, UnsafeArgument
 from limitd.registry import registry
 from limitd.spec import JobSpec, current_payload
+from limitd.time_limits import TimeLimitExceeded
 from limitd.transactions.app import transaction_aware
 from limitd.version import __version__
 
@@ -45,6 +46,7 @@ __all__ = [
     "OverLimit",
     "RecoveredTooOften",
     "ServerConfig",
+    "TimeLimitExceeded",
     "UnsafeArgument",
     "__version__",
     "configure",

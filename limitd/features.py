@@ -24,11 +24,13 @@ from limitd.limiters.plug import LIMITERS
 from limitd.metrics.plug import METRICS
 from limitd.outbox.plug import OUTBOX
 from limitd.periodic.plug import PERIODIC
+from limitd.time_limits.plug import TIME_LIMITS
 from limitd.tracing.plug import TRACING
 from limitd.unique.plug import UNIQUE
 from limitd.web.plug import WEB
 
-SHIPPED = (BATCH, UNIQUE, FAIR_TENANT, LIMITERS, CAPACITY, PERIODIC, METRICS, OUTBOX, WEB, TRACING)
+SHIPPED = (BATCH, UNIQUE, FAIR_TENANT, LIMITERS, CAPACITY, PERIODIC, METRICS, OUTBOX, WEB,
+           TRACING, TIME_LIMITS)
 
 for _feature in SHIPPED:
     plugins.register(_feature)

@@ -71,6 +71,7 @@ FEATURES = (
     "limitd.periodic",
     "limitd.metrics",
     "limitd.outbox",
+    "limitd.time_limits",
     "limitd.tracing",
     "limitd.transactions",
     "limitd.unique",
@@ -85,6 +86,7 @@ ROLES: dict[str, Layer] = {
     "held": (MIDDLEWARE, ""),  # outbox: the rows held in the app's database
     "table": (MIDDLEWARE, ""),  # outbox: the table's definition
     "jobs": (MIDDLEWARE, ""),  # metrics: the job metrics middleware
+    "watchdog": (MIDDLEWARE, ""),  # time limits: the deadlines of running jobs
     # the feature's config section and its checks
     "section": (CONFIG, ""),
     "checks": (CONFIG, ""),
