@@ -71,10 +71,11 @@ class Client:
         middleware included, until the commit."""
         spec = spec or registry.resolve(str(item.get("class")))
         payload = normalize(item, spec)
-        if plugins.has_push_gates() and plugins.gate_push(
-            Push([payload], functools.partial(self.push_now, spec, payload), self.strict_args)
-        ):
-            return str(payload["jid"])
+        if plugins.has_push_gates():
+            run = functools.partial(self.push_now, spec, payload)
+            push = Push([payload], run, self.strict_args)
+            if plugins.gate_push(push):
+                return push.ran[0] if push.ran else str(payload["jid"])
         return self.push_now(spec, payload)
 
     def push_now(self, spec: JobSpec | None, payload: Payload) -> str | None:
@@ -97,10 +98,12 @@ class Client:
         spec = spec or registry.resolve(str(item.get("class")))
         jids: list[str | None] = []
         for chunk in bulk_chunks(item, args_list, batch_size, spec):
-            if plugins.has_push_gates() and plugins.gate_push(
-                Push(chunk, functools.partial(self.push_chunk_now, spec, chunk), self.strict_args)
-            ):
-                jids += [payload["jid"] for payload in chunk]
+            push = None
+            if plugins.has_push_gates():
+                run = functools.partial(self.push_chunk_now, spec, chunk)
+                push = Push(chunk, run, self.strict_args)
+            if push is not None and plugins.gate_push(push):
+                jids += push.ran[0] if push.ran else [payload["jid"] for payload in chunk]
             else:
                 jids += self.push_chunk_now(spec, chunk)
         return jids

@@ -190,11 +190,16 @@ def stop_process_services(context: ProcessContext) -> None:
 class Push:
     """A push as the client offers it to the push gates: ``payloads`` (complete, jids
     set, before any middleware) and ``run``, which sends them through the client
-    middleware chain and writes them now (returning what the client's push returns)."""
+    middleware chain and writes them now (returning what the client's push returns).
+
+    A gate that takes the push but runs it at once (reliable push: it keeps the push
+    only when Redis does not answer) puts what ``run`` returned in ``ran``: the client
+    returns that (None for a push a middleware halted) rather than the jids it set."""
 
     payloads: list[Payload]
     run: Callable[[], Any]
     strict_args: str = "raise"
+    ran: list[Any] = field(default_factory=list, compare=False)
 
     def validate(self) -> None:
         """Check the arguments as the write would (``limitd.payload.check_args``): a gate

@@ -73,6 +73,7 @@ FEATURES = (
     "limitd.outbox",
     "limitd.time_limits",
     "limitd.tracing",
+    "limitd.reliable_push",
     "limitd.transactions",
     "limitd.unique",
 )

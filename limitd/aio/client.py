@@ -103,10 +103,11 @@ class AsyncClient:
         sync client's push, run later in the thread that commits, with no event loop."""
         spec = spec or registry.resolve(str(item.get("class")))
         payload = normalize(item, spec)
-        if plugins.has_push_gates() and plugins.gate_push(
-            Push([payload], functools.partial(self._sync_push, spec, payload), self.strict_args)
-        ):
-            return str(payload["jid"])
+        if plugins.has_push_gates():
+            run = functools.partial(self._sync_push, spec, payload)
+            push = Push([payload], run, self.strict_args)
+            if plugins.gate_push(push):
+                return push.ran[0] if push.ran else str(payload["jid"])
         pushed = await self.middleware.ainvoke(
             spec, payload, self.redis, self._push_one, sync_redis=self._sync_redis
         )
@@ -126,10 +127,12 @@ class AsyncClient:
         spec = spec or registry.resolve(str(item.get("class")))
         jids: list[str | None] = []
         for chunk in bulk_chunks(item, args_list, batch_size, spec):
-            if plugins.has_push_gates() and plugins.gate_push(
-                Push(chunk, functools.partial(self._sync_push_chunk, spec, chunk), self.strict_args)
-            ):
-                jids += [payload["jid"] for payload in chunk]
+            push = None
+            if plugins.has_push_gates():
+                run = functools.partial(self._sync_push_chunk, spec, chunk)
+                push = Push(chunk, run, self.strict_args)
+            if push is not None and plugins.gate_push(push):
+                jids += push.ran[0] if push.ran else [payload["jid"] for payload in chunk]
             else:
                 jids += await self._push_chunk(spec, chunk)
         return jids
