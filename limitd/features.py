@@ -10,6 +10,10 @@ metrics middleware is added by its per-process service), so their place is free.
 has none either: its service, when the config turns it on, puts its middleware first in
 each chain, so its spans cover the others.
 
+Encryption comes last: its client middleware seals the arguments after every other has
+seen them in clear, and its server middleware puts the sealed ones back before any
+outer one records the job (a limiter's reschedule, the retry decision).
+
 Adding a feature: a folder with its modules and a ``plug`` module describing it as one
 ``limitd.plugins.Feature``, then one line here. ``import limitd`` runs this module, so a
 plug imports at its top only what enqueueing needs; its commands, metrics and services
@@ -19,6 +23,7 @@ import their modules when called (see ``limitd.plugins``).
 from limitd import plugins
 from limitd.batch.plug import BATCH
 from limitd.capacity.plug import CAPACITY
+from limitd.encryption.plug import ENCRYPTION
 from limitd.fair_tenant.plug import FAIR_TENANT
 from limitd.limiters.plug import LIMITERS
 from limitd.metrics.plug import METRICS
@@ -30,7 +35,7 @@ from limitd.unique.plug import UNIQUE
 from limitd.web.plug import WEB
 
 SHIPPED = (BATCH, UNIQUE, FAIR_TENANT, LIMITERS, CAPACITY, PERIODIC, METRICS, OUTBOX, WEB,
-           TRACING, TIME_LIMITS)
+           TRACING, TIME_LIMITS, ENCRYPTION)
 
 for _feature in SHIPPED:
     plugins.register(_feature)

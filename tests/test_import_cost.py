@@ -30,7 +30,8 @@ from limitd.plugins import registered
 # The count with headroom for the core's own modules to grow or split (it was 140
 # when every feature's commands, admin calls and metrics came with the package).
 # Time limits: limitd.time_limits and its plug (which declares ``time_limit``), 2 modules.
-MOST_LIMITD_MODULES = 101
+# Encrypted arguments: limitd.encryption and its plug (which declares ``encrypt``), 2.
+MOST_LIMITD_MODULES = 103
 
 # Packages that only the command line, the admin API, metrics or the web front end use,
 # and the server's fetch and supervisor (the server imports them; app code never does).
@@ -132,7 +133,7 @@ def test_the_command_line_finds_every_feature_command() -> None:
     choices = set(subparsers.choices)
     wanted = {"batches", "tenants", "limiters", "capacity", "periodic", "metrics", "outbox"}
     assert wanted | {"web", "start", "check", "enqueue", "status", "queues"} <= choices
-    commandless = ("unique", "tracing", "time_limits")
+    commandless = ("unique", "tracing", "encryption", "time_limits")
     assert all(f.add_commands is not None for f in registered() if f.name not in commandless)
 
 

@@ -66,6 +66,7 @@ FOLDERS: dict[str, Layer] = {
 FEATURES = (
     "limitd.batch",
     "limitd.capacity",
+    "limitd.encryption",
     "limitd.fair_tenant",
     "limitd.limiters",
     "limitd.periodic",
@@ -87,6 +88,7 @@ ROLES: dict[str, Layer] = {
     "held": (MIDDLEWARE, ""),  # outbox: the rows held in the app's database
     "table": (MIDDLEWARE, ""),  # outbox: the table's definition
     "jobs": (MIDDLEWARE, ""),  # metrics: the job metrics middleware
+    "cipher": (MIDDLEWARE, ""),  # encryption: the keyring and the sealed arguments
     "watchdog": (MIDDLEWARE, ""),  # time limits: the deadlines of running jobs
     # the feature's config section and its checks
     "section": (CONFIG, ""),

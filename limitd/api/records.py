@@ -13,6 +13,7 @@ from collections import deque
 from typing import Any
 
 from limitd import clock
+from limitd.encryption.cipher import SHOWN, is_sealed
 from limitd.payload import DEFAULT_QUEUE, MalformedPayload, Payload, parse, to_seconds
 
 PAGE_SIZE = 100
@@ -84,6 +85,10 @@ class JobRecord:
 
     @property
     def args(self) -> list[Any]:
+        """The arguments as an operator sees them: ``["[encrypted]"]`` for a job whose
+        arguments are sealed (``limitd.encryption``; the sealed form is in ``payload``)."""
+        if self.get("encrypt") and self.payload is not None and is_sealed(self.payload):
+            return [SHOWN]
         return list(self.get("args", []))
 
     @property

@@ -44,6 +44,13 @@ DeathHandler = Callable[[Payload, BaseException], Any]
 """Told of a job that died (dead set, or discarded): its payload and the last error."""
 
 
+class Unretriable(Exception):
+    """A failure that retrying cannot fix, such as arguments no configured key decrypts
+    (``limitd.encryption``): the job goes to the dead set at once, whatever its
+    ``retry`` setting (a job that never ran is not discarded), so nothing is lost and
+    ``limitd dead retry`` brings it back once the cause is fixed."""
+
+
 def _retry_option(value: Any) -> bool | int:
     if isinstance(value, bool):
         return value
@@ -205,6 +212,11 @@ class RetryHandler:
         self, spec: JobSpec | None, payload: Payload, queue: str, exc: BaseException
     ) -> Fate:
         setting = payload.get("retry", spec.options.get("retry", True) if spec else True)
+        if isinstance(exc, Unretriable):
+            payload["queue"] = payload.get("retry_queue") or queue
+            record_error(payload, exc)
+            _count_failure(payload, clock.now())
+            return Fate(self.retries_exhausted(spec, payload, exc))
         if setting is False:
             self._call_death_handlers(payload, exc)
             return Fate("discarded")
