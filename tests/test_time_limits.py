@@ -1,0 +1,238 @@
+"""Time limits in one process, on real threads and a real Redis: the watchdog's
+exception in a sync job's thread (and never after the job), the cancellation of an
+async job, the stuck job's mark, the ``time_limits:`` section and the job option. What
+``limitd start`` does with them is in ``test_time_limits_processes.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis as redis_py
+
+import limitd
+from limitd.config import ConfigError, load_config
+from limitd.registry import JobRegistry
+from limitd.spec import JobSpec
+from limitd.time_limits import TimeLimitExceeded
+from limitd.time_limits.middleware import TimeLimits, exceeded_key
+from limitd.time_limits.section import TimeLimitSettings
+from limitd.time_limits.watchdog import Running, Watchdog
+
+
+def spec(name: str = "tl.Job", **options: Any) -> JobSpec:
+    return JobSpec(name, "tests", lambda payload: None, options=options)
+
+
+def payload(jid: str = "j1", **fields: Any) -> dict[str, Any]:
+    return {"class": "tl.Job", "jid": jid, "args": [], "queue": "default", **fields}
+
+
+class Recycles:
+    """Stands for the process's own SIGTERM: counts the calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.called = threading.Event()
+
+    def __call__(self) -> None:
+        self.calls += 1
+        self.called.set()
+
+
+@pytest.fixture
+def limits(redis: redis_py.Redis) -> Any:
+    made: list[TimeLimits] = []
+
+    def make(default: float | None = None, grace: float = 5.0) -> tuple[TimeLimits, Recycles]:
+        recycles = Recycles()
+        middleware = TimeLimits(redis, default, grace, JobRegistry())
+        middleware.watchdog.recycle = recycles
+        made.append(middleware)
+        return middleware, recycles
+
+    yield make
+    for middleware in made:
+        middleware.stop()
+
+
+def spin(seconds: float) -> Callable[[], str]:
+    """A job running Python code (interruptible) for ``seconds``."""
+
+    def run() -> str:
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            pass
+        return "done"
+
+    return run
+
+
+def test_a_job_looping_past_its_limit_fails_with_time_limit_exceeded(limits) -> None:
+    middleware, recycles = limits()
+    started = time.monotonic()
+    with pytest.raises(TimeLimitExceeded, match=r"ran past its time limit of 0\.2s"):
+        middleware(spec(), payload(time_limit=0.2), "default", spin(30))
+    assert time.monotonic() - started < 10
+    assert recycles.calls == 0
+
+
+def test_a_job_under_its_limit_is_untouched_and_nothing_reaches_its_thread_later(
+    limits,
+) -> None:
+    middleware, _ = limits()
+    assert middleware(spec(), payload(time_limit=0.3), "default", spin(0.05)) == "done"
+    spin(0.6)()  # past the deadline it had: no exception arrives
+
+
+def test_the_job_option_and_the_default_give_the_limit(limits) -> None:
+    middleware, _ = limits(default=0.2)
+    with pytest.raises(TimeLimitExceeded, match=r"0\.2s"):
+        middleware(spec(), payload(), "default", spin(30))  # the capsule's default
+    with pytest.raises(TimeLimitExceeded, match=r"0\.3s"):
+        middleware(spec(time_limit=0.3), payload(), "default", spin(30))  # the job's own
+    with pytest.raises(TimeLimitExceeded, match=r"0\.25s"):  # set at the push: wins
+        middleware(spec(time_limit=0.3), payload(time_limit=0.25), "default", spin(30))
+
+
+def test_jobs_without_a_limit_are_not_concerned(limits) -> None:
+    middleware, _ = limits()
+    assert not middleware.concerns(payload())
+    assert middleware.concerns(payload(time_limit=5))
+    middleware.jobs.register(spec("tl.Limited", time_limit=5))
+    assert middleware.concerns({**payload(), "class": "tl.Limited"})
+    with_default, _ = limits(default=60)
+    assert with_default.concerns(payload())
+
+
+def test_a_job_ending_at_its_deadline_never_lets_the_exception_out_after_it(limits) -> None:
+    """Jobs that end about when their limit fires: each either returns or raises
+    ``TimeLimitExceeded`` from the middleware's call; none raises afterwards (the
+    pending exception is cleared as the job unregisters)."""
+    middleware, _ = limits()
+    outcomes = {"done": 0, "exceeded": 0}
+    for n in range(150):
+        try:
+            middleware(spec(), payload(f"j{n}", time_limit=0.004), "default", spin(0.004))
+            outcomes["done"] += 1
+        except TimeLimitExceeded:
+            outcomes["exceeded"] += 1
+        spin(0.01)()  # a late exception would surface here and fail the test
+    assert sum(outcomes.values()) == 150
+
+
+def test_a_job_stuck_in_c_is_warned_about_then_its_process_recycled(
+    limits, redis: redis_py.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``time.sleep`` is one C call: the exception waits for it. Past the grace the job
+    is marked and the process recycled; the job that then ends here removes its mark
+    (its failure is recorded here), while one that comes back marked fails unrun."""
+    middleware, recycles = limits(grace=0.6)
+    outcome: list[BaseException] = []
+
+    def stuck() -> None:
+        try:
+            middleware(spec(), payload("stuck", time_limit=0.2), "default", lambda: time.sleep(3))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=stuck)
+    thread.start()
+    assert recycles.called.wait(10), "the process was not recycled"
+    assert redis.exists(exceeded_key(redis, "stuck"))
+    thread.join(10)
+    [error] = outcome
+    assert isinstance(error, TimeLimitExceeded)
+    assert not redis.exists(exceeded_key(redis, "stuck")), "it ended here: no mark left"
+    assert recycles.calls == 1
+    assert "still runs past its time limit of 0.2s: blocked in C code" in caplog.text
+
+    redis.set(exceeded_key(redis, "back"), 0.2)
+    ran = []
+    with pytest.raises(TimeLimitExceeded, match="stuck in C code"):
+        middleware(spec(), payload("back", time_limit=0.2), "default", lambda: ran.append(1))
+    assert ran == [] and not redis.exists(exceeded_key(redis, "back"))
+
+
+def test_the_watchdog_starts_its_thread_only_for_a_limited_job() -> None:
+    watchdog = Watchdog(TimeLimitExceeded, 1.0, lambda running: None)
+    assert watchdog._thread is None
+    running = Watchdog.running(5, "j", "tl.Job")
+    watchdog.register(running)
+    assert isinstance(running, Running) and watchdog._thread is not None
+    watchdog.unregister(running)
+    watchdog.stop()
+    assert not watchdog._thread.is_alive()
+
+
+def test_an_async_job_is_cancelled_at_its_limit(limits) -> None:
+    middleware, _ = limits()
+
+    async def forever() -> None:
+        await asyncio.sleep(30)
+
+    async def own_timeout() -> None:
+        raise TimeoutError("the job's own")
+
+    async def quick() -> str:
+        await asyncio.sleep(0.01)
+        return "done"
+
+    async def main() -> None:
+        with pytest.raises(TimeLimitExceeded, match=r"0\.2s"):
+            await middleware.acall(spec(), payload(time_limit=0.2), "default", forever)
+        with pytest.raises(TimeoutError, match="the job's own"):
+            await middleware.acall(spec(), payload(time_limit=5), "default", own_timeout)
+        assert await middleware.acall(spec(), payload(time_limit=5), "default", quick) == "done"
+
+    asyncio.run(main())
+
+
+def test_time_limit_is_a_job_option_in_seconds_or_a_timedelta() -> None:
+    @limitd.job(name="tl.Declared", time_limit=dt.timedelta(minutes=2))
+    def declared() -> None: ...
+
+    assert limitd.registry.resolve("tl.Declared").options["time_limit"] == 120.0
+    with pytest.raises(limitd.InvalidJobOption, match="time_limit"):
+        limitd.job(name="tl.Bad", time_limit=0)(lambda: None)
+    assert issubclass(limitd.TimeLimitExceeded, Exception)
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "a.yml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_the_section_gives_the_default_per_capsule(tmp_path: Path) -> None:
+    text = "time_limits:\n  default: 30\n  grace: 2\n  capsules:\n    reports: 600\n"
+    settings = load_config([write(tmp_path, text)]).section("time_limits")
+    assert settings == TimeLimitSettings(30.0, 2.0, {"reports": 600.0})
+    assert settings.default_for("reports") == 600.0
+    assert settings.default_for("default") == 30.0
+    assert load_config([]).section("time_limits") == TimeLimitSettings()
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "expected"),
+    [
+        ("time_limits:\n  default: 0\n", "time_limits.default", "expected a number of seconds > 0"),
+        ("time_limits:\n  grace: soon\n", "time_limits.grace", "expected a number of seconds"),
+        ("time_limits:\n  capsules:\n    r: -1\n", "time_limits.capsules.r", "> 0"),
+        ("time_limits:\n  defualt: 3\n", "time_limits.defualt", "did you mean 'default'?"),
+    ],
+)
+def test_a_mistake_names_the_file_the_key_and_what_was_expected(
+    tmp_path: Path, text: str, key: str, expected: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config([write(tmp_path, text)])
+    assert caught.value.file == str(tmp_path / "a.yml")
+    assert caught.value.key == key
+    assert expected in caught.value.message
