@@ -25,6 +25,7 @@ from limitd.batch.plug import BATCH
 from limitd.capacity.plug import CAPACITY
 from limitd.encryption.plug import ENCRYPTION
 from limitd.fair_tenant.plug import FAIR_TENANT
+from limitd.job_history.plug import JOB_HISTORY
 from limitd.limiters.plug import LIMITERS
 from limitd.metrics.plug import METRICS
 from limitd.outbox.plug import OUTBOX
@@ -35,7 +36,7 @@ from limitd.unique.plug import UNIQUE
 from limitd.web.plug import WEB
 
 SHIPPED = (BATCH, UNIQUE, FAIR_TENANT, LIMITERS, CAPACITY, PERIODIC, METRICS, OUTBOX, WEB,
-           TRACING, TIME_LIMITS, ENCRYPTION)
+           TRACING, TIME_LIMITS, JOB_HISTORY, ENCRYPTION)
 
 for _feature in SHIPPED:
     plugins.register(_feature)

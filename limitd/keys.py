@@ -309,6 +309,11 @@ class KeyLayout:
         """The counter of one calendar interval of a bucket limiter (it expires with it)."""
         return f"{self.LIMITD_PREFIX}limiter:bucket:{interval_start}:{name}"
 
+    def job_history(self, minute: int) -> str:
+        """The hash of one minute's job history (``minute`` = epoch seconds // 60): per
+        job class its processed, failed, milliseconds and duration buckets."""
+        return f"{self.LIMITD_PREFIX}job_history:{minute}"
+
 
 STANDALONE = KeyLayout(cluster=False)
 CLUSTER = KeyLayout(cluster=True)

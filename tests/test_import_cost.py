@@ -31,7 +31,8 @@ from limitd.plugins import registered
 # when every feature's commands, admin calls and metrics came with the package).
 # Time limits: limitd.time_limits and its plug (which declares ``time_limit``), 2 modules.
 # Encrypted arguments: limitd.encryption and its plug (which declares ``encrypt``), 2.
-MOST_LIMITD_MODULES = 103
+# Job history: limitd.job_history (the section's key names) and its plug, 2.
+MOST_LIMITD_MODULES = 105
 
 # Packages that only the command line, the admin API, metrics or the web front end use,
 # and the server's fetch and supervisor (the server imports them; app code never does).

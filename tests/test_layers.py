@@ -68,6 +68,7 @@ FEATURES = (
     "limitd.capacity",
     "limitd.encryption",
     "limitd.fair_tenant",
+    "limitd.job_history",
     "limitd.limiters",
     "limitd.periodic",
     "limitd.metrics",

@@ -20,7 +20,8 @@ One module per part: ``records`` (the job record shared by all), ``queues``,
 listed by ``limiters()`` and how full they are now by ``limiter_usage()`` (from
 ``limitd.limiters.admin``), limited-capacity jobs by
 ``capacity()`` (from ``limitd.capacity.admin``), periodic entries by
-``periodic_status()`` (from ``limitd.periodic.admin``).
+``periodic_status()`` (from ``limitd.periodic.admin``), the per-class job history
+by ``job_history()`` (from ``limitd.job_history.admin``).
 """
 
 from limitd.api.capsules import Capsule, Capsules
@@ -58,6 +59,7 @@ from limitd.batch.admin import (
 )
 from limitd.capacity.admin import CapacityStatus, capacity
 from limitd.fair_tenant.admin import RuleWindow, TenantStatus, reroutes, top_tenants
+from limitd.job_history.admin import ClassHistory, MinuteFigures, job_history
 from limitd.limiters.admin import LimiterStatus, limiter_usage, limiters
 from limitd.periodic.admin import PeriodicStatus, periodic_status
 
@@ -69,11 +71,13 @@ __all__ = [
     "CapacityStatus",
     "Capsule",
     "Capsules",
+    "ClassHistory",
     "DeadSet",
     "EntryFilter",
     "FilteredPage",
     "JobRecord",
     "LimiterStatus",
+    "MinuteFigures",
     "PendingEntry",
     "PendingSet",
     "PeriodicStatus",
@@ -95,6 +99,7 @@ __all__ = [
     "batch_status",
     "capacity",
     "daily_history",
+    "job_history",
     "limiter_usage",
     "limiters",
     "list_batches",

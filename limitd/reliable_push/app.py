@@ -16,7 +16,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from limitd import plugins
-from limitd.reliable_push.hold import PushBuffer
+from limitd.reliable_push.hold import BufferFull, PushBuffer
+
+__all__ = ["BufferFull", "PushBuffer", "current", "disable", "enable"]
 
 DEFAULT_REGISTRY: Any = object()
 """``enable(registry=...)``'s default: prometheus-client's process-wide ``REGISTRY``."""
