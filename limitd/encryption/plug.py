@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from limitd import options
+from limitd.encryption import SECTION_KEYS
 from limitd.plugins import ConfigSection, Feature, ProcessContext, Service
 
 if TYPE_CHECKING:
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     from limitd.encryption.middleware import OpenArgs, SealArgs
 
 KEY = "encryption"  # the section's key (limitd.encryption.section.KEY)
+__all__ = ["ENCRYPTION", "SECTION_KEYS"]
 
 options.declare("encrypt", options.boolean, owner="limitd.encryption")
 

@@ -23,10 +23,10 @@ from typing import Any
 from limitd.config.files import Layers
 from limitd.config.settings import ConfigError
 from limitd.config.values import ENVIRONMENT, Section, describe
+from limitd.encryption import SECTION_KEYS
 from limitd.encryption.cipher import KEY_BYTES, Keyring, decode_key
 
 KEY = "encryption"
-SECTION_KEYS = frozenset({"keys", "current"})
 KEYS_VARIABLE = "LIMITD_ENCRYPTION_KEYS"
 CURRENT_VARIABLE = "LIMITD_ENCRYPTION_CURRENT"
 EXPECTED_KEY = f"expected {KEY_BYTES} random bytes in base64 (openssl rand -base64 32)"
