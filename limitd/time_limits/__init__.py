@@ -4,7 +4,10 @@
 and the ``time_limits:`` config section; the watchdog and the middleware that enforce
 the limits load in ``limitd start``'s capsule processes only (``process``).
 
-The error lives here, the folder's bottom, for the middleware and the plug alike."""
+The error and the section's keys live here, the folder's bottom, for the middleware,
+the section reader and the plug alike."""
+
+TIME_LIMITS_KEYS = frozenset({"default", "grace", "capsules"})
 
 
 class TimeLimitExceeded(Exception):

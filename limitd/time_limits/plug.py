@@ -13,8 +13,10 @@ from typing import Any
 
 from limitd import options
 from limitd.plugins import ConfigSection, Feature, ProcessContext, Service
+from limitd.time_limits import TIME_LIMITS_KEYS  # the section's keys, named where it is read
 
 KEY = "time_limits"
+__all__ = ["KEY", "TIME_LIMITS", "TIME_LIMITS_KEYS", "services"]
 
 
 options.declare("time_limit", options.seconds, owner="limitd.time_limits")

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from limitd.config.values import Section
+from limitd.time_limits import TIME_LIMITS_KEYS
 
-TIME_LIMITS_KEYS = frozenset({"default", "grace", "capsules"})
 DEFAULT_GRACE = 10.0
 
 
