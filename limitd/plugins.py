@@ -216,21 +216,31 @@ PushGate = Callable[[Push], bool]
 """Given a push, takes it (True: the gate runs it later, or drops it) or lets it go on
 (False: the client runs it now)."""
 
-_push_gates: list[PushGate] = []
+_push_gates: list[PushGate] = []  # replaced, never changed in place: pushes read it unlocked
+_last_gates: list[PushGate] = []  # offered after every other gate, whenever added
 
 
-def add_push_gate(gate: PushGate) -> None:
-    """Offer every push to ``gate`` from now on, after the gates added before it. Adding
-    the same gate again changes nothing."""
+def add_push_gate(gate: PushGate, *, last: bool = False) -> None:
+    """Offer every push to ``gate`` from now on, after the gates added before it; with
+    ``last``, after every gate added without it, even those added later (a gate that
+    runs pushes at once, as reliable push does, must not pass on a push that a
+    transaction would hold). Adding the same gate again changes nothing."""
+    global _push_gates
     with _lock:
-        if gate not in _push_gates:
-            _push_gates.append(gate)
+        if gate in _push_gates:
+            return
+        if last:
+            _last_gates.append(gate)
+        ordinary = [known for known in _push_gates if known not in _last_gates]
+        _push_gates = ordinary + ([] if last else [gate]) + _last_gates
 
 
 def remove_push_gate(gate: PushGate) -> None:
+    global _push_gates
     with _lock:
-        if gate in _push_gates:
-            _push_gates.remove(gate)
+        if gate in _last_gates:
+            _last_gates.remove(gate)
+        _push_gates = [known for known in _push_gates if known != gate]
 
 
 def has_push_gates() -> bool:

@@ -29,6 +29,7 @@ from limitd.connection.embedded import RedisServer, free_port
 from limitd.reliable_push import app
 from limitd.reliable_push.hold import BufferFull
 from limitd.supervisor import Capsule, CapsuleConfig
+from limitd.transactions import hold
 from tests.helpers import wait_for
 
 ran: list[tuple[int, int]] = []
@@ -158,6 +159,26 @@ def test_a_push_a_middleware_halts_returns_none_with_the_buffer_on(server: Redis
     assert once.perform_async("a") is not None
     assert once.perform_async("a") is None  # unique: a duplicate, halted
     assert once.perform_bulk([["a"], ["b"]])[0] is None
+
+
+def test_a_transaction_still_holds_its_pushes_when_reliable_push_is_on(
+    server: RedisServer,
+) -> None:
+    """The transaction's gate comes after reliable push's, yet sees the push first."""
+    buffer = app.enable(registry=None)
+    held = hold.Held()
+
+    def provider() -> hold.Held:
+        return held
+
+    hold.add_provider(provider)
+    try:
+        jid = record.perform_async(0, 0)
+        assert len(held) == 1 and buffer.buffered_jobs == 0 and queued(server) == []
+    finally:
+        hold.remove_provider(provider)
+    held.run()  # the commit
+    assert [job["jid"] for job in queued(server)] == [jid]
 
 
 def test_async_pushes_are_kept_too(server: RedisServer) -> None:

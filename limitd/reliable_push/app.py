@@ -39,7 +39,7 @@ class _Enabled:
             self.collector = buffer_collector(buffer)
             registry.register(self.collector)
         atexit.register(self.at_exit)
-        plugins.add_push_gate(buffer)
+        plugins.add_push_gate(buffer, last=True)  # after a transaction's hold
 
     def at_exit(self) -> None:
         self.buffer.flush_before_exit(self.flush_at_exit)
