@@ -72,7 +72,7 @@ CLUSTER_MODULES = frozenset(
 # Environment variables limitd reads: a developer's shell often exports REDIS_URL, and
 # the suite must not depend on it (tests that need one set it themselves).
 LIMITD_ENVIRONMENT = ("LIMITD_REDIS_URL", "REDIS_URL", "LIMITD_CONFIG", "LIMITD_FRESH_CAPSULE")
-LIMITD_ENVIRONMENT_PREFIXES = ("LIMITD_FAIR_TENANT_",)
+LIMITD_ENVIRONMENT_PREFIXES = ("LIMITD_FAIR_TENANT_", "LIMITD_ENCRYPTION_")
 
 
 def hermetic_environment() -> list[str]:

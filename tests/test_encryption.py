@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -48,6 +49,11 @@ def doomed(card: str) -> None:
 @limitd.job(name="encryption_test.Once", encrypt=True, unique_for=600)
 def once(card: str) -> None:
     ran.append((card,))
+
+
+@limitd.job(name="encryption_test.AsyncCharge", encrypt=True)
+async def async_charge(account: int, card: str) -> None:
+    ran.append(("async", account, card))
 
 
 @limitd.job(name="encryption_test.Plain")
@@ -97,6 +103,20 @@ def test_the_queue_holds_only_the_sealed_arguments(redis: redis_py.Redis) -> Non
     assert sealed.startswith(PREFIX + "1:")
     assert fresh_capsule(redis).drain() == {"done": 1}
     assert ran == [(7, SECRET)]
+
+
+def test_an_async_job_gets_its_arguments_in_clear(redis: redis_py.Redis) -> None:
+    async_charge.perform_async(8, SECRET)
+    assert SECRET.encode() not in everything_in(redis)
+    assert fresh_capsule(redis).drain() == {"done": 1}
+    assert ran == [("async", 8, SECRET)]
+
+
+def test_a_bulk_push_seals_each_job(redis: redis_py.Redis) -> None:
+    charge.perform_bulk([[1, SECRET], [2, SECRET]])
+    assert SECRET.encode() not in everything_in(redis)
+    assert fresh_capsule(redis).drain() == {"done": 2}
+    assert sorted(ran) == [(1, SECRET), (2, SECRET)]
 
 
 def test_a_plain_job_is_left_in_clear(redis: redis_py.Redis) -> None:
@@ -204,6 +224,21 @@ def test_the_cli_lists_encrypted_arguments_as_such(redis: redis_py.Redis) -> Non
     assert SHOWN in out.stdout and SECRET not in out.stdout and PREFIX not in out.stdout
 
 
+def test_the_dashboard_shows_encrypted_arguments_as_such(redis: redis_py.Redis) -> None:
+    from starlette.testclient import TestClient
+
+    from limitd.web import app
+
+    charge.perform_async(7, SECRET)
+    doomed.perform_async(SECRET)
+    assert fresh_capsule(redis).drain() == {"done": 1, "dead": 1}
+    charge.perform_async(8, SECRET)
+    with TestClient(app(redis)) as client:
+        pages = [client.get(path).text for path in ("/dead", "/queues/default")]
+    for page in pages:
+        assert SHOWN in page and SECRET not in page and PREFIX not in page
+
+
 def test_pushing_without_a_key_fails_at_the_caller(
     redis: redis_py.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -275,13 +310,20 @@ def charge(account, card):
 """
 
 
-def test_limitd_start_opens_arguments_with_the_key_from_its_environment(
-    tmp_path: Path, redis: redis_py.Redis, redis_server: object
+@pytest.mark.parametrize("source", ["environment", "config"])
+def test_limitd_start_opens_arguments_with_its_keys(
+    tmp_path: Path, redis: redis_py.Redis, redis_server: object, source: str
 ) -> None:
     (tmp_path / "sealed_app.py").write_text(APP)
-    (tmp_path / "app.yml").write_text("require: [sealed_app]\nqueues: [default]\n")
+    config = "require: [sealed_app]\nqueues: [default]\n"
     processes = LimitdProcesses(tmp_path, redis_server.url)  # type: ignore[attr-defined]
-    processes.env[KEYS_VARIABLE] = f"1:{KEY_1}"
+    if source == "environment":
+        processes.env[KEYS_VARIABLE] = f"1:{KEY_1}"
+    else:
+        config += "encryption:\n  keys: {v1: '${APP_KEY}'}\n"
+        processes.env["APP_KEY"] = KEY_1
+        processes.env.pop(KEYS_VARIABLE, None)
+    (tmp_path / "app.yml").write_text(config)
     proc = processes.start("app.yml")
     try:
         client = limitd.Client(redis)
@@ -295,3 +337,41 @@ def test_limitd_start_opens_arguments_with_the_key_from_its_environment(
         assert proc.wait(timeout=30) == 0
     finally:
         processes.kill_all()
+
+
+RUBY_APP = """
+require "sidekiq"
+require "json"
+
+class RubyEcho
+  include Sidekiq::Worker
+  def perform(*args)
+    Sidekiq.redis { |c| c.rpush("ruby_ran", JSON.generate(args)) }
+  end
+end
+"""
+
+
+@pytest.mark.skipif(not shutil.which("sidekiq"), reason="ruby and sidekiq not installed")
+def test_a_ruby_sidekiq_worker_sees_one_sealed_string(
+    tmp_path: Path, redis: redis_py.Redis, redis_server: object
+) -> None:
+    (tmp_path / "app.rb").write_text(RUBY_APP)
+    url = redis_server.url  # type: ignore[attr-defined]
+    proc = subprocess.Popen(
+        ["sidekiq", "-r", "./app.rb", "-q", "ruby", "-c", "1"],
+        cwd=tmp_path,
+        env={**os.environ, "REDIS_URL": url},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        limitd.Client(redis).push(
+            {"class": "RubyEcho", "queue": "ruby", "args": [7, SECRET], "encrypt": True}
+        )
+        wait_for(lambda: redis.llen("ruby_ran") == 1, timeout=60, message="sidekiq to run it")
+        [seen] = json.loads(redis.lindex("ruby_ran", 0))
+        assert seen.startswith(PREFIX + "1:") and SECRET not in seen
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
