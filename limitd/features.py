@@ -3,12 +3,14 @@
 Order matters for the client chain: batch membership first (it must see a later
 middleware halt the push, to take the job back out of the batch), then uniqueness
 (keyed on the queue asked for, before fairness may reroute it), then tenant fairness
-(a skipped duplicate is not counted against its tenant). Limiters have only a server
-middleware, innermost, so it sees ``OverLimit`` straight from the job. Limited-capacity
-jobs, periodic jobs, metrics, the outbox and the web dashboard have no default middleware (the job
-metrics middleware is added by its per-process service), so their place is free. Tracing
-has none either: its service, when the config turns it on, puts its middleware first in
-each chain, so its spans cover the others.
+(a skipped duplicate is not counted against its tenant). On the server side, expiry
+comes after uniqueness (an expired job's ``executing`` lock goes as it would have
+started) and before the limiters (an expired job takes no rate-limit token). Limiters
+have only a server middleware, innermost, so it sees ``OverLimit`` straight from the
+job. Limited-capacity jobs, periodic jobs, metrics, the outbox and the web dashboard
+have no default middleware (the job metrics middleware is added by its per-process
+service), so their place is free. Tracing has none either: its service, when the config
+turns it on, puts its middleware first in each chain, so its spans cover the others.
 
 Encryption comes last: its client middleware seals the arguments after every other has
 seen them in clear, and its server middleware puts the sealed ones back before any
@@ -24,6 +26,7 @@ from limitd import plugins
 from limitd.batch.plug import BATCH
 from limitd.capacity.plug import CAPACITY
 from limitd.encryption.plug import ENCRYPTION
+from limitd.expiry.plug import EXPIRY
 from limitd.fair_tenant.plug import FAIR_TENANT
 from limitd.job_history.plug import JOB_HISTORY
 from limitd.limiters.plug import LIMITERS
@@ -35,7 +38,7 @@ from limitd.tracing.plug import TRACING
 from limitd.unique.plug import UNIQUE
 from limitd.web.plug import WEB
 
-SHIPPED = (BATCH, UNIQUE, FAIR_TENANT, LIMITERS, CAPACITY, PERIODIC, METRICS, OUTBOX, WEB,
+SHIPPED = (BATCH, UNIQUE, EXPIRY, FAIR_TENANT, LIMITERS, CAPACITY, PERIODIC, METRICS, OUTBOX, WEB,
            TRACING, TIME_LIMITS, JOB_HISTORY, ENCRYPTION)
 
 for _feature in SHIPPED:

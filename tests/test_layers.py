@@ -66,6 +66,7 @@ FOLDERS: dict[str, Layer] = {
 FEATURES = (
     "limitd.batch",
     "limitd.capacity",
+    "limitd.expiry",
     "limitd.encryption",
     "limitd.fair_tenant",
     "limitd.job_history",

@@ -25,8 +25,16 @@ from limitd.spec import JobSpec
 
 log = logging.getLogger("limitd.batch")
 
-# How a job's outcome (limitd.supervisor.executor) counts for its batch.
-RESULTS = {"done": "success", "retry": "failure", "dead": "death", "discarded": "death"}
+# How a job's outcome (limitd.supervisor.executor) counts for its batch. An expired job
+# (limitd.expiry) was dropped by design, not by an error: it counts as a success, as in
+# Sidekiq Pro, whose expiry skips the job without raising.
+RESULTS = {
+    "done": "success",
+    "expired": "success",
+    "retry": "failure",
+    "dead": "death",
+    "discarded": "death",
+}
 
 
 class BatchMembership(ClientMiddleware):

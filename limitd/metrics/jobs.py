@@ -7,7 +7,9 @@ recorded, adds the job to two families of the process's own registry:
 - ``limitd_job_duration_seconds{job_class,queue}``: histogram of the time the job spent in the
   chain below this middleware and in ``perform``;
 - ``limitd_jobs_total{job_class,queue,outcome}``: jobs that ended, by outcome (``done``,
-  ``retry``, ``dead``, ``discarded``, ``rescheduled``).
+  ``retry``, ``dead``, ``discarded``, ``rescheduled``, ``expired``);
+- ``limitd_jobs_expired_total{job_class,queue}``: jobs dropped unrun because they were
+  past their ``expires_in`` deadline (``limitd.expiry``), the series an alert watches.
 
 No Redis call, no lock beyond prometheus-client's own per series: it runs for every job.
 A job whose class no worker knows never reaches ``perform``; it is counted (with its
@@ -26,7 +28,7 @@ from limitd.middleware.base import ServerMiddleware
 from limitd.payload import Payload
 from limitd.spec import JobSpec
 
-OUTCOMES = ("done", "retry", "dead", "discarded", "rescheduled")
+OUTCOMES = ("done", "retry", "dead", "discarded", "rescheduled", "expired")
 # Jobs run from milliseconds to many minutes: the default buckets stop at 10 s.
 DURATION_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
@@ -58,8 +60,15 @@ class JobMetrics(ServerMiddleware):
         )
         self.jobs = Counter(
             "limitd_jobs",
-            "Jobs this process ran, by how they ended (done, retry, dead, discarded, rescheduled).",
+            "Jobs this process ran, by how they ended (done, retry, dead, discarded, rescheduled,"
+            " expired).",
             ("job_class", "queue", "outcome"),
+            registry=registry,
+        )
+        self.expired = Counter(
+            "limitd_jobs_expired",
+            "Jobs this process dropped unrun: past their expires_in deadline when fetched.",
+            ("job_class", "queue"),
             registry=registry,
         )
         # The labelled series, looked up once each: prometheus-client's labels() takes
@@ -90,6 +99,8 @@ class JobMetrics(ServerMiddleware):
         if counted is None:
             counted = self._counted[job, queue, outcome] = self.jobs.labels(job, queue, outcome)
         counted.inc()
+        if outcome == "expired":
+            self.expired.labels(job, queue).inc()
         timed = _timed.get()
         _timed.set(None)
         if timed is not None and timed[0] == payload.get("jid"):

@@ -41,6 +41,17 @@ class Rescheduled(Exception):
     (its batch, its unique lock) as it is, since it will run again."""
 
 
+class Dropped(Exception):
+    """Raised by a server middleware that decided the job must not run at all (an
+    expired job, ``limitd.expiry``): the executor records ``outcome`` (``expired``),
+    which is not a failure: no retry, no dead set, no error handlers. ``settled``
+    middleware see that outcome and settle the job as one that will not run again."""
+
+    def __init__(self, outcome: str, message: str) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+
+
 class Chain:
     """An ordered list of middleware instances, with Sidekiq's ordering verbs."""
 

@@ -4,10 +4,12 @@ Sync jobs run in the calling processor thread (``execute``); async jobs are hand
 capsule's event loop and run there by ``execute_async``, through the same steps.
 
 This is where every job's fate is decided and logged, once: ``done``, ``retry``,
-``dead``, ``discarded`` or ``rescheduled`` (a middleware put it back in ``schedule``,
-see ``limitd.middleware.chain.Rescheduled``). The caller acknowledges the unit of work only after
-``execute`` returned, that is after the outcome was recorded in Redis, so a fetch that
-keeps jobs until acknowledged never loses one whose retry could not be written.
+``dead``, ``discarded``, ``rescheduled`` (a middleware put it back in ``schedule``,
+see ``limitd.middleware.chain.Rescheduled``) or the one a middleware that dropped the
+job names (``expired``, see ``limitd.middleware.chain.Dropped``). The caller
+acknowledges the unit of work only after ``execute`` returned, that is after the outcome
+was recorded in Redis, so a fetch that keeps jobs until acknowledged never loses one
+whose retry could not be written.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from limitd import clock
 from limitd.connection import ScriptCall
 from limitd.fetch.recoveries import RecoveredTooOften, count_in
 from limitd.logs import job_fields, own_frames
-from limitd.middleware.chain import Rescheduled, ServerChain
+from limitd.middleware.chain import Dropped, Rescheduled, ServerChain
 from limitd.payload import MalformedPayload, Payload, dead_entry, parse
 from limitd.registry import JobRegistry, registry
 from limitd.retry import Fate, RetryHandler, error_class_name
@@ -42,6 +44,10 @@ HANDED_OFF = "handed_off"
 
 # (unit, its decoded payload, its async spec): starts the job on the capsule's loop.
 HandOff = Callable[["UnitOfWork", Payload, JobSpec], None]
+
+# The outcomes that count as failed in the stats (a job rescheduled or dropped by a
+# middleware, ``expired`` for one, did not fail).
+FAILURES = ("retry", "dead", "discarded")
 
 
 class Shutdown(BaseException):
@@ -92,7 +98,7 @@ class JobExecutor:
             outcome = self._execute(unit, payload, spec)
             if unit.recoveries:
                 unit.forget_recoveries()
-        self.stats.record(failed=outcome not in ("done", "rescheduled"))
+        self.stats.record(failed=outcome in FAILURES)
         return outcome
 
     async def execute_async(self, unit: UnitOfWork, payload: Payload, spec: JobSpec) -> str:
@@ -112,6 +118,8 @@ class JobExecutor:
             outcome = "done"
         except Rescheduled:
             outcome = "rescheduled"
+        except Dropped as dropped:
+            outcome = dropped.outcome
         except (Exception, SystemExit) as exc:
             error = exc
             outcome = await asyncio.to_thread(self._failed, spec, payload, unit.queue, exc)
@@ -126,7 +134,7 @@ class JobExecutor:
             await asyncio.to_thread(unit.forget_recoveries)
         if timed:
             _log_outcome(payload, unit.queue, outcome, clock.monotonic() - started)
-        self.stats.record(failed=outcome not in ("done", "rescheduled"))
+        self.stats.record(failed=outcome in FAILURES)
         return outcome
 
     def _admit(self, unit: UnitOfWork) -> tuple[Payload, str | None]:
@@ -189,6 +197,8 @@ class JobExecutor:
             outcome = "done"
         except Rescheduled:  # a middleware put it back in schedule: it runs again
             outcome = "rescheduled"
+        except Dropped as dropped:  # a middleware decided it must not run
+            outcome = dropped.outcome
         except (Exception, SystemExit) as exc:  # a job calling sys.exit() has failed
             error = exc
             outcome = self._failed(spec, payload, queue, exc)
