@@ -18,6 +18,7 @@ import redis as redis_py
 
 import limitd
 from limitd.config import ConfigError, load_config
+from limitd.config.app_checks import check_app
 from limitd.registry import JobRegistry
 from limitd.spec import JobSpec
 from limitd.time_limits import TimeLimitExceeded
@@ -236,3 +237,13 @@ def test_a_mistake_names_the_file_the_key_and_what_was_expected(
     assert caught.value.file == str(tmp_path / "a.yml")
     assert caught.value.key == key
     assert expected in caught.value.message
+
+
+def test_a_capsule_default_must_name_a_capsule(tmp_path: Path) -> None:
+    text = "capsules:\n  reports: {queues: [reports]}\ntime_limits:\n  capsules:\n    reprots: 60\n"
+    with pytest.raises(ConfigError) as caught:
+        check_app(load_config([write(tmp_path, text)]), [])
+    assert caught.value.key == "time_limits.capsules.reprots"
+    assert "no capsule is named 'reprots'; expected one of ['reports']" in caught.value.message
+    fixed = text.replace("reprots", "reports")
+    check_app(load_config([write(tmp_path, fixed)]), [])

@@ -13,6 +13,7 @@ from typing import Any
 
 from limitd import options
 from limitd.plugins import ConfigSection, Feature, ProcessContext, Service
+from limitd.spec import JobSpec
 from limitd.time_limits import TIME_LIMITS_KEYS  # the section's keys, named where it is read
 
 KEY = "time_limits"
@@ -34,6 +35,12 @@ def _as_dict(settings: Any) -> dict[str, Any]:
     return as_dict(settings)
 
 
+def _check_app(config: Any, jobs: Sequence[JobSpec]) -> None:
+    from limitd.time_limits.checks import check_time_limit_capsules
+
+    check_time_limit_capsules(config, jobs)
+
+
 def services(context: ProcessContext) -> Sequence[Service]:
     """The watchdog service of a capsule process: it adds the time-limit middleware to
     the chain (a job with no limit is not concerned with it)."""
@@ -45,5 +52,6 @@ def services(context: ProcessContext) -> Sequence[Service]:
 TIME_LIMITS = Feature(
     name="time_limits",
     section=ConfigSection(KEY, _read, _as_dict),
+    check_app=_check_app,
     process_services=services,
 )
