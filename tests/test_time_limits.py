@@ -247,3 +247,23 @@ def test_a_capsule_default_must_name_a_capsule(tmp_path: Path) -> None:
     assert "no capsule is named 'reprots'; expected one of ['reports']" in caught.value.message
     fixed = text.replace("reprots", "reports")
     check_app(load_config([write(tmp_path, fixed)]), [])
+
+
+def test_a_job_that_swallows_the_error_is_recycled_like_a_stuck_one(
+    limits, redis: redis_py.Redis
+) -> None:
+    middleware, recycles = limits(grace=0.5)
+    caught = []
+
+    def stubborn() -> str:
+        until = time.monotonic() + 30
+        while time.monotonic() < until and not recycles.called.is_set():
+            try:
+                spin(0.05)()
+            except TimeLimitExceeded as exc:
+                caught.append(exc)
+        return "went on"
+
+    assert middleware(spec(), payload("stubborn", time_limit=0.2), "default", stubborn)
+    assert len(caught) == 1 and recycles.calls == 1
+    assert not redis.exists(exceeded_key(redis, "stubborn")), "it ended here: no mark left"
