@@ -211,3 +211,9 @@ def test_an_expired_job_frees_its_unique_lock(capsule: Capsule, until: str) -> N
         assert capsule.drain() == {"expired": 1}
         assert unique_warm.set(unique_until=until).perform_async("k") is not None, "freed"
     assert ran == []
+
+
+def test_a_bulk_push_stamps_every_job(redis: redis_py.Redis) -> None:
+    with freeze_time(T0):
+        warm.perform_bulk([["a"], ["b"], ["c"]])
+    assert [payload["expires_at"] for payload in queued(redis)] == [EPOCH0 + 60] * 3
