@@ -119,6 +119,17 @@ def test_a_bulk_push_seals_each_job(redis: redis_py.Redis) -> None:
     assert sorted(ran) == [(1, SECRET), (2, SECRET)]
 
 
+def test_the_fake_testing_mode_records_sealed_and_runs_clear_arguments() -> None:
+    from limitd import testing
+
+    with testing.fake() as jobs:
+        charge.perform_async(9, SECRET)
+        [[sealed]] = jobs.args_for(charge)
+        assert sealed.startswith(PREFIX)
+        jobs.drain()
+    assert ran == [(9, SECRET)]
+
+
 def test_a_plain_job_is_left_in_clear(redis: redis_py.Redis) -> None:
     plain.perform_async(SECRET)
     assert SECRET.encode() in everything_in(redis)
