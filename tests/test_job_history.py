@@ -16,7 +16,7 @@ from limitd.api import job_history
 from limitd.config import CapsuleConfig, ConfigError, load_config
 from limitd.job_history.process import HistoryWriter, process_services
 from limitd.job_history.section import HistorySettings
-from limitd.job_history.store import BUCKETS, Tally, bucket_bounds, bucket_of
+from limitd.job_history.store import BUCKETS, Tally, bucket_bounds, bucket_of, flush
 from limitd.middleware.defaults import default_server_chain
 from limitd.plugins import ProcessContext
 from limitd.supervisor import Capsule
@@ -230,3 +230,16 @@ def test_the_history_command_prints_the_classes(
     [first, second] = json.loads(run("--json"))
     assert {first["job_class"], second["job_class"]} == {OK, BAD}
     assert len(first["minutes"]) == 60 and len(first["buckets"]) == BUCKETS
+
+
+def test_on_a_cluster_every_minute_is_under_the_limitd_tag(clustered: Any) -> None:
+    """Cluster mode: the minute hashes carry ``{limitd}``, so a flush of many minutes is
+    one pipeline to one shard, and the reads find them."""
+    tally = Tally()
+    now_minute = int(limitd.clock.now() // 60)
+    for back in range(3):
+        tally.record(now_minute - back, OK, 5.0, failed=back == 0)
+    flush(clustered, tally.take())
+    assert keys.of(clustered).job_history(now_minute).startswith("{limitd}")
+    [row] = job_history(clustered, 5)
+    assert (row.processed, row.failed, row.buckets[bucket_of(5.0)]) == (3, 1, 3)
