@@ -6,6 +6,7 @@ that comes due after it dropped too, and the option's forms and mistakes. The ru
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 import logging
@@ -217,3 +218,22 @@ def test_a_bulk_push_stamps_every_job(redis: redis_py.Redis) -> None:
     with freeze_time(T0):
         warm.perform_bulk([["a"], ["b"], ["c"]])
     assert [payload["expires_at"] for payload in queued(redis)] == [EPOCH0 + 60] * 3
+
+
+def test_the_asyncio_client_stamps_the_deadline(redis_server, redis: redis_py.Redis) -> None:
+    from redis.asyncio import Redis as AsyncRedis
+
+    from limitd.aio.client import AsyncClient
+
+    async def push() -> str | None:
+        conn = AsyncRedis.from_url(redis_server.url)
+        try:
+            item = {"class": "expiry_test.Plain", "args": ["aio"], "expires_in": 90.0}
+            return await AsyncClient(conn).push(item)
+        finally:
+            await conn.aclose()
+
+    with freeze_time(T0):
+        jid = asyncio.run(push())
+    [payload] = queued(redis)
+    assert (payload["jid"], payload["expires_at"]) == (jid, EPOCH0 + 90)
