@@ -158,6 +158,18 @@ def test_the_lock_lifetime_is_unique_for(redis) -> None:
     assert 600_000 - 5_000 < redis.pttl(key) <= 600_000
 
 
+def test_a_push_tried_again_with_its_jid_is_not_its_own_duplicate(redis) -> None:
+    """A push whose write failed after it took the lock (a failover retry, reliable push)
+    runs the chain again with the same jid: it must get through, not be skipped."""
+    item = {"class": "unique_test.Import", "args": [6], "jid": "a" * 24}
+    client = limitd.client.default_client()
+    assert client.push(dict(item)) == "a" * 24
+    assert client.push(dict(item)) == "a" * 24
+    assert skipped(redis) == 0
+    assert import_account.perform_async(6) is None  # another jid is still a duplicate
+    assert skipped(redis) == 1
+
+
 def test_a_job_whose_lock_expired_does_not_free_a_newer_copys_lock(capsule: Capsule, redis) -> None:
     first = import_account.perform_async(3)
     key = keys.of(redis).unique_lock("unique_test.Import", "default", unique.args_digest([3]))

@@ -74,7 +74,7 @@ class ScriptTwins:
 
     def unique_acquire(self, script_keys: list[str], args: list[str]) -> int:
         now, held = clock.now(), self.locks.get(script_keys[0])
-        if held is not None and held[1] > now:
+        if held is not None and held[1] > now and held[0] != args[0]:
             self.skipped += 1
             return 0
         self.locks[script_keys[0]] = (args[0], now + int(args[1]) / 1000)
