@@ -267,3 +267,38 @@ def test_a_job_that_swallows_the_error_is_recycled_like_a_stuck_one(
     assert middleware(spec(), payload("stubborn", time_limit=0.2), "default", stubborn)
     assert len(caught) == 1 and recycles.calls == 1
     assert not redis.exists(exceeded_key(redis, "stubborn")), "it ended here: no mark left"
+
+
+def test_unregistering_clears_an_exception_set_but_not_yet_delivered() -> None:
+    """The job's thread is in a C call when its limit fires, and the job is over by the
+    time it unregisters (here from another thread, so the order is certain): the
+    exception set in the thread must never arrive."""
+    watchdog = Watchdog(TimeLimitExceeded, 30.0, lambda running: None)
+    ready, fired = threading.Event(), threading.Event()
+    arrived: list[BaseException] = []
+    holder: list[Running] = []
+
+    def job_thread() -> None:
+        try:
+            running = Watchdog.running(0.05, "j", "tl.Job")
+            holder.append(running)
+            watchdog.register(running)
+            ready.set()
+            fired.wait(10)  # one C call: the exception waits for it to return
+            spin(0.05)()  # Python again: a pending exception would arrive here
+        except TimeLimitExceeded as exc:
+            arrived.append(exc)
+
+    thread = threading.Thread(target=job_thread)
+    thread.start()
+    assert ready.wait(10)
+    running = holder[0]
+    deadline = time.monotonic() + 10
+    while not running.fired and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert running.fired
+    watchdog.unregister(running)
+    fired.set()
+    thread.join(10)
+    watchdog.stop()
+    assert arrived == []

@@ -130,6 +130,13 @@ class Watchdog:
         self._wake.notify()
 
     def _run(self) -> None:
+        try:
+            self._watch()
+        except BaseException:  # limits would silently stop applying: say so loudly
+            log.critical("the time-limit watchdog died: limits no longer apply", exc_info=True)
+            raise
+
+    def _watch(self) -> None:
         while True:
             with self._lock:
                 while not self._stopped:
