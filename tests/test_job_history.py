@@ -3,6 +3,7 @@ write them in batches; the admin API and the dashboard's Metrics page read them 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -243,3 +244,32 @@ def test_on_a_cluster_every_minute_is_under_the_limitd_tag(clustered: Any) -> No
     assert keys.of(clustered).job_history(now_minute).startswith("{limitd}")
     [row] = job_history(clustered, 5)
     assert (row.processed, row.failed, row.buckets[bucket_of(5.0)]) == (3, 1, 3)
+
+
+@limitd.job(name="job_history_test.Fetch", queue=QUEUE)
+async def fetch(n: int) -> None:
+    await asyncio.sleep(0.01)
+
+
+def test_async_jobs_are_timed_on_the_event_loop(
+    redis: redis_py.Redis, writer_and_capsule: tuple[HistoryWriter, Capsule]
+) -> None:
+    writer, capsule = writer_and_capsule
+    for n in range(4):
+        fetch.perform_async(n)
+    capsule.start()
+    try:
+
+        def written() -> bool:
+            writer.write()
+            return _processed(redis, "job_history_test.Fetch") == 4
+
+        wait_for(written, message="the 4 async jobs in the history")
+    finally:
+        capsule.stop(timeout=5)
+    [row] = job_history(redis, 5)
+    assert sum(row.buckets) == 4 and row.milliseconds >= 40  # each slept 10 ms
+
+
+def _processed(redis: redis_py.Redis, job_class: str) -> int:
+    return sum(row.processed for row in job_history(redis, 5) if row.job_class == job_class)
