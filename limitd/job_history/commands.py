@@ -53,5 +53,5 @@ def _cells(row: ClassHistory) -> list[object]:
         row.processed,
         row.failed,
         row.milliseconds,
-        f"{row.average_ms:.1f}",
+        round(row.average_ms, 1),
     ]
