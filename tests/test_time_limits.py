@@ -302,3 +302,33 @@ def test_unregistering_clears_an_exception_set_but_not_yet_delivered() -> None:
     thread.join(10)
     watchdog.stop()
     assert arrived == []
+
+
+def test_jobs_stopped_at_their_limit_are_counted_for_limitd_metrics(
+    limits, redis: redis_py.Redis
+) -> None:
+    from limitd.time_limits.metrics import time_limit_metrics
+
+    middleware, recycles = limits(grace=0.4)
+    with pytest.raises(TimeLimitExceeded):
+        middleware(spec(), payload(time_limit=0.1), "default", spin(30))
+
+    async def forever() -> None:
+        await asyncio.sleep(30)
+
+    async def cancelled() -> None:
+        with pytest.raises(TimeLimitExceeded):
+            await middleware.acall(spec(), payload(time_limit=0.1), "default", forever)
+
+    asyncio.run(cancelled())
+    with pytest.raises(TimeLimitExceeded):  # stuck in C, recycled; ends here after all
+        middleware(spec(), payload("s", time_limit=0.1), "default", lambda: time.sleep(1.5))
+    assert recycles.calls == 1
+    [family] = time_limit_metrics(redis)
+    samples = {(s.labels["job_class"], s.labels["how"]): s.value for s in family.samples}
+    assert samples == {
+        ("tl.Job", "interrupted"): 1,
+        ("tl.Job", "cancelled"): 1,
+        ("tl.Job", "recycled"): 1,
+    }
+    assert family.name == "limitd_time_limit_exceeded"

@@ -11,10 +11,14 @@ middleware for it. The middleware is innermost: the limit counts the job's own r
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import redis as redis_py
+
 from limitd import keys
+from limitd.connection import loop_twin
 from limitd.middleware.work import RedisClient
 from limitd.payload import Payload
 from limitd.registry import JobRegistry, registry
@@ -22,12 +26,25 @@ from limitd.spec import JobSpec
 from limitd.time_limits import TimeLimitExceeded
 from limitd.time_limits.watchdog import Running, Watchdog
 
+log = logging.getLogger("limitd.time_limits")
+
 MARK_SECONDS = 7 * 86_400  # how long a stuck job's mark waits for the job to come back
 
 
 def exceeded_key(redis: RedisClient, jid: str) -> str:
     """The mark of a job whose process was recycled because it would not stop."""
     return f"{keys.of(redis).LIMITD_PREFIX}time_limit:exceeded:{jid}"
+
+
+def counts_key(redis: RedisClient) -> str:
+    """The hash of jobs stopped at their limit, by ``<class>|<how>`` (``interrupted``: a
+    sync job's thread got the error; ``cancelled``: an async job; ``recycled``: a sync job
+    stuck past its grace), for ``limitd metrics``. A field per class: bounded."""
+    return f"{keys.of(redis).LIMITD_PREFIX}time_limit:counts"
+
+
+def count_field(job_class: str, how: str) -> str:
+    return f"{job_class}|{how}"
 
 
 class TimeLimits:
@@ -60,7 +77,10 @@ class TimeLimits:
     def mark(self, running: Running) -> None:
         """The job is stuck past its grace: when it is run again, it fails unrun (unless
         it ends in this process before the stop, which then removes the mark)."""
-        self.redis.set(exceeded_key(self.redis, running.jid), running.limit, ex=MARK_SECONDS)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.set(exceeded_key(self.redis, running.jid), running.limit, ex=MARK_SECONDS)
+        pipe.hincrby(counts_key(self.redis), count_field(running.job_class, "recycled"), 1)
+        pipe.execute()
 
     def __call__(
         self, spec: JobSpec, payload: Payload, queue: str, call_next: Callable[[], Any]
@@ -83,8 +103,17 @@ class TimeLimits:
         except TimeLimitExceeded as exc:
             if not running.fired or exc.args:
                 raise  # the job's own, or one it raised itself
+            if not running.marked:  # a recycled one was counted as such
+                self._count(payload, "interrupted")
             raise _exceeded(limit).with_traceback(exc.__traceback__) from None
         return result
+
+    def _count(self, payload: Payload, how: str) -> None:
+        """Count the job for ``limitd metrics``; the job's error stays the time limit."""
+        try:
+            self.redis.hincrby(counts_key(self.redis), count_field(payload["class"], how), 1)
+        except redis_py.RedisError as error:
+            log.warning("could not count a time limit reached: %s", error)
 
     def _unregister(self, running: Running) -> None:
         """Unregister, even if the watchdog's exception arrives during it (the job then
@@ -126,6 +155,12 @@ class TimeLimits:
             uncancel = getattr(task, "uncancel", None)
             if not expired or (uncancel is not None and uncancel() > 0):
                 raise
+            try:
+                field = count_field(payload["class"], "cancelled")
+                twin = loop_twin(self.redis)  # type: ignore[arg-type]
+                await twin.hincrby(counts_key(self.redis), field, 1)
+            except redis_py.RedisError as error:
+                log.warning("could not count a time limit reached: %s", error)
             raise _exceeded(limit) from None
         finally:
             timer.cancel()

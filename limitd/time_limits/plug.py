@@ -8,7 +8,7 @@ and the middleware are imported when a config is read or a capsule process start
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from limitd import options
@@ -17,7 +17,7 @@ from limitd.spec import JobSpec
 from limitd.time_limits import TIME_LIMITS_KEYS  # the section's keys, named where it is read
 
 KEY = "time_limits"
-__all__ = ["KEY", "TIME_LIMITS", "TIME_LIMITS_KEYS", "services"]
+__all__ = ["KEY", "TIME_LIMITS", "TIME_LIMITS_KEYS", "metrics", "services"]
 
 
 options.declare("time_limit", options.seconds, owner="limitd.time_limits")
@@ -41,6 +41,13 @@ def _check_app(config: Any, jobs: Sequence[JobSpec]) -> None:
     check_time_limit_capsules(config, jobs)
 
 
+def metrics(redis: Any) -> Iterable[Any]:
+    """The time-limit counters' part of ``limitd metrics``."""
+    from limitd.time_limits.metrics import time_limit_metrics
+
+    return time_limit_metrics(redis)
+
+
 def services(context: ProcessContext) -> Sequence[Service]:
     """The watchdog service of a capsule process: it adds the time-limit middleware to
     the chain (a job with no limit is not concerned with it)."""
@@ -53,5 +60,6 @@ TIME_LIMITS = Feature(
     name="time_limits",
     section=ConfigSection(KEY, _read, _as_dict),
     check_app=_check_app,
+    metrics=metrics,
     process_services=services,
 )
