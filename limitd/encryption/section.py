@@ -29,6 +29,7 @@ from limitd.encryption.cipher import KEY_BYTES, Keyring, decode_key
 KEY = "encryption"
 KEYS_VARIABLE = "LIMITD_ENCRYPTION_KEYS"
 CURRENT_VARIABLE = "LIMITD_ENCRYPTION_CURRENT"
+HIDDEN = "<hidden>"  # what ``limitd check`` prints in place of a key
 EXPECTED_KEY = f"expected {KEY_BYTES} random bytes in base64 (openssl rand -base64 32)"
 
 
@@ -61,8 +62,10 @@ def keyring_from_environment(env: Mapping[str, str] | None = None) -> Keyring:
 
 
 def as_dict(keyring: Keyring) -> dict[str, Any]:
-    """What ``limitd check`` prints: the versions, never the keys."""
-    return {"key_versions": sorted(keyring.keys), "current": keyring.current}
+    """What ``limitd check`` prints: the section's own shape (so a config without keys
+    reads back as printed), with each key's value hidden."""
+    hidden = {f"v{version}": HIDDEN for version in sorted(keyring.keys)}
+    return {"keys": hidden, "current": keyring.current}
 
 
 def _file_keys(section: Section) -> dict[int, bytes]:
