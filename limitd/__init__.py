@@ -19,6 +19,8 @@ from limitd.capacity.job import LimitedCapacityJob
 from limitd.client import Client, configure, default_client, redis_client, set_default_client
 from limitd.connection.replication import NotReplicated
 from limitd.fetch.recoveries import RecoveredTooOften
+from limitd.iteration.app import acancelled, cancelled
+from limitd.iteration.job import IterableJob
 from limitd.job import Enqueuer, Job, job
 from limitd.limiters.limiter import Limiter, OverLimit
 from limitd.options import InvalidJobOption
@@ -37,6 +39,7 @@ __all__ = [
     "ClientConfig",
     "Enqueuer",
     "InvalidJobOption",
+    "IterableJob",
     "Job",
     "JobSpec",
     "LimitedCapacityJob",
@@ -49,6 +52,8 @@ __all__ = [
     "TimeLimitExceeded",
     "UnsafeArgument",
     "__version__",
+    "acancelled",
+    "cancelled",
     "configure",
     "configure_client",
     "configure_server",

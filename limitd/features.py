@@ -12,6 +12,9 @@ have no default middleware (the job metrics middleware is added by its per-proce
 service), so their place is free. Tracing has none either: its service, when the config
 turns it on, puts its middleware first in each chain, so its spans cover the others.
 
+Iteration only binds an iterable job's run to its capsule (no Redis work, no effect on
+the others), so its place is free; it sits before encryption, which stays last.
+
 Encryption comes last: its client middleware seals the arguments after every other has
 seen them in clear, and its server middleware puts the sealed ones back before any
 outer one records the job (a limiter's reschedule, the retry decision).
@@ -28,6 +31,7 @@ from limitd.capacity.plug import CAPACITY
 from limitd.encryption.plug import ENCRYPTION
 from limitd.expiry.plug import EXPIRY
 from limitd.fair_tenant.plug import FAIR_TENANT
+from limitd.iteration.plug import ITERATION
 from limitd.job_history.plug import JOB_HISTORY
 from limitd.limiters.plug import LIMITERS
 from limitd.metrics.plug import METRICS
@@ -39,7 +43,7 @@ from limitd.unique.plug import UNIQUE
 from limitd.web.plug import WEB
 
 SHIPPED = (BATCH, UNIQUE, EXPIRY, FAIR_TENANT, LIMITERS, CAPACITY, PERIODIC, METRICS, OUTBOX, WEB,
-           TRACING, TIME_LIMITS, JOB_HISTORY, ENCRYPTION)
+           TRACING, TIME_LIMITS, JOB_HISTORY, ITERATION, ENCRYPTION)
 
 for _feature in SHIPPED:
     plugins.register(_feature)

@@ -309,6 +309,16 @@ class KeyLayout:
         """The counter of one calendar interval of a bucket limiter (it expires with it)."""
         return f"{self.LIMITD_PREFIX}limiter:bucket:{interval_start}:{name}"
 
+    def iteration(self, jid: str) -> str:
+        """Hash of an iterable job's progress: its cursor, items done, runs, state
+        (``limitd.iteration``)."""
+        return f"{self.LIMITD_PREFIX}iteration:{jid}"
+
+    def cancel_flag(self, jid: str) -> str:
+        """Set while a job is asked to stop (``limitd cancel``): an iterable job stops at
+        its next item, a plain one may look (``limitd.cancelled()``)."""
+        return f"{self.LIMITD_PREFIX}cancel:{jid}"
+
     def job_history(self, minute: int) -> str:
         """The hash of one minute's job history (``minute`` = epoch seconds // 60): per
         job class its processed, failed, milliseconds and duration buckets."""

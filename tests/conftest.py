@@ -65,6 +65,7 @@ CLUSTER_MODULES = frozenset(
         "test_api",
         "test_metrics_exporter",
         "test_poller",
+        "test_iteration",
     }
 )
 

@@ -33,7 +33,9 @@ from limitd.plugins import registered
 # Encrypted arguments: limitd.encryption and its plug (which declares ``encrypt``), 2.
 # Job history: limitd.job_history (the section's key names) and its plug, 2.
 # Expiring jobs: limitd.expiry and its plug (which declares ``expires_in``), 2.
-MOST_LIMITD_MODULES = 107
+# Iterable jobs: limitd.iteration, its plug, its job (``limitd.IterableJob``) and app
+# (``limitd.cancelled``), 4; the run loop and its store load with the first run.
+MOST_LIMITD_MODULES = 111
 
 # Packages that only the command line, the admin API, metrics or the web front end use,
 # and the server's fetch and supervisor (the server imports them; app code never does).

@@ -69,6 +69,7 @@ FEATURES = (
     "limitd.expiry",
     "limitd.encryption",
     "limitd.fair_tenant",
+    "limitd.iteration",
     "limitd.job_history",
     "limitd.limiters",
     "limitd.periodic",
@@ -98,6 +99,7 @@ ROLES: dict[str, Layer] = {
     # what app code calls
     "app": (SIDES, "client"),  # batch.app (Batch), transactions.app (transaction_aware)
     "job": (SIDES, "client"),
+    "run": (SIDES, "client"),  # iteration: one run of an iterable job, its decisions and loop
     "limiter": (SIDES, "client"),
     "aio": (SIDES, "client"),
     "tries": (SIDES, "client"),

@@ -21,9 +21,12 @@ listed by ``limiters()`` and how full they are now by ``limiter_usage()`` (from
 ``limitd.limiters.admin``), limited-capacity jobs by
 ``capacity()`` (from ``limitd.capacity.admin``), periodic entries by
 ``periodic_status()`` (from ``limitd.periodic.admin``), the per-class job history
-by ``job_history()`` (from ``limitd.job_history.admin``).
+by ``job_history()`` (from ``limitd.job_history.admin``), an iterable job's progress by
+``iteration_progress()`` (from ``limitd.iteration.admin``); ``cancel(jid)`` cancels a
+job (``cancel``).
 """
 
+from limitd.api.cancel import Cancellation, cancel
 from limitd.api.capsules import Capsule, Capsules
 from limitd.api.processes import Processes, ProcessStatus
 from limitd.api.queues import Queue, QueueEntry
@@ -59,6 +62,7 @@ from limitd.batch.admin import (
 )
 from limitd.capacity.admin import CapacityStatus, capacity
 from limitd.fair_tenant.admin import RuleWindow, TenantStatus, reroutes, top_tenants
+from limitd.iteration.admin import IterationProgress, iteration_progress, iteration_progress_of
 from limitd.job_history.admin import ClassHistory, MinuteFigures, job_history
 from limitd.limiters.admin import LimiterStatus, limiter_usage, limiters
 from limitd.periodic.admin import PeriodicStatus, periodic_status
@@ -68,6 +72,7 @@ __all__ = [
     "BatchCallback",
     "BatchDetail",
     "BatchStatus",
+    "Cancellation",
     "CapacityStatus",
     "Capsule",
     "Capsules",
@@ -75,6 +80,7 @@ __all__ = [
     "DeadSet",
     "EntryFilter",
     "FilteredPage",
+    "IterationProgress",
     "JobRecord",
     "LimiterStatus",
     "MinuteFigures",
@@ -97,8 +103,11 @@ __all__ = [
     "TenantStatus",
     "batch_detail",
     "batch_status",
+    "cancel",
     "capacity",
     "daily_history",
+    "iteration_progress",
+    "iteration_progress_of",
     "job_history",
     "limiter_usage",
     "limiters",

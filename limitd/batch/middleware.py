@@ -27,10 +27,12 @@ log = logging.getLogger("limitd.batch")
 
 # How a job's outcome (limitd.supervisor.executor) counts for its batch. An expired job
 # (limitd.expiry) was dropped by design, not by an error: it counts as a success, as in
-# Sidekiq Pro, whose expiry skips the job without raising.
+# Sidekiq Pro, whose expiry skips the job without raising. So does a cancelled one
+# (limitd.iteration): it was stopped on purpose, and runs no more.
 RESULTS = {
     "done": "success",
     "expired": "success",
+    "cancelled": "success",
     "retry": "failure",
     "dead": "death",
     "discarded": "death",

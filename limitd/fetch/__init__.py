@@ -50,9 +50,14 @@ class Fetch(Protocol):
         ...
 
     def requeue(
-        self, units: UnitOfWork | Iterable[UnitOfWork], *, reason: str | None = None
+        self,
+        units: UnitOfWork | Iterable[UnitOfWork],
+        *,
+        reason: str | None = None,
+        back: bool = False,
     ) -> int:
-        """Put jobs back in line; with a ``reason``, charged a recovery each."""
+        """Put jobs back in line, first (with ``back``: last); with a ``reason``,
+        charged a recovery each."""
         ...
 
     def vouch(self, period: float) -> None:
@@ -90,7 +95,8 @@ class Dispatch(Protocol):
         ...
 
     def finish(self, unit: UnitOfWork) -> None:
-        """Every job that ended, whatever its outcome, comes here to be settled."""
+        """Every job that ended, whatever its outcome, comes here to be settled (or put
+        back in line, when it asks to be: ``unit.give_back``)."""
         ...
 
     def leave(self) -> None:
@@ -98,7 +104,11 @@ class Dispatch(Protocol):
         ...
 
     def requeue(
-        self, units: UnitOfWork | Iterable[UnitOfWork], *, reason: str | None = None
+        self,
+        units: UnitOfWork | Iterable[UnitOfWork],
+        *,
+        reason: str | None = None,
+        back: bool = False,
     ) -> int:
         """Put jobs back (the fetch's ``requeue``)."""
         ...

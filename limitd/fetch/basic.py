@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, cast
+from typing import Any, ClassVar, cast
 
 import redis as redis_py
 
@@ -24,6 +24,10 @@ from limitd.queues.order import QueueOrder
 
 # BRPOP returns at least this often so a stopping processor notices promptly.
 BLOCK_SECONDS = 1.0
+
+# Where a job that asks to be put back goes (``UnitOfWork.give_back``): first in line
+# again, or behind the jobs queued meanwhile.
+FRONT, BACK = "front", "back"
 
 
 @dataclass
@@ -41,6 +45,10 @@ class UnitOfWork:
     fetch: BasicFetch
     recoveries: int = 0
     alone: int = 0
+    # Set when the job ended asking to be put back in line rather than acknowledged (an
+    # iterable job stopping between items, ``limitd.middleware.chain.Interrupted``):
+    # "front" or "back" of its queue. The dispatch's ``finish`` obeys it.
+    give_back: str | None = None
     # ``defer`` makes its calls at once (a round trip) rather than keeping them.
     defer_is_io: ClassVar[bool] = True
 
@@ -59,6 +67,12 @@ class UnitOfWork:
         settled. BRPOP has no acknowledgement to carry them: made now."""
         for call in calls:
             call.run(self.fetch.redis)
+
+
+def give_back(fetch: Any, unit: UnitOfWork) -> None:
+    """Put a job that asked for it (``unit.give_back``) back in line, instead of
+    settling it: its fetch moves it back to its queue, to the end it named."""
+    fetch.requeue(unit, back=unit.give_back == BACK)
 
 
 def as_units(units: UnitOfWork | Iterable[UnitOfWork]) -> list[UnitOfWork]:
@@ -101,12 +115,21 @@ class BasicFetch:
         return len(units)
 
     def requeue(
-        self, units: UnitOfWork | Iterable[UnitOfWork], *, reason: str | None = None
+        self,
+        units: UnitOfWork | Iterable[UnitOfWork],
+        *,
+        reason: str | None = None,
+        back: bool = False,
     ) -> int:
-        """Put jobs back at the end their queue is read from, so they run next. With a
+        """Put jobs back at the end their queue is read from, so they run next (with
+        ``back``, at the other end, behind the jobs queued meanwhile). With a
         ``reason`` (their outcome could not be recorded), each goes back with its count
         of recoveries raised, in its payload: the job is out of Redis."""
         batch = as_units(units)
+        if back and reason is None:
+            for unit in batch:
+                self.redis.lpush(self.keys.queue(unit.queue), unit.job)
+            return len(batch)
         if reason is not None:
             for unit in batch:
                 self.redis.rpush(

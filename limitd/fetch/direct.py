@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from limitd.fetch.basic import BasicFetch, UnitOfWork
+from limitd.fetch.basic import BasicFetch, UnitOfWork, give_back
 
 
 class DirectDispatch:
@@ -35,15 +35,22 @@ class DirectDispatch:
         return units[0] if units else None
 
     def finish(self, unit: UnitOfWork) -> None:
-        self.fetch.settle([unit])
+        if unit.give_back is not None:
+            give_back(self.fetch, unit)
+        else:
+            self.fetch.settle([unit])
 
     def leave(self) -> None:
         """Nothing is kept for a next take."""
 
     def requeue(
-        self, units: UnitOfWork | Iterable[UnitOfWork], *, reason: str | None = None
+        self,
+        units: UnitOfWork | Iterable[UnitOfWork],
+        *,
+        reason: str | None = None,
+        back: bool = False,
     ) -> int:
-        return self.fetch.requeue(units, reason=reason)
+        return self.fetch.requeue(units, reason=reason, back=back)
 
     def held(self) -> list[UnitOfWork]:
         return []

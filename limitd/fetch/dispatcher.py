@@ -44,7 +44,7 @@ import redis as redis_py
 
 from limitd.connection import OwnConnection, own_connection
 from limitd.connection.backoff import Backoff
-from limitd.fetch.basic import UnitOfWork
+from limitd.fetch.basic import UnitOfWork, give_back
 from limitd.fetch.limit import LimitFetch
 from limitd.fetch.wakeup import IdleGate
 
@@ -144,7 +144,11 @@ class Dispatcher:
         """A job ended (whatever its outcome): settle it with the next call. A processor
         thread keeps it for its own next take, which follows at once (it would be woken
         for nothing otherwise); from anywhere else it waits for the next call, which
-        under load some processor makes anyway, and the dispatcher thread is woken."""
+        under load some processor makes anyway, and the dispatcher thread is woken. A
+        job that asks to be put back in line (``unit.give_back``) goes back now."""
+        if unit.give_back is not None:
+            give_back(self.fetch, unit)
+            return
         waiter: _Waiter | None = getattr(self._local, "waiter", None)
         if waiter is not None and waiter.done is None:
             waiter.done = unit
@@ -264,9 +268,13 @@ class Dispatcher:
         return waiter
 
     def requeue(
-        self, units: UnitOfWork | Iterable[UnitOfWork], *, reason: str | None = None
+        self,
+        units: UnitOfWork | Iterable[UnitOfWork],
+        *,
+        reason: str | None = None,
+        back: bool = False,
     ) -> int:
-        return self.fetch.requeue(units, reason=reason)
+        return self.fetch.requeue(units, reason=reason, back=back)
 
     def held(self) -> list[UnitOfWork]:
         """Units in Redis's in-progress lists that no processor holds: fetched and not

@@ -54,7 +54,7 @@ log = logging.getLogger("limitd.fetch")
 LIMIT_FETCH = LuaScript(__package__ or "limitd.fetch", "limit_fetch.lua")
 DYNAMIC_REFRESH_SECONDS = 5.0
 SHORTFALL_LOG_EVERY = 60.0
-ACK, REQUEUE = b"ack", b"requeue"
+ACK, REQUEUE, YIELD = b"ack", b"requeue", b"yield"
 JOB_FIELDS = 4  # each job in a fetch reply: queue, job, crashes, crashes alone
 
 
@@ -142,19 +142,28 @@ class LimitFetch:
         return int(self._call(units, ACK, [], 0, self.redis)[0]) if units else 0
 
     def requeue(
-        self, units: UnitOfWork | Iterable[UnitOfWork], *, reason: str | None = None
+        self,
+        units: UnitOfWork | Iterable[UnitOfWork],
+        *,
+        reason: str | None = None,
+        back: bool = False,
     ) -> int:
-        """Put jobs back, the first given first in line again, in one round trip; with a
-        ``reason`` (their outcome could not be recorded), one call each that also
-        charges the job a recovery (``fetch/recoveries.py``). Returns how many were
-        still this capsule's to give back."""
+        """Put jobs back, the first given first in line again, in one round trip; with
+        ``back``, at the end of their queues instead (a job giving way to those queued
+        after it); with a ``reason`` (their outcome could not be recorded), one call
+        each that also charges the job a recovery (``fetch/recoveries.py``). Returns how
+        many were still this capsule's to give back."""
         batch = as_units(units)
         if reason is not None:
             return sum(
                 recoveries.recover(self.redis, self.capsule_id, u.queue, u.job, reason) > 0
                 for u in batch
             )
-        return int(self._call(batch[::-1], REQUEUE, [], 0, self.redis)[0]) if batch else 0
+        if not batch:
+            return 0
+        if back:
+            return int(self._call(batch, YIELD, [], 0, self.redis)[0])
+        return int(self._call(batch[::-1], REQUEUE, [], 0, self.redis)[0])
 
     # -- heartbeat time ------------------------------------------------------------
 

@@ -15,7 +15,9 @@
 --          limitd:rate:<name> (its rate schedule; only read when it has a rate limit)
 -- ARGV[1]  this capsule's id
 -- ARGV[2]  the wake-up channel (limitd:wake)
--- ARGV[3]  "ack" (done with the settled jobs) or "requeue" (push them back to the front)
+-- ARGV[3]  "ack" (done with the settled jobs), "requeue" (push them back to the front)
+--          or "yield" (push them back to the end: an iterable job giving way to the
+--          jobs queued after it)
 -- ARGV[4]  s, the number of jobs to settle
 -- ARGV[5]  want, the most jobs to take
 -- ARGV[6]  n, the number of queues
@@ -158,16 +160,16 @@ local function free_slots(name, queue_key, count)
 end
 
 -- Remove one finished job from its in-progress list: 1 if it was there. A requeued job
--- goes back to the front of its queue now; an acknowledged one's slot is freed by the
--- caller, with the others of its queue.
+-- goes back to the front of its queue now (a yielded one to the end); an acknowledged
+-- one's slot is freed by the caller, with the others of its queue.
 local function settle(in_progress_key, queue_key, job, name, mode)
   if redis.call('LREM', in_progress_key, 1, job) == 0 then
     return 0
   end
   release_suspect(job)
-  if mode == 'requeue' then
+  if mode ~= 'ack' then
     release(name, 1)
-    redis.call('RPUSH', queue_key, job)
+    redis.call(mode == 'yield' and 'LPUSH' or 'RPUSH', queue_key, job)
     redis.call('PUBLISH', channel, name)
   end
   return 1

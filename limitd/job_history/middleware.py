@@ -5,7 +5,8 @@ under the minute it ended in. No Redis work here: the service in
 
 What counts: a job that ran is ``processed``; one that raised (retried, dead, or
 discarded after an error) is also ``failed``. A job put back by a rate limiter
-(``rescheduled``) is not counted: it runs again later, and is counted then.
+(``rescheduled``), or an iterable job put back in line (``interrupted``), is not
+counted: it runs again later, and is counted then.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class JobHistory(ServerMiddleware):
     ) -> None:
         timed = _timed.get()
         _timed.set(None)
-        if outcome == "rescheduled":
+        if outcome in ("rescheduled", "interrupted"):
             return
         milliseconds = timed[1] if timed is not None and timed[0] == payload.get("jid") else None
         minute = int(clock.now() // 60)

@@ -7,7 +7,8 @@ recorded, adds the job to two families of the process's own registry:
 - ``limitd_job_duration_seconds{job_class,queue}``: histogram of the time the job spent in the
   chain below this middleware and in ``perform``;
 - ``limitd_jobs_total{job_class,queue,outcome}``: jobs that ended, by outcome (``done``,
-  ``retry``, ``dead``, ``discarded``, ``rescheduled``, ``expired``);
+  ``retry``, ``dead``, ``discarded``, ``rescheduled``, ``expired``, and for iterable
+  jobs ``interrupted`` and ``cancelled``);
 - ``limitd_jobs_expired_total{job_class,queue}``: jobs dropped unrun because they were
   past their ``expires_in`` deadline (``limitd.expiry``), the series an alert watches.
 
@@ -28,7 +29,9 @@ from limitd.middleware.base import ServerMiddleware
 from limitd.payload import Payload
 from limitd.spec import JobSpec
 
-OUTCOMES = ("done", "retry", "dead", "discarded", "rescheduled", "expired")
+OUTCOMES = (
+    "done", "retry", "dead", "discarded", "rescheduled", "expired", "interrupted", "cancelled",
+)  # fmt: skip
 # Jobs run from milliseconds to many minutes: the default buckets stop at 10 s.
 DURATION_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
@@ -61,7 +64,7 @@ class JobMetrics(ServerMiddleware):
         self.jobs = Counter(
             "limitd_jobs",
             "Jobs this process ran, by how they ended (done, retry, dead, discarded, rescheduled,"
-            " expired).",
+            " expired, interrupted, cancelled).",
             ("job_class", "queue", "outcome"),
             registry=registry,
         )

@@ -23,6 +23,8 @@ Server side, for each job, middleware that are ``concerned`` with it, in chain o
     ended(spec, payload, queue, error)     # inner first; may replace the job's error
     settled(spec, payload, queue, outcome, error)  # script calls sent with the ack
 
+and ``quiet()`` once, when the capsule stops taking jobs.
+
 A plain callable (``__call__(spec, payload, redis_or_queue, call_next)``) still works
 as a middleware, as the README describes; the shipped ones all use these classes.
 """
@@ -113,8 +115,15 @@ class ServerMiddleware:
         outcome: str,
         error: BaseException | None,
     ) -> ScriptCall | list[ScriptCall] | None:
-        """The job's fate is recorded (``done``, ``retry``, ``dead``, ``discarded`` or
-        ``rescheduled``): script calls to make before it is acknowledged, in the same
-        round trip when the fetch can. They must be idempotent per jid: if they fail,
-        the job runs again."""
+        """The job's fate is recorded (``done``, ``retry``, ``dead``, ``discarded``,
+        ``rescheduled``, ``interrupted``, or what a ``Dropped`` names): script calls to
+        make before it is acknowledged, in the same round trip when the fetch can. They
+        must be idempotent per jid: if they fail, the job runs again. After the outcomes
+        in ``chain.RUNS_AGAIN`` the same job runs again: keep what it holds. An
+        ``interrupted`` job is put back in line, not acknowledged: return nothing."""
         return None
+
+    def quiet(self) -> None:
+        """The capsule stopped taking jobs (it is about to stop, or was quieted): a
+        middleware whose jobs can stop early asks them to. Called from the thread that
+        quiets the capsule; keep it quick (set a flag)."""

@@ -23,6 +23,7 @@ job is acknowledged, in the same round trip as the acknowledgement when the fetc
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -32,6 +33,8 @@ from limitd.middleware.callables import CallableServer
 from limitd.middleware.work import AsyncRedisClient, RedisClient, arun_work, run_work
 from limitd.payload import Payload
 from limitd.spec import JobSpec
+
+log = logging.getLogger("limitd.middleware")
 
 
 class Rescheduled(Exception):
@@ -50,6 +53,25 @@ class Dropped(Exception):
     def __init__(self, outcome: str, message: str) -> None:
         super().__init__(message)
         self.outcome = outcome
+
+
+class Interrupted(Exception):
+    """Raised by a job that stopped between two steps and must run again from where it
+    stopped (an iterable job, ``limitd.iteration``, when its capsule quiets, or at the
+    end of a slice): the executor records the outcome ``interrupted`` (neither a success
+    nor a failure) and the job's dispatch puts the job back in its queue, in the same
+    atomic move as a graceful stop's requeue, instead of acknowledging it: first in
+    line again, or with ``back`` behind the jobs queued meanwhile. ``settled``
+    middleware leave its state as it is, as for ``rescheduled``: it runs again."""
+
+    def __init__(self, message: str, *, back: bool = False) -> None:
+        super().__init__(message)
+        self.back = back
+
+
+# The outcomes after which the same job runs again (a ``settled`` middleware keeps what
+# it holds for it: its unique lock, its place in a batch).
+RUNS_AGAIN = frozenset({"retry", "rescheduled", "interrupted"})
 
 
 class Chain:
@@ -105,7 +127,7 @@ class ServerEntry:
     its own (no-op defaults are not called: every job passes the chain), or a callable
     one (``wrapped``). A plain class with slots: its fields are read for every job."""
 
-    __slots__ = ("concerns", "ends", "middleware", "settles", "starts", "wrapped")
+    __slots__ = ("concerns", "ends", "middleware", "quiets", "settles", "starts", "wrapped")
 
     def __init__(self, middleware: Any) -> None:
         self.middleware = middleware
@@ -113,7 +135,7 @@ class ServerEntry:
         if not isinstance(middleware, ServerMiddleware):
             self.wrapped = CallableServer(middleware)
             self.concerns = self.wrapped.concerns
-            self.starts = self.ends = False
+            self.starts = self.ends = self.quiets = False
             self.settles = True
             return
         kind, base = type(middleware), ServerMiddleware
@@ -122,6 +144,7 @@ class ServerEntry:
         self.starts = kind.starting is not base.starting
         self.ends = kind.ended is not base.ended
         self.settles = kind.settled is not base.settled
+        self.quiets = kind.quiet is not base.quiet
 
 
 class ServerChain(Chain):
@@ -133,13 +156,28 @@ class ServerChain(Chain):
         super().__init__(entries)
         self._plan: tuple[int, list[ServerEntry]] = (-1, [])
 
-    def _concerned(self, payload: Payload) -> list[ServerEntry]:
-        """The middleware that want to see this job (see ``concerns``)."""
+    def _concerned_plan(self) -> list[ServerEntry]:
+        """Every middleware as the chain calls it, rebuilt after a change."""
         version, plan = self._plan
         if version != self._version:
             plan = [ServerEntry(m) for m in self._entries]
             self._plan = (self._version, plan)
-        return [e for e in plan if e.concerns is None or e.concerns(payload)]
+        return plan
+
+    def _concerned(self, payload: Payload) -> list[ServerEntry]:
+        """The middleware that want to see this job (see ``concerns``)."""
+        return [e for e in self._concerned_plan() if e.concerns is None or e.concerns(payload)]
+
+    def quiet(self) -> None:
+        """The capsule stopped taking jobs (TSTP, a quiet from afar, the start of a
+        stop): tell the middleware that define ``quiet``, so jobs that can stop early
+        (iterable jobs) do. One that raises is logged; the others are still told."""
+        for entry in self._concerned_plan():
+            if entry.quiets:
+                try:
+                    entry.middleware.quiet()
+                except Exception:
+                    log.exception("%s.quiet failed", type(entry.middleware).__name__)
 
     def without_acall(self) -> list[str]:
         """Names of the middleware an async job runs through on a worker thread."""

@@ -161,8 +161,10 @@ class Capsule:
         self.stats.flush(self.redis)
 
     def quiet(self) -> None:
-        """Finish what runs, start nothing new (TSTP)."""
+        """Finish what runs, start nothing new (TSTP). Middleware whose jobs can stop
+        early (iterable jobs, between two items) are told."""
         self.processors.quiet()
+        self.executor.chain.quiet()
         self.dispatcher.close()
         self.gate.close()
         self.poller.terminate()

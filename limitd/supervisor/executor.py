@@ -5,8 +5,10 @@ capsule's event loop and run there by ``execute_async``, through the same steps.
 
 This is where every job's fate is decided and logged, once: ``done``, ``retry``,
 ``dead``, ``discarded``, ``rescheduled`` (a middleware put it back in ``schedule``,
-see ``limitd.middleware.chain.Rescheduled``) or the one a middleware that dropped the
-job names (``expired``, see ``limitd.middleware.chain.Dropped``). The caller
+see ``limitd.middleware.chain.Rescheduled``), ``interrupted`` (the job stopped between
+two steps and is put back in line, ``limitd.middleware.chain.Interrupted``: its unit's
+``give_back`` says where) or the one that dropped the job names (``expired``,
+``cancelled``, see ``limitd.middleware.chain.Dropped``). The caller
 acknowledges the unit of work only after ``execute`` returned, that is after the outcome
 was recorded in Redis, so a fetch that keeps jobs until acknowledged never loses one
 whose retry could not be written.
@@ -22,9 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 from limitd import clock
 from limitd.connection import ScriptCall
+from limitd.fetch.basic import BACK, FRONT
 from limitd.fetch.recoveries import RecoveredTooOften, count_in
 from limitd.logs import job_fields, own_frames
-from limitd.middleware.chain import Dropped, Rescheduled, ServerChain
+from limitd.middleware.chain import Dropped, Interrupted, Rescheduled, ServerChain
 from limitd.payload import MalformedPayload, Payload, dead_entry, parse
 from limitd.registry import JobRegistry, registry
 from limitd.retry import Fate, RetryHandler, error_class_name
@@ -44,6 +47,8 @@ HANDED_OFF = "handed_off"
 
 # (unit, its decoded payload, its async spec): starts the job on the capsule's loop.
 HandOff = Callable[["UnitOfWork", Payload, JobSpec], None]
+
+INTERRUPTED = "interrupted"
 
 # The outcomes that count as failed in the stats (a job rescheduled or dropped by a
 # middleware, ``expired`` for one, did not fail).
@@ -118,6 +123,8 @@ class JobExecutor:
             outcome = "done"
         except Rescheduled:
             outcome = "rescheduled"
+        except Interrupted as interrupted:
+            outcome = _give_back(unit, interrupted)
         except Dropped as dropped:
             outcome = dropped.outcome
         except (Exception, SystemExit) as exc:
@@ -161,7 +168,7 @@ class JobExecutor:
         # Every job passes here: the clock is read only for the INFO line that uses it.
         timed = log.isEnabledFor(logging.INFO)
         started = clock.monotonic() if timed else 0.0
-        outcome, calls = self._run(spec, payload, unit.queue)
+        outcome, calls = self._run(spec, payload, unit)
         if calls:
             unit.defer(calls)  # made before the acknowledgement, with it if possible
         if timed:
@@ -183,8 +190,9 @@ class JobExecutor:
         return "dead"
 
     def _run(
-        self, spec: JobSpec | None, payload: Payload, queue: str
+        self, spec: JobSpec | None, payload: Payload, unit: UnitOfWork
     ) -> tuple[str, list[ScriptCall]]:
+        queue = unit.queue
         token = running(payload)
         error: BaseException | None = None
         try:
@@ -197,6 +205,8 @@ class JobExecutor:
             outcome = "done"
         except Rescheduled:  # a middleware put it back in schedule: it runs again
             outcome = "rescheduled"
+        except Interrupted as interrupted:  # stopped between steps: back in line
+            outcome = _give_back(unit, interrupted)
         except Dropped as dropped:  # a middleware decided it must not run
             outcome = dropped.outcome
         except (Exception, SystemExit) as exc:  # a job calling sys.exit() has failed
@@ -217,6 +227,13 @@ class JobExecutor:
             raise
         _log_failure(payload, queue, exc, fate)
         return fate.outcome
+
+
+def _give_back(unit: UnitOfWork, interrupted: Interrupted) -> str:
+    """The job stopped between steps: its dispatch puts it back in line rather than
+    acknowledging it (see ``Dispatch.finish``)."""
+    unit.give_back = BACK if interrupted.back else FRONT
+    return INTERRUPTED
 
 
 def _perform(spec: JobSpec, payload: Payload) -> Any:

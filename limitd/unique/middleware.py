@@ -41,6 +41,7 @@ from typing import Any
 from limitd import clock, keys, options
 from limitd.connection import LuaScript, ScriptCall
 from limitd.middleware.base import ClientMiddleware, ServerMiddleware
+from limitd.middleware.chain import RUNS_AGAIN
 from limitd.middleware.work import RedisClient
 from limitd.payload import Payload
 from limitd.spec import JobSpec
@@ -174,8 +175,9 @@ class UniqueRelease(ServerMiddleware):
     ) -> ScriptCall | None:
         """After the job's fate is recorded: a job that will not run again frees its
         lock under ``executed`` (with its acknowledgement); one waiting for a retry
-        keeps it, as does one a limiter rescheduled."""
-        if outcome in ("retry", "rescheduled") or _policy(payload) != "executed":
+        keeps it, as does one a limiter rescheduled or an iterable job put back in line
+        (``RUNS_AGAIN``)."""
+        if outcome in RUNS_AGAIN or _policy(payload) != "executed":
             return None
         return release_call(payload)
 
