@@ -114,8 +114,8 @@ def _clean() -> Iterator[None]:
     _capsules.clear()
 
 
-def capsule(redis: redis_py.Redis, queues: list[str] | None = None) -> Capsule:
-    made = Capsule(CapsuleConfig(queues=queues or ["default"]), redis=redis)
+def capsule(redis: redis_py.Redis, fetch: str = "limit") -> Capsule:
+    made = Capsule(CapsuleConfig(queues=["default"], fetch=fetch), redis=redis)
     _capsules.append(made)
     return made
 
@@ -176,6 +176,24 @@ def test_a_quiet_stops_the_run_after_its_item_and_the_next_run_resumes_after_it(
     assert hooks[-2:] == ["resume at 4 after 5", "complete"]
     progress = iteration_progress(jid)
     assert progress is not None and (progress.items, progress.runs) == (12, 2)
+
+
+@pytest.mark.standalone_only("the basic fetch is BRPOP, the same in both layouts")
+def test_the_basic_fetch_puts_a_stopped_walk_first_and_a_sliced_one_last(
+    redis: redis_py.Redis,
+) -> None:
+    walk = Walk.perform_async(5)
+    sliced = Sliced.perform_async("ab")
+    other = plain.perform_async("x")
+    stop_after["Walk"] = 1
+    made = capsule(redis, fetch="basic")
+    assert run_one(made) == "interrupted"
+    assert queued(redis) == [walk, sliced, other]
+    del stop_after["Walk"]
+    slicing = capsule(redis, fetch="basic")
+    slicing.dispatcher.take_now()  # the walk, taken out of the way: the sliced job is next
+    assert run_one(slicing) == "interrupted"
+    assert queued(redis) == [other, sliced]
 
 
 def test_a_job_that_starts_while_its_capsule_quiets_goes_straight_back(
