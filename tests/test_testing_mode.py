@@ -18,6 +18,7 @@ import redis as redis_py
 
 import limitd
 from limitd import testing
+from limitd.iteration.job import numbers
 from limitd.middleware.client_chain import ClientChain
 
 ran: list[Any] = []
@@ -79,6 +80,25 @@ def callback(status: dict[str, Any], options: dict[str, Any]) -> None:
 )
 def tenant_job(account: str) -> None:
     ran.append(("tenant", account))
+
+
+class Walk(limitd.IterableJob, name="tm.Walk"):
+    max_slice_seconds = 0.0  # in a capsule, one item per run; here, the whole walk
+
+    def build_items(self, count: int, *, cursor: int | None) -> Any:
+        return numbers(0, count, cursor)
+
+    def each_item(self, item: int, count: int) -> None:
+        ran.append(("item", item, limitd.cancelled()))
+
+
+class AsyncWalk(limitd.IterableJob, name="tm.AsyncWalk"):
+    async def build_items(self, count: int, *, cursor: int | None) -> Any:
+        for pair in numbers(0, count, cursor):
+            yield pair
+
+    async def each_item(self, item: int, count: int) -> None:
+        ran.append(("async item", item, await limitd.acancelled()))
 
 
 def closed_port() -> int:
@@ -272,6 +292,21 @@ def test_inline_runs_at_push_time_and_raises() -> None:
         with pytest.raises(ValueError, match="boom"):
             fails.perform_async("boom")
         assert [p["class"] for p in performed.performed] == ["tm.add", "tm.add", "tm.fails"]
+
+
+def test_iterable_jobs_walk_every_item_in_one_run_in_both_modes() -> None:
+    with testing.fake() as jobs:
+        Walk.perform_async(3)
+        AsyncWalk.perform_async(2)
+        assert ran == []
+        assert jobs.drain() == 2
+    with testing.inline():
+        Walk.perform_async(2)
+    assert ran == [
+        ("item", 0, False), ("item", 1, False), ("item", 2, False),
+        ("async item", 0, False), ("async item", 1, False),
+        ("item", 0, False), ("item", 1, False),
+    ]  # fmt: skip
 
 
 def test_inline_async_job_from_sync_and_async_code() -> None:

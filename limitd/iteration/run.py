@@ -62,7 +62,9 @@ class Run:
         self.stopping = bound.stopping if bound is not None else None
         self.store = IterationStore(self.redis, jid, job_class) if bound is not None else None
         self.save_every = save_every
-        self.max_slice = max_slice
+        # A slice yields to the jobs queued behind only where progress is kept to
+        # resume from: unbound (a test calling perform), the walk runs to its end.
+        self.max_slice = max_slice if bound is not None else None
         self.resume = store.FRESH
         self.items = 0
         self.pending = ""  # the encoded cursor not saved yet ("" when saved)

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import redis as redis_py
 
 from limitd.connection import run_calls
+from limitd.iteration.middleware import IterationControl
 from limitd.middleware.chain import Rescheduled, ServerChain
 from limitd.middleware.defaults import default_server_chain
 from limitd.payload import Payload
@@ -35,6 +36,9 @@ class JobRunner:
     def __init__(self, redis: redis_py.Redis, extra: list[Any] | None = None) -> None:
         self.redis = redis
         self.chain: ServerChain = default_server_chain(redis)
+        # Iterable jobs walk all their items in one run here: no progress to keep, no
+        # capsule to stop them (their middleware only binds a run to its capsule).
+        self.chain.remove(IterationControl)
         for middleware in extra or []:
             self.chain.add(middleware)
 
