@@ -302,7 +302,7 @@ def test_keyword_arguments_are_placed_by_build_items(redis: redis_py.Redis) -> N
 def test_a_walk_outside_a_capsule_keeps_no_progress() -> None:
     job = Walk()
     job.jid, job.payload = "a" * 24, {"class": "iteration_test.Walk", "jid": "a" * 24}
-    job.perform(3)  # type: ignore[attr-defined]
+    job.perform(3)
     assert done == [0, 1, 2] and job.items_done == 3 and job.cursor == 2
 
 

@@ -31,7 +31,7 @@ The class attributes ``max_slice_seconds`` (None: no slice) and ``save_every_sec
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncIterable, Iterable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from limitd.iteration import ITERABLE_CLASSES
@@ -58,16 +58,26 @@ class IterableJob(Job, abstract=True):
         cls, name: str | None = None, abstract: bool = False, **job_options: Any
     ) -> None:
         if not abstract:
-            cls.perform = _perform_for(cls)  # type: ignore[attr-defined]
+            cls.perform = _perform_for(cls)  # type: ignore[method-assign]
         super().__init_subclass__(name=name, abstract=abstract, **job_options)
         if not abstract:
             ITERABLE_CLASSES.add(cls.spec.name)
 
-    def build_items(self, *args: Any, cursor: Any) -> Iterable[Any] | AsyncIterable[Any]:
-        raise NotImplementedError
+    # ``build_items`` and ``each_item`` are the subclass's, with its own parameters: not
+    # declared here, so that a type checker takes each class's as they are written.
 
-    def each_item(self, item: Any, *args: Any) -> Any:
-        raise NotImplementedError
+    if TYPE_CHECKING:  # what type checkers see of the generated ``perform``
+
+        def perform(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def _items(self, args: tuple[Any, ...], cursor: Any) -> Any:
+        """The subclass's ``build_items`` (which type checkers know by its own
+        parameters, the base class declaring none)."""
+        return self.build_items(*args, cursor=cursor)  # type: ignore[attr-defined]
+
+    def _do(self, item: Any, args: tuple[Any, ...]) -> Any:
+        """The subclass's ``each_item``."""
+        return self.each_item(item, *args)  # type: ignore[attr-defined]
 
     def _new_run(self) -> Run:
         from limitd.iteration.run import Run
@@ -117,7 +127,7 @@ def _perform_for(cls: type[IterableJob]) -> Any:
     ``build_items``' parameters less ``cursor`` (enqueue calls place keyword arguments
     by them)."""
     _check_class(cls)
-    is_async = inspect.iscoroutinefunction(cls.each_item)
+    is_async = inspect.iscoroutinefunction(cls.each_item)  # type: ignore[attr-defined]
 
     def perform(self: IterableJob, *args: Any) -> None:
         from limitd.iteration.run import run_sync
@@ -130,7 +140,7 @@ def _perform_for(cls: type[IterableJob]) -> Any:
         await run_async(self, args)
 
     chosen: Any = perform_async if is_async else perform
-    signature = inspect.signature(cls.build_items)
+    signature = inspect.signature(cls.build_items)  # type: ignore[attr-defined]
     params = [p for p in signature.parameters.values() if p.name != "cursor"]
     chosen.__signature__ = signature.replace(parameters=params)
     chosen.__qualname__ = f"{cls.__qualname__}.perform"
@@ -142,7 +152,7 @@ def _check_class(cls: type[IterableJob]) -> None:
     if "perform" in vars(cls):
         raise TypeError(f"{where} defines perform: define build_items and each_item instead")
     for method in ("build_items", "each_item"):
-        if getattr(cls, method) is getattr(IterableJob, method):
+        if not callable(getattr(cls, method, None)):
             raise TypeError(f"{where} must define {method}")
-    if "cursor" not in inspect.signature(cls.build_items).parameters:
+    if "cursor" not in inspect.signature(cls.build_items).parameters:  # type: ignore[attr-defined]
         raise TypeError(f"{where}: build_items must take a cursor keyword argument")

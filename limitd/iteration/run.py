@@ -160,11 +160,11 @@ def run_sync(job: IterableJob, args: tuple[Any, ...]) -> None:
 
 
 def _walk(job: IterableJob, run: Run, args: tuple[Any, ...]) -> str | None:
-    items = job.build_items(*args, cursor=run.resume.cursor)
+    items = job._items(args, run.resume.cursor)
     if not isinstance(items, Iterable):
         raise TypeError(f"{type(job).__name__}.build_items returned no iterable: {items!r}")
     for item, cursor in items:
-        job.each_item(item, *args)
+        job._do(item, args)
         why, save = job._item_done(run, cursor)
         if why is not None:
             return why
@@ -236,9 +236,9 @@ async def run_async(job: IterableJob, args: tuple[Any, ...]) -> None:
 
 
 async def _awalk(job: IterableJob, run: Run, args: tuple[Any, ...], conn: Any) -> str | None:
-    items = job.build_items(*args, cursor=run.resume.cursor)
+    items = job._items(args, run.resume.cursor)
     async for item, cursor in _each(items):
-        await _maybe(job.each_item(item, *args))
+        await _maybe(job._do(item, args))
         why, save = job._item_done(run, cursor)
         if why is not None:
             return why

@@ -1,5 +1,6 @@
 """Busy: the live worker processes (host, pid, tag, capsule, busy threads, last beat,
-quiet flag) and the jobs they run now, as Sidekiq's Busy page shows them; per process,
+quiet flag) and the jobs they run now, as Sidekiq's Busy page shows them (with, for an
+iterable job, its progress: items done, cursor, run and state); per process,
 Quiet (take no new jobs), Stop (stop gracefully) and Restart (a rolling restart of its
 supervisor: every process it runs replaced, one at a time, by one with the app's code
 imported anew).
@@ -17,6 +18,7 @@ from starlette.routing import Route
 
 from limitd.api import Processes
 from limitd.api.work import running_jobs
+from limitd.iteration.admin import iteration_progress_of
 from limitd.web.forms import require
 from limitd.web.rendering import back, render
 
@@ -28,13 +30,17 @@ def index(request: Request) -> Response:
     redis = request.app.state.redis
     processes = Processes(redis)
     hosts = {process.identity: process for process in processes}
+    jobs = running_jobs(list(hosts), redis)
+    # One round trip for all: a plain job has no progress hash and is left out.
+    jids = list(dict.fromkeys(job.jid for job in jobs if job.jid))
     return render(
         request,
         "busy.html",
         {
             "processes": processes,
-            "jobs": running_jobs(list(hosts), redis),
+            "jobs": jobs,
             "hosts": hosts,
+            "progress": iteration_progress_of(jids, redis),
         },
     )
 
