@@ -44,7 +44,6 @@ class Sink(Protocol):
 
 # Replies to the bookkeeping commands of a push, whose values nobody reads.
 _ACKNOWLEDGED = {"SADD": 1, "PUBLISH": 0, "EXPIRE": 1}
-_CANCEL_FLAGS = keys.STANDALONE.cancel_flag("")
 
 
 class MemoryServer:
@@ -80,7 +79,7 @@ class MemoryServer:
     def _other(self, name: str, rest: list[str]) -> Any:
         if name in _ACKNOWLEDGED:
             return _ACKNOWLEDGED[name]
-        if name == "EXISTS" and rest and all(key.startswith(_CANCEL_FLAGS) for key in rest):
+        if name == "EXISTS" and rest and all(_is_cancel_flag(key) for key in rest):
             return 0  # ``limitd.cancelled()``: no job is cancelled in the testing modes
         if name == "EVALSHA":
             return self._evalsha(rest)
@@ -123,6 +122,10 @@ class MemoryServer:
             raise NeedsRealRedis(f"limitd.testing: ZADD {rest[0]} needs a real Redis")
         pairs = zip(rest[1::2], rest[2::2], strict=True)
         return [{**parse(body), "at": float(score)} for score, body in pairs]
+
+
+def _is_cancel_flag(key: str) -> bool:
+    return key.startswith(keys.STANDALONE.cancel_flag(""))
 
 
 def _name(args: Sequence[Any]) -> str:
