@@ -230,7 +230,10 @@ class AsyncLane:
         unit = entry.unit
         try:
             await self.executor.execute_async(unit, entry.payload, entry.spec)
-            self.dispatch.finish(unit)  # the same end as a processor's job
+            if unit.give_back is not None:  # back in line: a round trip, off the loop
+                await asyncio.to_thread(self.dispatch.finish, unit)
+            else:
+                self.dispatch.finish(unit)  # the same end as a processor's job
         except asyncio.CancelledError:
             pass  # a hard stop requeued it: nothing to record
         except Exception as exc:
