@@ -40,9 +40,6 @@ from limitd.job import Job
 if TYPE_CHECKING:
     from limitd.iteration.run import Run
 
-HOOKS = ("on_start", "on_resume", "on_stop", "on_complete", "on_cancel")
-
-
 class IterableJob(Job, abstract=True):
     """Base class of iterable jobs (see the module docstring): define ``build_items``
     and ``each_item``, not ``perform``."""

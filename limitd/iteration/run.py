@@ -141,6 +141,8 @@ class Run:
 
 
 def run_sync(job: IterableJob, args: tuple[Any, ...]) -> None:
+    """One run of ``job`` in this thread: start (or resume), walk, end; an early end
+    raises what the executor turns into ``interrupted`` or ``cancelled``."""
     run = job._new_run()
     resume = run.store.begin() if run.store is not None else store.FRESH
     if not run.started_from(resume):
@@ -162,7 +164,10 @@ def run_sync(job: IterableJob, args: tuple[Any, ...]) -> None:
 def _walk(job: IterableJob, run: Run, args: tuple[Any, ...]) -> str | None:
     items = job._items(args, run.resume.cursor)
     if not isinstance(items, Iterable):
-        raise TypeError(f"{type(job).__name__}.build_items returned no iterable: {items!r}")
+        raise TypeError(
+            f"{type(job).__name__}.build_items returned no iterable: {items!r} (an async "
+            "build_items needs an async each_item, which makes the job an async job)"
+        )
     for item, cursor in items:
         job._do(item, args)
         why, save = job._item_done(run, cursor)
