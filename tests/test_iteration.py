@@ -14,7 +14,7 @@ import redis as redis_py
 
 import limitd
 from limitd import keys
-from limitd.api import RetrySet, ScheduledSet, cancel, iteration_progress
+from limitd.api import RetrySet, ScheduledSet, batch_status, cancel, iteration_progress
 from limitd.iteration.job import items_of, numbers
 from limitd.supervisor import Capsule, CapsuleConfig
 
@@ -344,3 +344,42 @@ def test_a_cursor_must_be_json(redis: redis_py.Redis) -> None:
     assert capsule(redis).drain() == {"retry": 1}
     entry = RetrySet(redis).find_job(str(RetrySet(redis).page(0, 1)[0].jid))
     assert entry is not None and "cursor must be JSON" in str(entry.error_message)
+
+
+def test_a_quiet_capsule_drains_no_further_than_a_walk_it_put_back(
+    redis: redis_py.Redis,
+) -> None:
+    jid = Walk.perform_async(3)
+    made = capsule(redis)
+    made.quiet()
+    assert made.drain() == {"interrupted": 1}
+    assert queued(redis) == [jid]
+
+
+@limitd.job(name="iteration_test.Unique", unique_for=600, unique_until="executing")
+def unique_job(key: str) -> None:
+    done.append(key)
+
+
+@limitd.job(name="iteration_test.Callback")
+def batch_callback(status: dict[str, Any], options: dict[str, Any]) -> None:
+    done.append(("callback", status["event"]))
+
+
+def test_a_cancelled_job_is_settled_as_one_that_ended_cancelled(
+    redis: redis_py.Redis,
+) -> None:
+    batch = limitd.Batch()
+    batch.on("success", batch_callback)
+    with batch.jobs():
+        in_batch = plain.perform_in(3600, "in a batch")
+    locked = unique_job.perform_async("k")
+    assert in_batch and locked
+    assert unique_job.perform_async("k") is None, "the lock holds while it waits"
+    assert cancel(in_batch, redis).removed_from == ("schedule",)
+    assert cancel(locked, redis).removed_from == ("queue:default",)
+    status = batch_status(redis, batch.bid)
+    assert status is not None and status.pending == 0, "its batch counts it as done"
+    assert capsule(redis).drain() == {"done": 1}
+    assert done == [("callback", "success")]
+    assert unique_job.perform_async("k") is not None, "its unique lock went with it"

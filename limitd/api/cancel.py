@@ -2,7 +2,9 @@
 
 A cancel first sets the job's cancel flag (``limitd:cancel:<jid>``, kept a week), then
 removes the job from wherever it waits: any queue, the ``schedule`` and the ``retry``
-set. The flag comes first so that a job a fetcher takes during the search still sees
+set. A job removed is settled as a job that ended ``cancelled`` is (the features'
+``settled`` work, as a capsule makes it): its batch counts it as done, its unique lock
+is freed. The flag comes first so that a job a fetcher takes during the search still sees
 it: an iterable job checks it when it starts and after each item (it then stops, with
 the outcome ``cancelled``); a plain job that is running goes on unless its code looks
 (``limitd.cancelled()``). A job in the dead set is not touched: it runs only if someone
@@ -19,13 +21,18 @@ from typing import Any
 
 import redis as redis_py
 
-from limitd import keys
+from limitd import clock, handoff, keys
 from limitd.api.processes import Processes
 from limitd.api.queues import Queue
+from limitd.api.records import JobRecord
 from limitd.api.sorted_sets import RetrySet, ScheduledSet
 from limitd.api.work import running_jobs
 from limitd.client import connection_or_default
+from limitd.connection import run_calls
 from limitd.iteration.store import CANCEL_TTL
+from limitd.middleware.defaults import default_server_chain
+
+CANCELLED = "cancelled"  # the outcome a cancelled job is settled with
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,10 +63,25 @@ def cancel(jid: str, redis: redis_py.Redis | None = None) -> Cancellation:
         entry = queue.find_job(jid)
         if entry is not None and entry.delete():
             removed.append(f"queue:{queue.name}")
+            _settle(conn, entry, queue.name)
     for waiting in (ScheduledSet(conn), RetrySet(conn)):
         found = waiting.find_job(jid)
         if found is not None and found.delete():
             removed.append(waiting.key_name.lower())
+            _settle(conn, found, found.queue or "default")
     live = [process.identity for process in Processes(conn)]
     running = any(job.jid == jid for job in running_jobs(live, conn))
     return Cancellation(jid, tuple(removed), running)
+
+
+def _settle(conn: redis_py.Redis, entry: JobRecord, queue: str) -> None:
+    """What a capsule makes for a job that ended ``cancelled``, for one that will never
+    reach a capsule now: its batch's count, its unique lock."""
+    if entry.payload is None:
+        return  # unreadable: no feature can have state for it
+    chain = default_server_chain(conn)
+    calls = chain.settle(None, entry.payload, queue, CANCELLED, None)
+    if calls:
+        run_calls(conn, calls)
+        if keys.of(conn).cluster:  # callbacks fired go through the hand-off set
+            handoff.push_waiting(conn, clock.now())

@@ -43,7 +43,7 @@ from limitd.registry import import_app
 from limitd.retry import RetryHandler
 from limitd.supervisor import remote
 from limitd.supervisor.async_lane import build_lane
-from limitd.supervisor.executor import JobExecutor
+from limitd.supervisor.executor import INTERRUPTED, JobExecutor
 from limitd.supervisor.heartbeat import (
     Heartbeat,
     WorkItem,
@@ -208,8 +208,11 @@ class Capsule:
             unit = self.dispatcher.take_now()  # also settles the jobs finished before
             if unit is None:
                 break
-            outcomes[self.executor.execute(unit, inline=True)] += 1
+            outcome = self.executor.execute(unit, inline=True)
+            outcomes[outcome] += 1
             self.dispatcher.finish(unit)
+            if outcome == INTERRUPTED and self._quieted:
+                break  # put back because the capsule quieted: it would come straight back
         self.stats.flush(self.redis)
         return outcomes
 

@@ -176,10 +176,14 @@ class UniqueRelease(ServerMiddleware):
         """After the job's fate is recorded: a job that will not run again frees its
         lock under ``executed`` (with its acknowledgement); one waiting for a retry
         keeps it, as does one a limiter rescheduled or an iterable job put back in line
-        (``RUNS_AGAIN``)."""
-        if outcome in RUNS_AGAIN or _policy(payload) != "executed":
+        (``RUNS_AGAIN``). A job cancelled before it started (``limitd.api.cancel``
+        settles it so) frees it under ``executing`` too: no start will."""
+        if outcome in RUNS_AGAIN:
             return None
-        return release_call(payload)
+        policy = _policy(payload)
+        if policy == "executed" or (policy == "executing" and outcome == "cancelled"):
+            return release_call(payload)
+        return None
 
 
 def _policy(payload: Payload) -> str:
