@@ -15,7 +15,7 @@ import httpx2 as httpx
 import pytest
 import redis as redis_py
 from prometheus_client.parser import text_string_to_metric_families
-from selenium.common.exceptions import StaleElementReferenceException
+from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
@@ -27,7 +27,7 @@ from limitd.api.work import running_jobs
 from limitd.supervisor import Capsule, CapsuleConfig
 from limitd.web.charts import Frame, history_chart, nice_ceiling
 from tests.helpers import wait_for
-from tests.web import Dashboard, screenshot, wait_until
+from tests.web import Dashboard, replaced_by_refresh, screenshot, wait_until
 
 gate = threading.Event()
 SCRIPT = "<script>document.title='owned'</script>"
@@ -162,7 +162,9 @@ def click(browser: WebDriver, selector: str) -> None:
     def clicked(b: WebDriver) -> bool:
         try:
             b.find_element(By.CSS_SELECTOR, selector).click()
-        except StaleElementReferenceException:
+        except WebDriverException as error:
+            if not replaced_by_refresh(error):
+                raise
             return False
         return True
 

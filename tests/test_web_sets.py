@@ -14,7 +14,7 @@ from unittest import mock
 
 import httpx2 as httpx
 import redis as redis_py
-from selenium.common.exceptions import StaleElementReferenceException
+from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
@@ -26,7 +26,7 @@ from limitd.api import DeadSet, Queue, RetrySet, ScheduledSet
 from limitd.job import JobFunction
 from limitd.payload import dumps
 from limitd.retry import RetryHandler
-from tests.web import Dashboard, screenshot
+from tests.web import Dashboard, replaced_by_refresh, screenshot
 from tests.web import wait_until as wait_for_page
 
 
@@ -103,7 +103,9 @@ def wait_until(browser: WebDriver, condition: Callable[[WebDriver], Any]) -> Any
     def settled(driver: WebDriver) -> Any:
         try:
             return condition(driver)
-        except StaleElementReferenceException:
+        except WebDriverException as error:
+            if not replaced_by_refresh(error):
+                raise
             return False
 
     return wait_for_page(browser, settled)

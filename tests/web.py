@@ -18,6 +18,7 @@ import pytest
 import redis as redis_py
 import uvicorn
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
@@ -87,6 +88,15 @@ def browser() -> Iterator[WebDriver]:
         yield driver
     finally:
         driver.quit()
+
+
+def replaced_by_refresh(error: WebDriverException) -> bool:
+    """Whether ``error`` says a live refresh replaced the element being read or clicked:
+    Selenium reports it as a stale reference, and Chromium, when the refresh lands in
+    the middle of the call, as an inspector error about a node not in the document."""
+    return isinstance(error, StaleElementReferenceException) or (
+        "does not belong to the document" in str(error)
+    )
 
 
 def wait_until(browser: WebDriver, condition: object, timeout: float = 10.0) -> object:
