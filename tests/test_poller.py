@@ -81,6 +81,34 @@ def test_racing_pollers_move_each_job_exactly_once(redis: redis_py.Redis) -> Non
     assert redis.zcard(keys.of(redis).SCHEDULE) == 0
 
 
+@pytest.mark.standalone_only("counts the calls of the standalone move")
+def test_a_burst_due_at_once_moves_a_page_per_call_in_due_order(
+    redis: redis_py.Redis,
+) -> None:
+    """100,000 reminders at 9:00 must not move one Lua call at a time."""
+    total, queues = 1200, ("mail", "sms")
+    redis.zadd(
+        keys.of(redis).SCHEDULE,
+        {
+            json.dumps({"class": "X", "args": [i], "queue": queues[i % 2]}): NOW - total + i
+            for i in range(total)
+        },
+    )
+
+    def script_calls() -> int:
+        stats = redis.info("commandstats")
+        return sum(int(stats.get(name, {}).get("calls", 0)) for name in ("cmdstat_evalsha",))
+
+    before = script_calls()
+    assert ScheduledPoller(redis).enqueue_due(now=NOW) == total
+    assert script_calls() - before == 3, "a page of 500 due jobs per call"
+    for offset, queue in enumerate(queues):
+        raw = redis.lrange(keys.of(redis).queue(queue), 0, -1)
+        fetched_first = [json.loads(job)["args"][0] for job in reversed(raw)]
+        assert fetched_first == list(range(offset, total, 2)), "due first, fetched first"
+    assert redis.smembers(keys.of(redis).QUEUES) == {b"mail", b"sms"}
+
+
 def test_unreadable_scheduled_member_goes_to_dead(redis: redis_py.Redis) -> None:
     redis.zadd(keys.of(redis).SCHEDULE, {b"not json at all": NOW - 1})
     assert ScheduledPoller(redis).enqueue_due(now=NOW) == 1

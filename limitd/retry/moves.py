@@ -10,6 +10,8 @@ the hand-off set (``limitd.handoff``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import redis as redis_py
 
 from limitd import handoff, keys
@@ -17,6 +19,7 @@ from limitd.connection import LuaScript
 from limitd.payload import DEFAULT_QUEUE, Payload, dumps
 
 ENQUEUE_MEMBER = LuaScript(__package__ or "limitd.retry", "enqueue_member.lua")
+ENQUEUE_DUE = LuaScript(__package__ or "limitd.retry", "enqueue_due.lua")
 
 BURY_MEMBER = LuaScript(__package__ or "limitd.retry", "bury_member.lua")
 
@@ -38,6 +41,28 @@ def enqueue_member(
         redis, [zset, k.QUEUES, k.queue(queue)], [member, body, queue, keys.WAKE_CHANNEL]
     )
     return bool(moved)
+
+
+def enqueue_page(
+    redis: redis_py.Redis, zset: str, due: Sequence[tuple[bytes, Payload]], now: float
+) -> int:
+    """Push each ``(member, payload)`` of ``due`` to its queue with ``enqueued_at =
+    now``, in one call (``enqueue_due.lua``); returns how many moved (those that had left
+    ``zset`` already are skipped). In cluster mode the queues are on other shards: one
+    hand-off each, as :func:`enqueue_member`."""
+    k = keys.of(redis)
+    if k.cluster:
+        return sum(enqueue_member(redis, zset, member, payload, now) for member, payload in due)
+    if not due:
+        return 0
+    numbers: dict[str, int] = {}
+    jobs: list[bytes | str | int] = []
+    for member, payload in due:
+        queue = str(payload.get("queue") or DEFAULT_QUEUE)
+        number = numbers.setdefault(queue, len(numbers) + 1)
+        jobs += [member, dumps({**payload, "enqueued_at": now}), number]
+    script_keys = [zset, k.QUEUES, *(k.queue(name) for name in numbers)]
+    return int(ENQUEUE_DUE(redis, script_keys, [keys.WAKE_CHANNEL, len(numbers), *numbers, *jobs]))
 
 
 def bury_member(

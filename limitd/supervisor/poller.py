@@ -1,8 +1,8 @@
 """The scheduled poller: moves due jobs from ``schedule`` and ``retry`` to their queues.
 
-Each job moves in one atomic Lua call (see ``limitd/retry/moves.py``), so pollers of
-many processes never move a job twice: when several look at the same moment, they race
-for it harmlessly and one wins.
+Due jobs move a page at a time, each atomically within one Lua call (see
+``limitd/retry/moves.py``), so pollers of many processes never move a job twice: when
+several look at the same moment, they race for each job harmlessly and one wins.
 
 When to look depends on the capsule's ``scheduled_poll``:
 
@@ -41,7 +41,7 @@ from limitd import clock, handoff, keys, plugins
 from limitd.connection.backoff import Backoff
 from limitd.payload import MalformedPayload, dead_entry_for_malformed, parse
 from limitd.retry import DeadSetPolicy, trim_dead
-from limitd.retry.moves import bury_member, enqueue_member
+from limitd.retry.moves import bury_member, enqueue_page
 
 log = logging.getLogger("limitd.poller")
 T = TypeVar("T")
@@ -53,7 +53,7 @@ def sorted_sets(layout: keys.KeyLayout) -> tuple[str, str]:
 
 
 MODES = ("due", "interval")
-PEEK = 100
+PEEK = 500  # due jobs read and moved per call
 INITIAL_WAIT = 10.0
 ERROR_PAUSE = 5.0
 CLEANUP_LOCK_SECONDS = 60
@@ -174,26 +174,31 @@ class ScheduledPoller:
         return interval * self.rng.random()
 
     def _drain_set(self, zset: str, now: float) -> int:
+        """Move the jobs of ``zset`` due at ``now``, a page (``PEEK`` jobs) per call: a
+        burst of jobs due at the same second reaches the queues in a few calls. An
+        unreadable member goes to the dead set (and counts as moved)."""
         moved = 0
         while not self._done.is_set():
             due = cast("list[bytes]", self.redis.zrangebyscore(zset, "-inf", now, 0, PEEK))
             if not due:
                 break
-            moved += sum(self._move(zset, member, now) for member in due)
+            readable = []
+            for member in due:
+                try:
+                    readable.append((member, parse(member)))
+                except MalformedPayload as exc:
+                    moved += self._bury(zset, member, exc, now)
+            moved += enqueue_page(self.redis, zset, readable, now)
             if len(due) < PEEK:
                 break
         return moved
 
-    def _move(self, zset: str, member: bytes, now: float) -> bool:
-        try:
-            payload = parse(member)
-        except MalformedPayload as exc:
-            log.error("unreadable job in %s sent to the dead set: %s", zset, exc)
-            entry = dead_entry_for_malformed(member, "", str(exc), now)
-            buried = bury_member(self.redis, zset, member, entry, now)
-            trim_dead(self.redis, now, DeadSetPolicy())
-            return buried
-        return enqueue_member(self.redis, zset, member, payload, now)
+    def _bury(self, zset: str, member: bytes, exc: MalformedPayload, now: float) -> bool:
+        log.error("unreadable job in %s sent to the dead set: %s", zset, exc)
+        entry = dead_entry_for_malformed(member, "", str(exc), now)
+        buried = bury_member(self.redis, zset, member, entry, now)
+        trim_dead(self.redis, now, DeadSetPolicy())
+        return buried
 
     def _run(self) -> None:
         upkeep_at = clock.monotonic() + self._initial_wait()
