@@ -21,9 +21,10 @@ from selenium.webdriver.remote.webdriver import WebDriver
 
 import limitd
 from limitd import clock, keys
-from limitd.api import Processes, Stats
+from limitd.api import Processes, Stats, iteration_progress
 from limitd.api.stats import redis_info
 from limitd.api.work import running_jobs
+from limitd.iteration.job import numbers
 from limitd.supervisor import Capsule, CapsuleConfig
 from limitd.web.charts import Frame, history_chart, nice_ceiling
 from tests.helpers import wait_for
@@ -41,6 +42,18 @@ def report(*args: object) -> None:
 @limitd.job(name="web_dashboard_test.Mail", queue="mail")
 def mail(*args: object) -> None:
     gate.wait(30)
+
+
+class Newsletter(limitd.IterableJob, name="web_dashboard_test.Newsletter", queue="mail"):
+    """An iterable job that holds its item 1,234 until the gate opens: the Busy page
+    shows its progress."""
+
+    def build_items(self, issue: str, *, cursor: int | None) -> Iterator[tuple[int, int]]:
+        return iter(numbers(0, 5000, cursor))
+
+    def each_item(self, subscriber: int, issue: str) -> None:
+        if subscriber == 1234:
+            gate.wait(30)
 
 
 @pytest.fixture(autouse=True)
@@ -105,7 +118,7 @@ def busy_cluster(redis: redis_py.Redis, capsules: Capsules) -> list[Capsule]:
     for month in range(1, 8):
         report.perform_async({"month": month, "format": "pdf"}, "finance")
     mail.perform_async(SCRIPT, "ops@example.com")
-    mail.perform_async("welcome", "new@example.com")
+    newsletter = Newsletter.perform_async("weekly")
     mail.perform_async("digest", "all@example.com")
     report.perform_in(3600, {"month": 12})
     # Due in an hour: the capsules' pollers would move a due retry to its queue.
@@ -121,6 +134,11 @@ def busy_cluster(redis: redis_py.Redis, capsules: Capsules) -> list[Capsule]:
             and len(running_jobs([p.identity for p in Processes(redis)], redis)) == 8
         ),
         message="8 jobs running, in the records",
+    )
+    wait_for(
+        lambda: (found := iteration_progress(str(newsletter), redis)) is not None
+        and found.items == 1234,
+        message="the newsletter at its item 1,234",
     )
     return started
 
@@ -307,10 +325,13 @@ def test_busy_lists_processes_and_running_jobs_and_quiets_one_by_clicking(
     assert len(jobs) == 8
     shown = " ".join(jobs)
     assert "web_dashboard_test.Report" in shown and "web_dashboard_test.Mail" in shown
+    assert "1,234 items · cursor 1233" in shown  # the newsletter's progress
     assert '"format": "pdf"' in shown
     assert SCRIPT in shown  # shown as text, not run
     assert browser.title != "owned"
     screenshot(browser, "busy", tmp_path)
+    browser.execute_script("document.querySelector('#jobs').scrollIntoView();")
+    screenshot(browser, "busy-progress", tmp_path)  # the iterable job's progress
 
     click(browser, f"{row} button.quiet")
     wait_for(lambda: mailer.record.quiet, message="the mail capsule quiet")
