@@ -97,9 +97,9 @@ def test_the_queue_holds_only_the_sealed_arguments(redis: redis_py.Redis) -> Non
     charge.perform_async(7, SECRET)
     [raw] = redis.lrange(keys.of(redis).queue("default"), 0, -1)
     payload = json.loads(raw)
-    assert SECRET.encode() not in raw and b"7," not in raw
+    assert SECRET.encode() not in raw
     assert payload["encrypt"] is True
-    [sealed] = payload["args"]
+    [sealed] = payload["args"]  # one sealed string: the 7 is not there either
     assert sealed.startswith(PREFIX + "1:")
     assert fresh_capsule(redis).drain() == {"done": 1}
     assert ran == [(7, SECRET)]
