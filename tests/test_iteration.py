@@ -17,6 +17,7 @@ from limitd import keys
 from limitd.api import RetrySet, ScheduledSet, batch_status, cancel, iteration_progress
 from limitd.iteration.job import items_of, numbers
 from limitd.supervisor import Capsule, CapsuleConfig
+from limitd.supervisor.processor import Processor
 
 done: list[Any] = []
 hooks: list[str] = []
@@ -383,3 +384,33 @@ def test_a_cancelled_job_is_settled_as_one_that_ended_cancelled(
     assert capsule(redis).drain() == {"done": 1}
     assert done == [("callback", "success")]
     assert unique_job.perform_async("k") is not None, "its unique lock went with it"
+
+
+class FailingGiveBack:
+    """A capsule's dispatch whose first give-back meets a Redis outage."""
+
+    def __init__(self, dispatch: Any) -> None:
+        self.dispatch = dispatch
+        self.failed = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.dispatch, name)
+
+    def finish(self, unit: Any) -> None:
+        if unit.give_back is not None and not self.failed:
+            self.failed += 1
+            raise redis_py.ConnectionError("Redis went away")
+        self.dispatch.finish(unit)
+
+
+@pytest.mark.standalone_only("the basic fetch is BRPOP, the same in both layouts")
+def test_a_walk_put_back_while_redis_fails_is_requeued_not_lost(redis: redis_py.Redis) -> None:
+    """With the basic fetch the job is out of Redis while it runs: a failed give-back
+    must not drop it."""
+    jid = Walk.perform_async(3)
+    stop_after["Walk"] = 0
+    made = capsule(redis, fetch="basic")
+    dispatch = FailingGiveBack(made.dispatcher)
+    Processor(0, dispatch, made.executor, lambda _: None)._process_one()  # type: ignore[arg-type]
+    assert dispatch.failed == 1
+    assert queued(redis) == [jid], "requeued as after an internal error"

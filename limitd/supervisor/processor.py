@@ -96,8 +96,16 @@ class Processor:
     def _process_one(self) -> None:
         """Take -> run -> finish: the whole life of a job on this thread."""
         unit = self._take()
-        if unit is not None and self._run_job(unit):
+        if unit is None or not self._run_job(unit):
+            return
+        try:
             self.dispatch.finish(unit)
+        except redis_py.RedisError as exc:
+            if unit.give_back is None:
+                raise
+            # Putting it back in line is a round trip (an iterable job that stopped):
+            # with Redis away, requeue it as after an internal error, waiting Redis out.
+            self._requeue(unit, exc)
 
     def _take(self) -> UnitOfWork | None:
         """The next job, or None: none came, Redis failed (waited out here), or the
