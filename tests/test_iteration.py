@@ -414,3 +414,43 @@ def test_a_walk_put_back_while_redis_fails_is_requeued_not_lost(redis: redis_py.
     Processor(0, dispatch, made.executor, lambda _: None)._process_one()  # type: ignore[arg-type]
     assert dispatch.failed == 1
     assert queued(redis) == [jid], "requeued as after an internal error"
+
+
+def test_limitd_cancel_and_progress_on_the_command_line(
+    redis: redis_py.Redis, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+    import json
+
+    from limitd.iteration.commands import add_iteration_commands
+
+    def run(*argv: str) -> tuple[int, str]:
+        parser = argparse.ArgumentParser(prog="limitd")
+        add_iteration_commands(parser.add_subparsers(required=True), lambda args: redis)
+        args = parser.parse_args(list(argv))
+        capsys.readouterr()
+        code = args.command(args)
+        return code, capsys.readouterr().out
+
+    walked = Walk.perform_async(4)
+    waiting = plain.perform_in(600, "later")
+    assert walked and waiting
+    capsule(redis).drain()
+    code, out = run("progress", walked)
+    assert code == 0
+    header, row = out.splitlines()
+    assert header.split()[:5] == ["JID", "CLASS", "STATE", "ITEMS", "RUNS"]
+    assert row.split()[:5] == [walked, "iteration_test.Walk", "completed", "4", "1"]
+    code, out = run("progress", "--json", walked, "f" * 24)
+    assert code == 1, "a jid without progress"
+    [document] = json.loads(out)
+    assert (document["jid"], document["cursor"], document["items"]) == (walked, 3, 4)
+
+    code, out = run("cancel", waiting, "e" * 24)
+    assert code == 1, "a jid found nowhere"
+    assert out.splitlines() == [
+        f"{waiting}: removed from schedule",
+        f"{'e' * 24}: not found (flag set)",
+    ]
+    code, out = run("cancel", "--json", walked)
+    assert json.loads(out) == [{"jid": walked, "removed_from": [], "running": False}]
