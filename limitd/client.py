@@ -24,7 +24,7 @@ from limitd import clock, keys, plugins
 from limitd.connection import pipeline, replication, retry_on_failover
 from limitd.connection.pinned import pinned
 from limitd.locate import Location, app_location, connect_to
-from limitd.middleware.client_chain import ClientChain
+from limitd.middleware.client_chain import ClientChain, was_written
 from limitd.middleware.defaults import default_client_chain
 from limitd.payload import (
     DEFAULT_QUEUE,
@@ -120,10 +120,9 @@ class Client:
             self.middleware.prepare_bulk(spec, chunk, self.redis)
             kept = [self.middleware.invoke(spec, payload, self.redis, _keep) for payload in chunk]
             self.raw_push(payload for payload in kept if payload)
-        except replication.NotReplicated:
-            raise  # pushed: the reservations stand
-        except BaseException:
-            self.middleware.abandon_bulk(spec, chunk, self.redis)
+        except BaseException as error:
+            if not was_written(error):  # pushed all the same: the reservations stand
+                self.middleware.abandon_bulk(spec, chunk, self.redis)
             raise
         return [payload["jid"] if payload else None for payload in kept]
 

@@ -273,3 +273,22 @@ def test_async_jobs_are_timed_on_the_event_loop(
 
 def _processed(redis: redis_py.Redis, job_class: str) -> int:
     return sum(row.processed for row in job_history(redis, 5) if row.job_class == job_class)
+
+
+@limitd.job(name="job_history_test.Warm", queue=QUEUE)
+def warm(n: int) -> None: ...
+
+
+def test_jobs_that_did_not_run_are_not_counted(
+    redis: redis_py.Redis, writer_and_capsule: tuple[HistoryWriter, Capsule]
+) -> None:
+    """An expired job was dropped before it ran; processed counts jobs that ran."""
+    writer, capsule = writer_and_capsule
+    resize.perform_async(1)
+    limitd.Client(redis).push(
+        {"class": "job_history_test.Warm", "args": [1], "queue": QUEUE, "expires_at": 1.0}
+    )
+    assert capsule.drain() == {"done": 1, "expired": 1}
+    writer.write()
+    rows = {row.job_class: row for row in job_history(redis, minutes=5)}
+    assert set(rows) == {OK}

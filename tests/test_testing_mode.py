@@ -349,3 +349,34 @@ def test_fixtures(limitd_fake: testing.FakeJobs) -> None:
 def test_inline_fixture(limitd_inline: testing.InlineJobs) -> None:
     add.perform_async(5, 6)
     assert ran == [("add", 11)]
+
+
+@limitd.job(name="tm.warm", expires_in=60)
+def warm(key: str) -> None:
+    ran.append(("warm", key))
+
+
+@limitd.job(name="tm.unique_fails", unique_for=60, retry=3)
+def unique_fails(key: str) -> None:
+    raise ValueError(key)
+
+
+def test_an_expired_job_is_dropped_in_a_drain_as_in_production() -> None:
+    with freezegun.freeze_time("2026-11-01 09:00") as clock, testing.fake() as jobs:
+        warm.perform_async("late")
+        clock.tick(120)
+        assert jobs.drain() == 1
+    assert ran == []
+
+
+def test_a_failing_job_in_inline_mode_fails_its_batch_and_keeps_its_unique_lock() -> None:
+    with testing.inline():
+        batch = limitd.Batch()
+        batch.on("complete", callback, {"which": "complete"})
+        batch.on("success", callback, {"which": "success"})
+        with pytest.raises(ValueError, match="boom"), batch.jobs():
+            fails.perform_async("boom")
+        with pytest.raises(ValueError, match="k"):
+            unique_fails.perform_async("k")
+        assert unique_fails.perform_async("k") is None, "its lock stays, as after a failure"
+    assert [event[:2] for event in ran] == [("callback", "complete")]

@@ -33,7 +33,7 @@ from limitd.client import (
     queue_write,
 )
 from limitd.connection import apipeline, is_failover_error, loop_twin, replication
-from limitd.middleware.client_chain import ClientChain
+from limitd.middleware.client_chain import ClientChain, was_written
 from limitd.middleware.defaults import default_client_chain
 from limitd.payload import STRICT_ARGS_MODES, Payload
 from limitd.plugins import Push
@@ -158,10 +158,9 @@ class AsyncClient:
                 for payload in chunk
             ]
             await self.raw_push(payload for payload in kept if payload)
-        except replication.NotReplicated:
-            raise  # pushed: the reservations stand
-        except BaseException:
-            await self.middleware.aabandon_bulk(spec, chunk, redis, self._sync_redis)
+        except BaseException as error:
+            if not was_written(error):  # pushed all the same: the reservations stand
+                await self.middleware.aabandon_bulk(spec, chunk, redis, self._sync_redis)
             raise
         return [payload["jid"] if payload else None for payload in kept]
 

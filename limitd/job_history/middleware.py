@@ -6,7 +6,8 @@ under the minute it ended in. No Redis work here: the service in
 What counts: a job that ran is ``processed``; one that raised (retried, dead, or
 discarded after an error) is also ``failed``. A job put back by a rate limiter
 (``rescheduled``), or an iterable job put back in line (``interrupted``), is not
-counted: it runs again later, and is counted then.
+counted: it runs again later, and is counted then. Nor is an expired job: it was
+dropped before it ran.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ _started: contextvars.ContextVar[float] = contextvars.ContextVar(
     "limitd_history_started", default=0.0
 )
 # (jid, milliseconds) of the job that last left this middleware in this context.
+# Outcomes of a job that did not run, or runs again and is counted then.
+NOT_RUN = frozenset({"rescheduled", "interrupted", "expired"})
+
 _timed: contextvars.ContextVar[tuple[Any, float] | None] = contextvars.ContextVar(
     "limitd_history_timed", default=None
 )
@@ -56,7 +60,7 @@ class JobHistory(ServerMiddleware):
     ) -> None:
         timed = _timed.get()
         _timed.set(None)
-        if outcome in ("rescheduled", "interrupted"):
+        if outcome in NOT_RUN:
             return
         milliseconds = timed[1] if timed is not None and timed[0] == payload.get("jid") else None
         minute = int(clock.now() // 60)

@@ -5,6 +5,7 @@ runners differing only by ``await`` (see :mod:`limitd.middleware.base` for the h
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from collections.abc import Awaitable, Callable
@@ -25,19 +26,37 @@ PushNext = Callable[[Payload], "Payload | None"]
 SyncRedis = Callable[[], Any]  # built only when a callable middleware needs one
 
 
+WRITTEN_MARK = "_limitd_raised_after_write"
+
+
+def raised_after_write(error: BaseException) -> BaseException:
+    """Mark ``error`` as raised after the push was written (the inline testing mode runs a
+    job while its push is written, and the job's own error comes up through the push):
+    the reservations of the push stand, as they do after a ``NotReplicated``. Returns
+    ``error``."""
+    with contextlib.suppress(AttributeError):  # a class with __slots__ cannot be marked
+        setattr(error, WRITTEN_MARK, True)
+    return error
+
+
+def was_written(error: BaseException) -> bool:
+    """Whether the push that raised ``error`` was written all the same (see
+    :func:`raised_after_write`; a push replicas did not confirm in time was written)."""
+    return isinstance(error, NotReplicated) or getattr(error, WRITTEN_MARK, False) is True
+
+
 def call_next_or_undo(
     call_next: PushNext, payload: Payload, undo: Callable[[], object]
 ) -> Payload | None:
     """For client middleware that reserve something before the push (a unique lock, a
     place in a batch): run the rest of the chain, and ``undo`` the reservation if it
-    halts the push or raises (except :class:`~limitd.connection.replication.NotReplicated`: the job
-    was pushed)."""
+    halts the push or raises (unless the push was written all the same:
+    :func:`was_written`)."""
     try:
         pushed = call_next(payload)
-    except NotReplicated:
-        raise
-    except BaseException:
-        undo()
+    except BaseException as error:
+        if not was_written(error):
+            undo()
         raise
     if pushed is None:
         undo()
@@ -50,10 +69,9 @@ async def acall_next_or_undo(
     """:func:`call_next_or_undo` on an event loop."""
     try:
         pushed = await call_next(payload)
-    except NotReplicated:
-        raise
-    except BaseException:
-        await undo()
+    except BaseException as error:
+        if not was_written(error):
+            await undo()
         raise
     if pushed is None:
         await undo()

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from limitd.client import Client
+from limitd.middleware.client_chain import raised_after_write
 from limitd.payload import Payload
 from limitd.testing.memory import MemoryServer, memory_redis
 from limitd.testing.mode import installed
@@ -36,12 +37,22 @@ class InlineJobs:
     def accept(self, payloads: list[Payload]) -> None:
         for payload in payloads:
             self.performed.append(payload)
-            self.runner.run(payload)
+            try:
+                self.runner.run(payload)
+            except BaseException as error:
+                # The job ran: its failure is recorded (its batch, its unique lock), and
+                # the push that brought it must not take its reservations back.
+                raised_after_write(error)
+                raise
 
     async def aaccept(self, payloads: list[Payload]) -> None:
         for payload in payloads:
             self.performed.append(payload)
-            await self.runner.arun(payload)
+            try:
+                await self.runner.arun(payload)
+            except BaseException as error:
+                raised_after_write(error)
+                raise
 
     def __repr__(self) -> str:
         return f"<limitd.testing.InlineJobs performed={len(self.performed)}>"

@@ -21,7 +21,7 @@ import redis as redis_py
 
 from limitd.connection import run_calls
 from limitd.iteration.middleware import IterationControl
-from limitd.middleware.chain import Rescheduled, ServerChain
+from limitd.middleware.chain import Dropped, Rescheduled, ServerChain
 from limitd.middleware.defaults import default_server_chain
 from limitd.payload import Payload
 from limitd.registry import registry
@@ -81,6 +81,8 @@ class JobRunner:
         outcome = _failed_outcome(job) if error is not None else "done"
         if isinstance(error, Rescheduled):
             outcome, error = "rescheduled", None
+        elif isinstance(error, Dropped):  # expired, cancelled: not run, not a failure
+            outcome, error = error.outcome, None
         run_calls(self.redis, self.chain.settle(spec, job, job["queue"], outcome, error))
         if error is not None:
             raise error
