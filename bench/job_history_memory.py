@@ -10,8 +10,8 @@ buckets in use per class and minute (a class whose durations vary a little), and
 all 26 (the worst case). A minute's hash holds, per class, 3 counters and one field per
 bucket in use, so the figure depends on the class names' length (here 32 characters,
 like ``billing.jobs.SendInvoiceReminder``) and on Redis's hash encoding: a hash of up
-to ``hash-max-listpack-entries`` (128 by default) fields is a compact listpack, a bigger
-one a hash table, several times larger per field.
+to ``hash-max-listpack-entries`` (512 by default in Redis 7) fields is a compact
+listpack, a bigger one a hash table, about twice as large per class.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ FIRST_MINUTE = 1_000  # epoch minute in 1970: no live history is that old
 
 
 def class_name(index: int) -> str:
-    return f"billing.jobs.SendInvoiceRemind{index:02d}"[:32]
+    """32 characters, distinct for up to 10,000 classes."""
+    return f"billing.jobs.SendInvoiceRemi{index:04d}"
 
 
 def hour_of(classes: int, buckets: int, rng: random.Random) -> list[Minutes]:

@@ -380,3 +380,14 @@ def test_a_failing_job_in_inline_mode_fails_its_batch_and_keeps_its_unique_lock(
             unique_fails.perform_async("k")
         assert unique_fails.perform_async("k") is None, "its lock stays, as after a failure"
     assert [event[:2] for event in ran] == [("callback", "complete")]
+
+
+@limitd.job(name="tm.limited")
+def limited() -> None:
+    with limitd.Limiter.concurrent("tm-api", 2).within_limit():
+        ran.append("limited")
+
+
+def test_a_limiter_says_which_script_needs_a_real_redis() -> None:
+    with testing.inline(), pytest.raises(testing.NeedsRealRedis, match="the script '"):
+        limited.perform_async()

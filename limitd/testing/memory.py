@@ -124,6 +124,14 @@ class MemoryServer:
         return [{**parse(body), "at": float(score)} for score, body in pairs]
 
 
+def _words(args: Sequence[Any]) -> list[Any]:
+    """A command as redis-py sends it unpacked: its name may hold several words
+    (``"SCRIPT LOAD"``), which the packed form splits, as here."""
+    if args and isinstance(args[0], str) and " " in args[0]:
+        return [*args[0].split(), *args[1:]]
+    return list(args)
+
+
 def _is_cancel_flag(key: str) -> bool:
     return key.startswith(keys.STANDALONE.cancel_flag(""))
 
@@ -183,7 +191,7 @@ class MemoryConnection(redis_py.Connection):
         self._answer(parse_commands(_joined(command)), self.server.execute)
 
     def send_command(self, *args: Any, **kwargs: Any) -> None:
-        self._answer([list(args)], self.server.execute)
+        self._answer([_words(args)], self.server.execute)
 
     def read_response(self, *args: Any, **kwargs: Any) -> Any:
         return _reply(self._replies.popleft())
@@ -221,7 +229,7 @@ class AsyncMemoryConnection(redis.asyncio.Connection):
 
     async def send_command(self, *args: Any, **kwargs: Any) -> None:
         self._replies.clear()
-        self._replies.append(await self.server.aexecute(list(args)))
+        self._replies.append(await self.server.aexecute(_words(args)))
 
     async def read_response(self, *args: Any, **kwargs: Any) -> Any:
         return _reply(self._replies.popleft())

@@ -1,7 +1,8 @@
 """limitd's pytest plugin (entry point ``pytest11``): the testing modes as fixtures.
 
-Loaded into every pytest run where limitd is installed, so it imports nothing of
-limitd until a test asks for one of its fixtures::
+Loaded into every pytest run where limitd is installed (``-p no:limitd`` leaves it
+out). As a module of the package it imports ``limitd`` when loaded; the testing modes
+themselves are set up only for a test that asks for one of its fixtures::
 
     def test_signup(limitd_fake):
         signup("a@example.com")
