@@ -6,6 +6,7 @@ async job, the stuck job's mark, the ``time_limits:`` section and the job option
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import threading
 import time
@@ -264,9 +265,52 @@ def test_a_job_that_swallows_the_error_is_recycled_like_a_stuck_one(
                 caught.append(exc)
         return "went on"
 
-    assert middleware(spec(), payload("stubborn", time_limit=0.2), "default", stubborn)
+    with pytest.raises(TimeLimitExceeded, match=r"ran past its time limit of 0\.2s"):
+        middleware(spec(), payload("stubborn", time_limit=0.2), "default", stubborn)
     assert len(caught) == 1 and recycles.calls == 1
     assert not redis.exists(exceeded_key(redis, "stubborn")), "it ended here: no mark left"
+
+
+class CapsuleShutdown(BaseException):
+    """Stands for the capsule's Shutdown: raised in a thread whose job it requeued."""
+
+
+def test_a_stuck_job_abandoned_at_the_stop_keeps_its_mark(
+    limits, redis: redis_py.Redis
+) -> None:
+    """The capsule requeued the stuck job and abandons its thread: the job did not end
+    here, so its next run must find the mark and fail unrun (else it would get stuck,
+    and its process recycled, again and again)."""
+    middleware, recycles = limits(grace=0.3)
+
+    def stuck_until_abandoned() -> str:
+        while not recycles.called.is_set():
+            with contextlib.suppress(TimeLimitExceeded):
+                spin(0.05)()
+        raise CapsuleShutdown
+
+    with pytest.raises(CapsuleShutdown):
+        middleware(spec(), payload("abandoned", time_limit=0.2), "default", stuck_until_abandoned)
+    assert redis.exists(exceeded_key(redis, "abandoned")), "the mark stays for its next run"
+    with pytest.raises(TimeLimitExceeded, match="stuck in C code"):
+        middleware(spec(), payload("abandoned", time_limit=0.2), "default", spin(0))
+
+
+def test_an_async_job_that_swallows_its_cancel_fails_when_it_returns(
+    limits, redis: redis_py.Redis
+) -> None:
+    middleware, _ = limits()
+
+    async def swallows() -> str:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(5)
+        return "went on"
+
+    async def run() -> None:
+        await middleware.acall(spec(), payload("async", time_limit=0.05), "default", swallows)
+
+    with pytest.raises(TimeLimitExceeded, match=r"ran past its time limit of 0\.05s"):
+        asyncio.run(run())
 
 
 def test_unregistering_clears_an_exception_set_but_not_yet_delivered() -> None:

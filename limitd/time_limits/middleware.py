@@ -94,18 +94,27 @@ class TimeLimits:
                 "was recycled"
             )
         running = self.watchdog.running(limit, payload["jid"], payload["class"])
+        ended_here = False  # returned or raised: its outcome is recorded in this process
         try:
             try:
                 self.watchdog.register(running)
                 result = call_next()
+                ended_here = True
+            except (Exception, SystemExit):
+                ended_here = True
+                raise
             finally:
-                self._unregister(running)
+                # Not on the capsule's Shutdown: the job was requeued, and its mark
+                # must make it fail unrun rather than get stuck again.
+                self._unregister(running, forget_mark=ended_here)
         except TimeLimitExceeded as exc:
             if not running.fired or exc.args:
                 raise  # the job's own, or one it raised itself
             if not running.marked:  # a recycled one was counted as such
                 self._count(payload, "interrupted")
             raise _exceeded(limit).with_traceback(exc.__traceback__) from None
+        if running.fired:  # it caught the error and returned: it still ran past its limit
+            raise _exceeded(limit)
         return result
 
     def _count(self, payload: Payload, how: str) -> None:
@@ -115,16 +124,17 @@ class TimeLimits:
         except redis_py.RedisError as error:
             log.warning("could not count a time limit reached: %s", error)
 
-    def _unregister(self, running: Running) -> None:
+    def _unregister(self, running: Running, *, forget_mark: bool) -> None:
         """Unregister, even if the watchdog's exception arrives during it (the job then
-        fails with it: it is still inside this call)."""
+        fails with it: it is still inside this call). A marked job that ended here after
+        all (``forget_mark``) has its failure recorded here: its mark goes."""
         try:
             self.watchdog.unregister(running)
         except TimeLimitExceeded:
             self.watchdog.unregister(running)
             raise
         finally:
-            if running.marked:  # it ended here after all: its failure is recorded here
+            if running.marked and forget_mark:
                 self.redis.delete(exceeded_key(self.redis, running.jid))
 
     async def acall(
@@ -149,7 +159,10 @@ class TimeLimits:
 
         timer = asyncio.get_running_loop().call_later(limit, expire)
         try:
-            return await call_next()
+            result = await call_next()
+            if expired:  # it swallowed the cancel and returned: it ran past its limit
+                raise _exceeded(limit)
+            return result
         except asyncio.CancelledError:
             # ours alone: the error; a shutdown's cancel as well: it goes on (3.11+ count)
             uncancel = getattr(task, "uncancel", None)
