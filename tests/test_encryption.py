@@ -61,6 +61,16 @@ def plain(card: str) -> None:
     ran.append((card,))
 
 
+def discard_it(payload: dict[str, object], exc: BaseException) -> str:
+    ran.append(("told", type(exc).__name__))
+    return "discard"
+
+
+@limitd.job(name="encryption_test.Discarding", encrypt=True, retries_exhausted=discard_it)
+def discarding(card: str) -> None:
+    ran.append((card,))
+
+
 def use_keys(monkeypatch: pytest.MonkeyPatch, keys_text: str, current: str = "") -> None:
     """Keys from the environment, for the clients and capsules built after."""
     monkeypatch.setenv(KEYS_VARIABLE, keys_text)
@@ -193,6 +203,16 @@ def test_a_missing_key_sends_the_job_to_the_dead_set_until_it_is_back(
     assert out.returncode == 0, out.stderr
     assert fresh_capsule(redis).drain() == {"done": 1}
     assert ran == [(7, SECRET)]
+
+
+def test_a_hook_that_discards_dead_jobs_does_not_lose_one_whose_key_is_missing(
+    redis: redis_py.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    jid = discarding.perform_async(SECRET)
+    use_keys(monkeypatch, f"2:{KEY_2}")
+    assert fresh_capsule(redis).drain() == {"dead": 1}
+    assert ran == [("told", "UndecryptableArguments")], "the hook hears of it"
+    assert [entry.jid for entry in api.DeadSet()] == [jid], "kept for its key's return"
 
 
 def test_a_wrong_key_or_a_tampered_job_goes_dead_with_the_reason(
@@ -348,6 +368,41 @@ def test_limitd_start_opens_arguments_with_its_keys(
         assert proc.wait(timeout=30) == 0
     finally:
         processes.kill_all()
+
+
+def test_limitd_enqueue_seals_with_the_configs_keys_or_says_none_is_there(
+    tmp_path: Path, redis: redis_py.Redis, redis_server: object
+) -> None:
+    (tmp_path / "sealed_app.py").write_text(APP)
+    with_keys = "require: [sealed_app]\nencryption:\n  keys: {v1: '${APP_KEY}'}\n"
+    (tmp_path / "keys.yml").write_text(with_keys)
+    (tmp_path / "nokeys.yml").write_text("require: [sealed_app]\n")
+    env = {k: v for k, v in os.environ.items() if k != KEYS_VARIABLE}
+    env |= {"APP_KEY": KEY_1, "LIMITD_REDIS_URL": redis_server.url}  # type: ignore[attr-defined]
+
+    def enqueue(config: str) -> subprocess.CompletedProcess[str]:
+        argv = ["-C", config, "enqueue", "sealed_app.Charge", f'[5, "{SECRET}"]']
+        command = [sys.executable, "-m", "limitd.cli", *argv]
+        return subprocess.run(
+            command, cwd=tmp_path, env=env, capture_output=True, text=True, check=False
+        )
+
+    sealed = enqueue("keys.yml")
+    assert sealed.returncode == 0, sealed.stderr
+    [raw] = redis.lrange(keys.of(redis).queue("default"), 0, -1)
+    assert SECRET.encode() not in raw and json.loads(raw)["args"][0].startswith(PREFIX)
+    refused = enqueue("nokeys.yml")
+    assert refused.returncode == 64 and "Traceback" not in refused.stderr
+    assert refused.stderr.startswith("limitd enqueue: ") and "key" in refused.stderr
+    assert redis.llen(keys.of(redis).queue("default")) == 1, "nothing more written"
+
+
+def test_an_encrypted_job_cannot_be_a_batch_callback(redis: redis_py.Redis) -> None:
+    batch = limitd.Batch()
+    with pytest.raises(ValueError, match=r"batch callback encryption_test\.Charge has encrypt"):
+        batch.on("success", charge, {"card": SECRET})
+        with batch.jobs():
+            plain.perform_async("x")
 
 
 RUBY_APP = """

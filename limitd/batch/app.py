@@ -174,6 +174,13 @@ class Batch:
         """The callback's payload, cut where the status goes (see batch_lib.lua)."""
         spec = _spec_of(callback)
         name = spec.name if spec else str(callback)
+        if spec is not None and spec.options.get("encrypt"):
+            # Its payload is finished in Redis, where the status goes in: nothing there
+            # can seal it, and its options would wait in the batch in clear.
+            raise ValueError(
+                f"batch callback {name} has encrypt=True, which callbacks cannot have: "
+                "give the callback ids to look up rather than secrets"
+            )
         item: Payload = {"class": name, "args": [STATUS_MARK, options]}
         if self.callback_queue:
             item["queue"] = self.callback_queue

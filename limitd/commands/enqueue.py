@@ -13,11 +13,13 @@ import argparse
 import json
 import os
 import sys
+from typing import Any
 
 from limitd.client import Client
 from limitd.commands.common import EX_UNAVAILABLE, EX_USAGE, ResolveRedis, Subparsers
 from limitd.config import app_modules
 from limitd.locate import named_config
+from limitd.middleware.defaults import default_client_chain
 from limitd.registry import import_app, registry
 
 
@@ -79,7 +81,19 @@ def cmd_enqueue(args: argparse.Namespace, resolve_redis: ResolveRedis) -> int:
     item = {"class": args.job, "args": job_args}
     if args.queue:
         item["queue"] = args.queue
-    print(Client(redis).push(item))
+    return push(args, redis, item)
+
+
+def push(args: argparse.Namespace, redis: Any, item: dict[str, Any]) -> int:
+    """Push through a client with the config's feature settings, as the app's own has
+    them (the encryption keys of an ``encrypt`` job, tenant fairness...)."""
+    config = named_config(args.config)
+    client = Client(redis, middleware=default_client_chain(config.sections if config else None))
+    try:
+        print(client.push(item))
+    except (ValueError, TypeError) as exc:  # a missing key, an argument JSON cannot carry
+        print(f"limitd enqueue: {exc}", file=sys.stderr)
+        return EX_USAGE
     return 0
 
 

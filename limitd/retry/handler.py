@@ -216,7 +216,7 @@ class RetryHandler:
             payload["queue"] = payload.get("retry_queue") or queue
             record_error(payload, exc)
             _count_failure(payload, clock.now())
-            return Fate(self.retries_exhausted(spec, payload, exc))
+            return Fate(self.retries_exhausted(spec, payload, exc, discardable=False))
         if setting is False:
             self._call_death_handlers(payload, exc)
             return Fate("discarded")
@@ -243,9 +243,21 @@ class RetryHandler:
         pipe.publish(keys.DUE_CHANNEL, repr(at))
         pipe.execute()
 
-    def retries_exhausted(self, spec: JobSpec | None, payload: Payload, exc: BaseException) -> str:
+    def retries_exhausted(
+        self,
+        spec: JobSpec | None,
+        payload: Payload,
+        exc: BaseException,
+        *,
+        discardable: bool = True,
+    ) -> str:
+        """The job dies: its ``retries_exhausted`` hook is told, and it goes to the dead
+        set unless the hook discards it (not a job that never ran, ``discardable``
+        False: an ``Unretriable`` one waits there for its cause to be fixed) or its
+        ``dead`` option is False."""
         hook = spec.retries_exhausted if spec else None
-        if hook is not None and _call_hook(hook, payload, payload, exc) == "discard":
+        said = _call_hook(hook, payload, payload, exc) if hook is not None else None
+        if said == "discard" and discardable:
             return "discarded"
         kept = payload.get("dead") is not False
         if kept:
