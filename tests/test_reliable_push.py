@@ -21,10 +21,12 @@ from typing import Any
 
 import pytest
 import redis as redis_py
+import redis.asyncio
 from prometheus_client import CollectorRegistry
 
 import limitd
 from limitd import keys
+from limitd.aio.client import AsyncClient
 from limitd.connection.embedded import RedisServer, free_port
 from limitd.reliable_push import app
 from limitd.reliable_push.hold import BufferFull
@@ -193,6 +195,25 @@ def test_async_pushes_are_kept_too(server: RedisServer) -> None:
     server.start()
     wait_for(lambda: buffer.buffered_jobs == 0, timeout=30, message="the buffer to flush")
     assert [job["jid"] for job in queued(server)] == jids
+
+
+def test_an_async_client_the_app_built_pushes_with_reliable_push_on(server: RedisServer) -> None:
+    """The gate runs the push through the async client's sync twin, which must not take
+    the asyncio client's retry policy (it could not connect with it)."""
+    app.enable(max_pause=0.5, registry=None)
+
+    async def push() -> str | None:
+        conn = redis_py.asyncio.Redis(port=server.port)
+        try:
+            client = AsyncClient(redis=conn)
+            return await client.push(
+                {"class": "reliable_test.Record", "args": [0, 1], "queue": "reliable"}
+            )
+        finally:
+            await conn.aclose()
+
+    jid = asyncio.run(push())
+    assert [job["jid"] for job in queued(server)] == [jid]
 
 
 def test_flush_before_exit_logs_the_lost_jobs(

@@ -223,9 +223,15 @@ def sync_twin(client: redis.asyncio.Redis) -> redis_py.Redis:
     kind = _SYNC_CONNECTIONS.get(pool.connection_class)
     if kind is None:
         raise TypeError(f"no sync connection for {pool.connection_class.__name__}")
+    # The asyncio pool's retry policy drives asyncio sleeps: a sync connection given it
+    # never connects. The sync one gets redis-py's own default instead.
+    settings = {k: v for k, v in pool.connection_kwargs.items() if k not in _ASYNC_ONLY}
     return redis_py.Redis(
-        connection_pool=redis_py.ConnectionPool(connection_class=kind, **pool.connection_kwargs)
+        connection_pool=redis_py.ConnectionPool(connection_class=kind, **settings)
     )
+
+
+_ASYNC_ONLY = frozenset({"retry"})
 
 
 def default_async_client() -> AsyncClient:
