@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry
 import limitd
 from limitd import keys
 from limitd.aio.client import AsyncClient
+from limitd.api import batch_status
 from limitd.connection.embedded import RedisServer, free_port
 from limitd.reliable_push import app
 from limitd.reliable_push.hold import BufferFull
@@ -214,6 +215,30 @@ def test_an_async_client_the_app_built_pushes_with_reliable_push_on(server: Redi
 
     jid = asyncio.run(push())
     assert [job["jid"] for job in queued(server)] == [jid]
+
+
+def test_pushes_in_a_batch_block_go_straight_to_redis(server: RedisServer) -> None:
+    """A batch closes in Redis when its block ends: its jobs must be in by then, not
+    behind the pushes kept while Redis was away."""
+    buffer = app.enable(max_pause=60.0, registry=None)
+    server.stop()
+    kept = record.perform_async(0, 0)
+    assert buffer.jids() == [kept]
+    server.start()  # the kept push may be written any moment from now: either way,
+    batch = limitd.Batch()
+    with batch.jobs():
+        in_batch = record.perform_async(1, 0)
+    assert in_batch in [job["jid"] for job in queued(server)], "written, not kept"
+    conn = server.client()
+    try:
+        status = batch_status(conn, batch.bid)
+        assert status is not None and (status.total, status.pending) == (1, 1)
+        assert not status.complete, "closed with its job in, not before"
+    finally:
+        conn.close()
+    server.stop()
+    with pytest.raises(redis_py.ConnectionError), limitd.Batch().jobs():
+        record.perform_async(2, 0)
 
 
 def test_flush_before_exit_logs_the_lost_jobs(

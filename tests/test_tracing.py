@@ -28,7 +28,7 @@ from limitd import clock, keys
 from limitd.aio.client import AsyncClient
 from limitd.config import CapsuleConfig, ConfigError, load_config
 from limitd.middleware import ServerChain
-from limitd.middleware.chain import Rescheduled
+from limitd.middleware.chain import Dropped, Interrupted, Rescheduled
 from limitd.middleware.client_chain import ClientChain
 from limitd.plugins import ProcessContext
 from limitd.registry import registry
@@ -290,6 +290,29 @@ def test_a_rescheduled_run_is_no_error_and_an_interrupted_one_ends_at_once() -> 
     stopped = one(f"process {QUEUE}")  # ended without a settle
     assert (stopped.attributes or {})["limitd.job.outcome"] == "interrupted"
     assert stopped.status.status_code == trace.StatusCode.ERROR
+
+
+def test_an_expired_or_put_back_run_is_no_error() -> None:
+    spec = registry.resolve("tracing_test.Work")
+    assert spec is not None
+    chain = ServerChain([TracingServer(PROVIDER)])
+    for raised, outcome in (
+        (Dropped("expired", "too late"), "expired"),
+        (Interrupted("capsule stopping after 3 items"), "interrupted"),
+    ):
+        EXPORTER.clear()
+        payload = {"jid": outcome[0] * 24}
+
+        def run(error: Exception = raised) -> None:
+            raise error
+
+        with pytest.raises(type(raised)):
+            chain.invoke(spec, payload, QUEUE, run)
+        chain.settle(spec, payload, QUEUE, outcome, None)
+        span = one(f"process {QUEUE}")
+        assert span.status.status_code == trace.StatusCode.UNSET, outcome
+        assert not span.events, "no exception recorded"
+        assert (span.attributes or {})["limitd.job.outcome"] == outcome
 
 
 def test_a_run_left_unsettled_is_ended_by_the_next(capsule: Capsule) -> None:

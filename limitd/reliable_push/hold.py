@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import redis as redis_py
 
 from limitd import clock, plugins
+from limitd.batch.building import building_bid
 from limitd.connection import replication
 from limitd.connection.backoff import Backoff
 
@@ -103,8 +104,12 @@ class PushBuffer:
         self._flusher: threading.Thread | None = None
 
     def __call__(self, push: plugins.Push) -> bool:
-        """The push gate: always takes the push (True); runs it now unless pushes are
-        kept, keeps it if Redis cannot be reached."""
+        """The push gate: takes the push (True), runs it now unless pushes are kept, and
+        keeps it if Redis cannot be reached. Not a push inside a batch's ``jobs()``
+        block (False: the client runs it as without the buffer): the batch is opened and
+        closed in Redis by that block, and must not close before its jobs are in."""
+        if building_bid() is not None:
+            return False
         with self._changed:
             if self._kept:
                 self._keep(push, None)

@@ -38,7 +38,7 @@ except ImportError as exc:  # the message says what to install
         "limitd's tracing needs OpenTelemetry's API: pip install 'limitd[otel]'"
     ) from exc
 
-from limitd.middleware.chain import Rescheduled
+from limitd.middleware.chain import Dropped, Interrupted, Rescheduled
 from limitd.payload import Payload
 from limitd.spec import JobSpec
 from limitd.version import __version__
@@ -222,11 +222,11 @@ class TracingServer:
 
     def _raised(self, error: BaseException) -> None:
         """The run raised: the exception becomes an event and the status ERROR, unless
-        a middleware rescheduled the job (it runs again; nothing failed). What is not an
-        ``Exception`` (a hard shutdown, a cancelled task) ends the run here: it will not
-        be settled."""
+        the job was rescheduled, put back in line or dropped (it runs again, or must not
+        run: nothing failed). What is not an ``Exception`` (a hard shutdown, a cancelled
+        task) ends the run here: it will not be settled."""
         pending = _pending.get()
-        if pending is None or isinstance(error, Rescheduled):
+        if pending is None or isinstance(error, (Rescheduled, Interrupted, Dropped)):
             return
         span = pending[1]
         span.record_exception(error)
