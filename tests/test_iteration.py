@@ -6,11 +6,13 @@ the class's mistakes. Under ``limitd start`` with SIGTERM: test_iteration_proces
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 import redis as redis_py
+from freezegun import freeze_time
 
 import limitd
 from limitd import keys
@@ -454,3 +456,22 @@ def test_limitd_cancel_and_progress_on_the_command_line(
     ]
     code, out = run("cancel", "--json", walked)
     assert json.loads(out) == [{"jid": walked, "removed_from": [], "running": False}]
+
+
+def test_a_walk_expires_only_before_its_first_run(redis: redis_py.Redis) -> None:
+    """Once started, a walk resumes to its end, past its expires_in deadline too; one
+    not started by then is dropped, as any job is."""
+    client = limitd.Client(redis)
+    started = client.push(
+        {"class": "iteration_test.Walk", "args": [4], "expires_at": limitd.clock.now() + 3600}
+    )
+    stop_after["Walk"] = 1
+    assert run_one(capsule(redis)) == "interrupted"
+    del stop_after["Walk"]
+    late = client.push({"class": "iteration_test.Walk", "args": [4], "expires_at": 1.0})
+    with freeze_time(dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=2)):
+        assert capsule(redis).drain() == {"done": 1, "expired": 1}
+    assert done == [0, 1, 2, 3], "the started walk resumed and ended; the late one ran none"
+    assert late and started
+    progress = iteration_progress(late)
+    assert progress is not None and (progress.state, progress.items) == ("expired", 0)

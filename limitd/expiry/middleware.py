@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 
 from limitd import clock
+from limitd.iteration import ITERABLE_CLASSES
 from limitd.middleware.base import ClientMiddleware, ServerMiddleware
 from limitd.middleware.chain import Dropped
 from limitd.payload import Payload, to_seconds
@@ -64,21 +65,28 @@ class ExpiryCheck(ServerMiddleware):
     deadline pass through it (``concerns``)."""
 
     def concerns(self, payload: Payload) -> bool:
-        return DEADLINE in payload
+        """A job with a deadline, unless it is iterable: that one is checked before its
+        first run only (``limitd.iteration``), and resumes to its end once started."""
+        return DEADLINE in payload and payload.get("class") not in ITERABLE_CLASSES
 
     def starting(self, spec: JobSpec, payload: Payload, queue: str) -> None:
-        deadline = deadline_of(payload)
-        if deadline is None:
-            return None
-        late = clock.now() - deadline
-        if late < 0:
-            return None
-        log.warning(
-            "expired jid=%s class=%s queue=%s late=%.3fs: not run (expires_at %.3f)",
-            payload.get("jid"),
-            payload.get("class"),
-            queue,
-            late,
-            deadline,
-        )
-        raise JobExpired(f"job {payload.get('jid')} expired {late:.3f}s before it started", late)
+        check_deadline(payload, queue)
+
+
+def check_deadline(payload: Payload, queue: str) -> None:
+    """Raise :class:`JobExpired` (and log it) when ``payload`` is past its deadline."""
+    deadline = deadline_of(payload)
+    if deadline is None:
+        return
+    late = clock.now() - deadline
+    if late < 0:
+        return
+    log.warning(
+        "expired jid=%s class=%s queue=%s late=%.3fs: not run (expires_at %.3f)",
+        payload.get("jid"),
+        payload.get("class"),
+        queue,
+        late,
+        deadline,
+    )
+    raise JobExpired(f"job {payload.get('jid')} expired {late:.3f}s before it started", late)

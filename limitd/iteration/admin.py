@@ -18,7 +18,7 @@ from limitd.iteration.store import decode_cursor
 @dataclasses.dataclass(frozen=True)
 class IterationProgress:
     """Where an iterable job is: ``state`` (running, interrupted, failed, completed,
-    cancelled), the ``cursor`` of the last item done (None before the first), the
+    cancelled, expired), the ``cursor`` of the last item done (None before the first), the
     ``items`` done and the ``runs`` started over all its runs, their total ``runtime``
     in seconds, and when it started and last saved (epoch seconds)."""
 

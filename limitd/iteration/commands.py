@@ -43,7 +43,7 @@ def add_iteration_commands(commands: Subparsers, resolve_redis: ResolveRedis) ->
         "progress",
         help="where iterable jobs are: state, items done, cursor",
         description=(
-            "For each JID of an iterable job: its state (running, interrupted, failed, "
+            "For each JID of an iterable job: its state (running, interrupted, failed, expired, "
             "completed, cancelled), the items done and runs over all its runs, their total "
             "time, and the cursor of the last item done. Exit status 1 when a job has no "
             "progress recorded (not iterable, not started, or finished over a day ago)."

@@ -6,7 +6,7 @@
 -- ARGV[1]  the cursor of the last item done, JSON ("" leaves the saved one)
 -- ARGV[2]  items done, all runs
 -- ARGV[3]  runtime, seconds, all runs
--- ARGV[4]  state: running, interrupted, failed, completed or cancelled
+-- ARGV[4]  state: running, interrupted, failed, completed, cancelled or expired
 -- ARGV[5]  now, epoch seconds
 -- ARGV[6]  seconds the state is kept after this write
 --

@@ -85,6 +85,7 @@ class IterableJob(Job, abstract=True):
             name,
             save_every=float(self.save_every_seconds),
             max_slice=self.max_slice_seconds,
+            payload=self.payload,
         )
 
     def _resumed(self, run: Run) -> str:

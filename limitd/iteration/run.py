@@ -26,10 +26,12 @@ import redis as redis_py
 
 from limitd import clock
 from limitd.connection import loop_twin
+from limitd.expiry.middleware import JobExpired, check_deadline
 from limitd.iteration import store
 from limitd.iteration.middleware import binding
 from limitd.iteration.store import IterationStore, Resume
 from limitd.middleware.chain import Dropped, Interrupted
+from limitd.payload import Payload
 
 if TYPE_CHECKING:
     from limitd.iteration.job import IterableJob
@@ -53,9 +55,16 @@ class Run:
     never stops early."""
 
     def __init__(
-        self, jid: str, job_class: str, *, save_every: float, max_slice: float | None
+        self,
+        jid: str,
+        job_class: str,
+        *,
+        save_every: float,
+        max_slice: float | None,
+        payload: Payload | None = None,
     ) -> None:
         self.jid = jid
+        self.payload = payload  # for its deadline (``expires_in``), checked before run 1
         self.job_class = job_class
         bound = binding()
         self.redis = bound.redis if bound is not None else None
@@ -75,17 +84,20 @@ class Run:
 
     def started_from(self, resume: Resume) -> bool:
         """Take the state read at the start; False when there is nothing to run (the
-        job completed already). A cancelled job raises :class:`JobCancelled`."""
+        job completed already). A cancelled job raises :class:`JobCancelled`, one that
+        expired before its first run ``JobExpired`` (the caller records that)."""
         self.resume = resume
         self.items = resume.items
-        if resume.state == store.COMPLETED:
+        if resume.state in (store.COMPLETED, store.EXPIRED):
             log.warning(
-                "iterable jid=%s class=%s completed already (run %d): nothing to do",
-                self.jid, self.job_class, resume.runs,
+                "iterable jid=%s class=%s %s already (run %d): nothing to do",
+                self.jid, self.job_class, resume.state, resume.runs,
             )  # fmt: skip
             return False
         if resume.cancelled or resume.state == store.CANCELLED:
             raise JobCancelled(f"job {self.jid} was cancelled before this run started")
+        if not resume.state and self.payload is not None:  # not started yet: it may expire
+            check_deadline(self.payload, str(self.payload.get("queue", "")))
         return True
 
     def stop_at_once(self) -> str | None:
@@ -145,8 +157,13 @@ def run_sync(job: IterableJob, args: tuple[Any, ...]) -> None:
     raises what the executor turns into ``interrupted`` or ``cancelled``."""
     run = job._new_run()
     resume = run.store.begin() if run.store is not None else store.FRESH
-    if not run.started_from(resume):
-        return
+    try:
+        if not run.started_from(resume):
+            return
+    except JobExpired:
+        if run.store is not None:
+            run.store.save(*run.save_args(store.EXPIRED))
+        raise
     _call_hook(job, job._resumed(run), args)
     why = run.stop_at_once()
     if why is None:
@@ -222,8 +239,13 @@ async def run_async(job: IterableJob, args: tuple[Any, ...]) -> None:
     run = job._new_run()
     conn = loop_twin(run.redis) if run.redis is not None else None
     resume = await run.store.abegin(conn) if run.store and conn else store.FRESH
-    if not run.started_from(resume):
-        return
+    try:
+        if not run.started_from(resume):
+            return
+    except JobExpired:
+        if run.store is not None and conn is not None:
+            await run.store.asave(conn, *run.save_args(store.EXPIRED))
+        raise
     await _maybe(_call_hook(job, job._resumed(run), args))
     why = run.stop_at_once()
     if why is None:

@@ -33,10 +33,10 @@ FINISHED_TTL = 86400
 # A cancel flag outlives any job that could still obey it by a wide margin.
 CANCEL_TTL = 7 * 86400
 
-RUNNING, INTERRUPTED, FAILED, COMPLETED, CANCELLED = (
-    "running", "interrupted", "failed", "completed", "cancelled",
+RUNNING, INTERRUPTED, FAILED, COMPLETED, CANCELLED, EXPIRED = (
+    "running", "interrupted", "failed", "completed", "cancelled", "expired",
 )  # fmt: skip
-FINISHED = (COMPLETED, CANCELLED)
+FINISHED = (COMPLETED, CANCELLED, EXPIRED)
 
 
 @dataclass(frozen=True)
