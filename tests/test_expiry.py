@@ -237,3 +237,24 @@ def test_the_asyncio_client_stamps_the_deadline(redis_server, redis: redis_py.Re
         jid = asyncio.run(push())
     [payload] = queued(redis)
     assert (payload["jid"], payload["expires_at"]) == (jid, EPOCH0 + 90)
+
+
+@pytest.mark.parametrize("value", ["30", -5, 0, True])
+def test_a_raw_push_with_a_bad_expires_in_is_refused_and_writes_nothing(
+    redis: redis_py.Redis, value: object
+) -> None:
+    client = limitd.Client(redis)
+    with pytest.raises(InvalidJobOption, match="expires_in"):
+        client.push({"class": "expiry_test.Plain", "args": ["x"], "expires_in": value})
+    assert redis.llen(keys.of(redis).queue("default")) == 0
+
+
+def test_a_raw_push_may_give_expires_in_as_a_timedelta(redis: redis_py.Redis) -> None:
+    client = limitd.Client(redis)
+    client.push(
+        {"class": "expiry_test.Plain", "args": ["x"], "expires_in": dt.timedelta(minutes=1)}
+    )
+    [raw] = redis.lrange(keys.of(redis).queue("default"), 0, -1)
+    payload = json.loads(raw)
+    assert payload["expires_in"] == 60.0
+    assert payload["expires_at"] == pytest.approx(payload["created_at"] + 60.0)

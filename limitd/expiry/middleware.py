@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 
-from limitd import clock
+from limitd import clock, options
 from limitd.iteration import ITERABLE_CLASSES
 from limitd.middleware.base import ClientMiddleware, ServerMiddleware
 from limitd.middleware.chain import Dropped
@@ -55,6 +55,12 @@ class ExpiryStamp(ClientMiddleware):
         expires_in = payload.get(OPTION)
         if expires_in is None or DEADLINE in payload:
             return None
+        try:  # a raw push's value is checked here, as the job option is where declared
+            payload[OPTION] = expires_in = options.seconds(expires_in)
+        except ValueError as exc:
+            raise options.InvalidJobOption(
+                f"{payload.get('class')}: expires_in={expires_in!r}: {exc}"
+            ) from None
         start = to_seconds(payload.get("at")) or to_seconds(payload.get("created_at"))
         payload[DEADLINE] = (start if start is not None else clock.now()) + float(expires_in)
         return None
