@@ -30,6 +30,7 @@ from limitd.api.work import running_jobs
 from limitd.client import connection_or_default
 from limitd.connection import run_calls
 from limitd.iteration.store import CANCEL_TTL
+from limitd.middleware.chain import ServerChain
 from limitd.middleware.defaults import default_server_chain
 
 CANCELLED = "cancelled"  # the outcome a cancelled job is settled with
@@ -58,28 +59,29 @@ def cancel(jid: str, redis: redis_py.Redis | None = None) -> Cancellation:
     """Cancel the job ``jid`` (see the module docstring)."""
     conn = connection_or_default(redis)
     conn.set(keys.of(conn).cancel_flag(jid), 1, ex=CANCEL_TTL)
-    removed: list[str] = []
+    removed: dict[str, tuple[JobRecord, str]] = {}  # where from -> (the job, its queue)
     for queue in Queue.all(conn):
         entry = queue.find_job(jid)
         if entry is not None and entry.delete():
-            removed.append(f"queue:{queue.name}")
-            _settle(conn, entry, queue.name)
+            removed[f"queue:{queue.name}"] = (entry, queue.name)
     for waiting in (ScheduledSet(conn), RetrySet(conn)):
         found = waiting.find_job(jid)
         if found is not None and found.delete():
-            removed.append(waiting.key_name.lower())
-            _settle(conn, found, found.queue or "default")
+            removed[waiting.key_name.lower()] = (found, found.queue or "default")
+    if removed:
+        chain = default_server_chain(conn)  # built once, for what was taken out
+        for record, queue_name in removed.values():
+            _settle(conn, chain, record, queue_name)
     live = [process.identity for process in Processes(conn)]
     running = any(job.jid == jid for job in running_jobs(live, conn))
     return Cancellation(jid, tuple(removed), running)
 
 
-def _settle(conn: redis_py.Redis, entry: JobRecord, queue: str) -> None:
+def _settle(conn: redis_py.Redis, chain: ServerChain, entry: JobRecord, queue: str) -> None:
     """What a capsule makes for a job that ended ``cancelled``, for one that will never
     reach a capsule now: its batch's count, its unique lock."""
     if entry.payload is None:
         return  # unreadable: no feature can have state for it
-    chain = default_server_chain(conn)
     calls = chain.settle(None, entry.payload, queue, CANCELLED, None)
     if calls:
         run_calls(conn, calls)

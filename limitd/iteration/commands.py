@@ -12,6 +12,7 @@ from limitd.commands.common import (
     EX_OK,
     Connect,
     ResolveRedis,
+    Run,
     Subparsers,
     add_json_flag,
     bind,
@@ -23,8 +24,11 @@ PROGRESS_HEADERS = ("JID", "CLASS", "STATE", "ITEMS", "RUNS", "RUNTIME_S", "CURS
 
 
 def add_iteration_commands(commands: Subparsers, resolve_redis: ResolveRedis) -> None:
-    parser = commands.add_parser(
+    add_jids_command(
+        commands,
+        resolve_redis,
         "cancel",
+        run_cancel,
         help="cancel jobs: remove them from queues and sets, stop iterable ones",
         description=(
             "For each JID: set the job's cancel flag, then remove the job from any queue, "
@@ -35,12 +39,11 @@ def add_iteration_commands(commands: Subparsers, resolve_redis: ResolveRedis) ->
             "(jid, removed_from, running)."
         ),
     )
-    parser.add_argument("jids", nargs="+", metavar="JID")
-    add_json_flag(parser)
-    bind(parser, run_cancel, resolve_redis)
-
-    parser = commands.add_parser(
+    add_jids_command(
+        commands,
+        resolve_redis,
         "progress",
+        run_progress,
         help="where iterable jobs are: state, items done, cursor",
         description=(
             "For each JID of an iterable job: its state (running, interrupted, failed, expired, "
@@ -49,9 +52,22 @@ def add_iteration_commands(commands: Subparsers, resolve_redis: ResolveRedis) ->
             "progress recorded (not iterable, not started, or finished over a day ago)."
         ),
     )
+
+
+def add_jids_command(
+    commands: Subparsers,
+    resolve_redis: ResolveRedis,
+    name: str,
+    run: Run,
+    *,
+    help: str,
+    description: str,
+) -> None:
+    """A command taking one or more JIDs and ``--json``."""
+    parser = commands.add_parser(name, help=help, description=description)
     parser.add_argument("jids", nargs="+", metavar="JID")
     add_json_flag(parser)
-    bind(parser, run_progress, resolve_redis)
+    bind(parser, run, resolve_redis)
 
 
 def run_cancel(args: argparse.Namespace, connect: Connect) -> int:

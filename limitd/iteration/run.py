@@ -107,8 +107,8 @@ class Run:
     # -- after each item ----------------------------------------------------------
 
     def item_done(self, cursor: Any) -> tuple[str | None, bool]:
-        """Count the item and decide: (why the run stops, or None; whether to save now).
-        The caller saves, then calls :meth:`saved` with what the save said."""
+        """Count the item and decide: (why the run stops, or None; whether to save now,
+        which the caller does with :meth:`save_args`)."""
         self.items += 1
         self.pending = store.encode_cursor(cursor)
         why = self.stop_at_once()

@@ -156,8 +156,9 @@ class ServerChain(Chain):
         super().__init__(entries)
         self._plan: tuple[int, list[ServerEntry]] = (-1, [])
 
-    def _concerned_plan(self) -> list[ServerEntry]:
-        """Every middleware as the chain calls it, rebuilt after a change."""
+    def _plan_now(self) -> list[ServerEntry]:
+        """Every middleware as the chain calls it (concerned or not), rebuilt after a
+        change."""
         version, plan = self._plan
         if version != self._version:
             plan = [ServerEntry(m) for m in self._entries]
@@ -166,13 +167,13 @@ class ServerChain(Chain):
 
     def _concerned(self, payload: Payload) -> list[ServerEntry]:
         """The middleware that want to see this job (see ``concerns``)."""
-        return [e for e in self._concerned_plan() if e.concerns is None or e.concerns(payload)]
+        return [e for e in self._plan_now() if e.concerns is None or e.concerns(payload)]
 
     def quiet(self) -> None:
         """The capsule stopped taking jobs (TSTP, a quiet from afar, the start of a
         stop): tell the middleware that define ``quiet``, so jobs that can stop early
         (iterable jobs) do. One that raises is logged; the others are still told."""
-        for entry in self._concerned_plan():
+        for entry in self._plan_now():
             if entry.quiets:
                 try:
                     entry.middleware.quiet()
