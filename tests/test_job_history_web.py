@@ -22,11 +22,13 @@ CLASSES = {  # class: (jobs per minute, typical milliseconds, failure rate)
 
 
 def seed_hour(redis: redis_py.Redis) -> None:
-    """Sixty minutes of history, durations spread log-normally around each class's own."""
+    """Most of an hour of history, durations spread log-normally around each class's
+    own. The oldest minute seeded is two minutes inside the pages' hour, so a minute
+    that turns between the test's read and the page's does not drop any of it."""
     rng = random.Random(30)
     now_minute = int(clock.now() // 60)
     tally: Minutes = {}
-    for back in range(60):
+    for back in range(58):
         for name, (rate, typical, failing) in CLASSES.items():
             counts = tally[now_minute - back, name] = Counts()
             for _ in range(rng.randrange(rate // 2, rate + 1)):
