@@ -98,9 +98,10 @@ def queue_names(count: int) -> list[str]:
 # The config and the system: the peers' limitd config, with N queues and N limits.
 
 
-def config_text(url: str, names: list[str], args: argparse.Namespace) -> str:
+def config_text(url: str, names: list[str], args: argparse.Namespace, index: bool) -> str:
     """The peers' ``limitd start`` config (limitd_system.CONFIG) listing ``names``, in
-    the strict order or each with a weight of 1 (random order), each with the limit."""
+    the strict order or each with a weight of 1 (random order), each with the limit;
+    ``index``: the fetch uses its ready index (else it checks every queue each call)."""
     listed = names if args.order == "strict" else [f"[{name}, 1]" for name in names]
     text = limitd_system.CONFIG.format(
         url=url,
@@ -111,22 +112,23 @@ def config_text(url: str, names: list[str], args: argparse.Namespace) -> str:
         fetch="limit",
     )
     limits = ", ".join(f"{name}: {UNBINDING_LIMIT}" for name in names)
-    return text + f"limits: {{{limits}}}\n"
+    return text + f"limits: {{{limits}}}\nready_index: {str(index).lower()}\n"
 
 
-def scale_system(count: int, args: argparse.Namespace) -> System:
+def scale_system(count: int, args: argparse.Namespace, index: bool) -> System:
     names = queue_names(count)
 
     def commands(ctx: Context) -> list[list[str]]:
-        config = ctx.tmp / f"fetch-scale-{count}.yml"
-        config.write_text(config_text(ctx.url, names, args))
+        config = ctx.tmp / f"fetch-scale-{count}-{'index' if index else 'scan'}.yml"
+        config.write_text(config_text(ctx.url, names, args, index))
         return [[str(PROJECT_BIN / "limitd"), "start", str(config)]]
 
     return System(
-        name=f"limitd-limit-{count}-queues",
+        name=f"limitd-limit-{count}-queues-{'index' if index else 'scan'}",
         settings=(
             f"limitd start, {args.processes} x {args.threads} threads, fetch: limit, "
-            f"{count} queues ({args.order}), limit {UNBINDING_LIMIT} on each"
+            f"{count} queues ({args.order}), limit {UNBINDING_LIMIT} on each, "
+            f"ready_index: {str(index).lower()}"
         ),
         enqueue_api=f"perform_bulk per queue, {BULK} per LPUSH",
         workers=commands,
@@ -229,14 +231,13 @@ class IdleRun:
         return self.redis_cpu / self.seconds / self.capsules
 
 
-def drain_once(
-    conn: redis_py.Redis, ctx: Context, count: int, jobs: int, args: argparse.Namespace
-) -> DrainRun:
+def drain_once(conn: redis_py.Redis, ctx: Context, row: Row, args: argparse.Namespace) -> DrainRun:
+    count, jobs = row.count, args.jobs
     names = queue_names(count)
     reset(conn, queue_names(max(args.queues)))
     enqueue(names, jobs)
     before = cpu_ticks()
-    drained = measure.drain(scale_system(count, args), ctx, conn, jobs, args.deadline)
+    drained = measure.drain(scale_system(count, args, row.index), ctx, conn, jobs, args.deadline)
     return DrainRun(jobs, drained, machine_load(before))
 
 
@@ -254,11 +255,11 @@ def subscribers(conn: redis_py.Redis) -> int:
     return int(counts.get(keys.WAKE_CHANNEL.encode(), 0))
 
 
-def idle_once(conn: redis_py.Redis, ctx: Context, count: int, args: argparse.Namespace) -> IdleRun:
+def idle_once(conn: redis_py.Redis, ctx: Context, row: Row, args: argparse.Namespace) -> IdleRun:
     """``limitd start`` on the same config with every queue empty: what it asks of Redis
     per second, once started (process groups as measure.drain starts them)."""
     reset(conn, queue_names(max(args.queues)))
-    system = scale_system(count, args)
+    system = scale_system(row.count, args, row.index)
     log_path = ctx.tmp / f"{system.name}-idle.log"
     with log_path.open("wb") as log:
         started = [
@@ -292,17 +293,22 @@ def idle_once(conn: redis_py.Redis, ctx: Context, count: int, args: argparse.Nam
 @dataclass
 class Row:
     count: int
+    index: bool  # ready_index on
     drains: list[DrainRun]
     idles: list[IdleRun]
     failed: str | None = None
     capped: bool = False  # drained in fewer rounds: a drain took over --max-seconds
 
+    @property
+    def label(self) -> str:
+        return f"{plural(self.count)}, {'index' if self.index else 'scan'}"
 
-def drain_line(number: int, count: int, run: DrainRun) -> str:
+
+def drain_line(number: int, label: str, run: DrainRun) -> str:
     w = run.window
     part = "steady" if run.drain.steady else "whole (no steady window)"
     return (
-        f"round {number} {plural(count):>13}: {run.jobs:,} jobs, {part} {w.rate:>7,.0f} jobs/s, "
+        f"round {number} {label:>20}: {run.jobs:,} jobs, {part} {w.rate:>7,.0f} jobs/s, "
         f"Redis CPU {w.redis_cpu_us_per_job:>5.0f} us/job, worker CPU "
         f"{w.worker_cpu_us_per_job:>5.0f} us/job, {w.commands_per_job:.1f} cmds/job "
         f"({w.lua_per_job:.2f} Lua); whole drain {run.drain.seconds:.1f} s, first job after "
@@ -310,12 +316,12 @@ def drain_line(number: int, count: int, run: DrainRun) -> str:
     )
 
 
-def idle_line(number: int, count: int, run: IdleRun) -> str:
+def idle_line(number: int, label: str, run: IdleRun) -> str:
     busiest = ", ".join(
         f"{name} {n / run.seconds / run.capsules:,.1f}" for name, n in run.commands.most_common(3)
     )
     return (
-        f"round {number} {plural(count):>13} idle: {run.commands_per_second:,.1f} cmds/s per "
+        f"round {number} {label:>20} idle: {run.commands_per_second:,.1f} cmds/s per "
         f"capsule ({run.lua_per_second:.1f} Lua; {busiest}), Redis CPU "
         f"{run.redis_cpu_share:.1%} of a core per capsule; {run.machine}"
     )
@@ -328,13 +334,13 @@ def one_count(
     before), then its idle load."""
     if row.failed is None and not row.capped:
         try:
-            run = drain_once(conn, ctx, row.count, args.jobs, args)
+            run = drain_once(conn, ctx, row, args)
         except measure.RunFailed as exc:
             row.failed = f"drain failed: {exc}"
-            print(f"round {number} {plural(row.count):>13}: {row.failed}", flush=True)
+            print(f"round {number} {row.label:>20}: {row.failed}", flush=True)
         else:
             row.drains.append(run)
-            print(drain_line(number, row.count, run), flush=True)
+            print(drain_line(number, row.label, run), flush=True)
             if run.drain.seconds > args.max_seconds and number < args.rounds:
                 row.capped = True
                 print(
@@ -343,19 +349,19 @@ def one_count(
                     flush=True,
                 )
     try:
-        idle = idle_once(conn, ctx, row.count, args)
+        idle = idle_once(conn, ctx, row, args)
     except measure.RunFailed as exc:
-        print(f"round {number} {plural(row.count):>13} idle: failed: {exc}", flush=True)
+        print(f"round {number} {row.label:>20} idle: failed: {exc}", flush=True)
     else:
         row.idles.append(idle)
-        print(idle_line(number, row.count, idle), flush=True)
+        print(idle_line(number, row.label, idle), flush=True)
 
 
 def run_rounds(conn: redis_py.Redis, url: str, args: argparse.Namespace) -> list[Row]:
     reason = limitd_system.missing()
     if reason:
         raise SystemExit(reason)
-    rows = [Row(count, [], []) for count in args.queues]
+    rows = [Row(count, index, [], []) for count in args.queues for index in args.index]
     with tempfile.TemporaryDirectory(prefix="limitd-fetch-scale-") as tmp:
         ctx = Context(url=url, tmp=Path(tmp))
         for number in range(1, args.rounds + 1):
@@ -412,7 +418,7 @@ def idle_cells(row: Row) -> list[str]:
 
 def report(rows: list[Row], args: argparse.Namespace) -> None:
     base_row = rows[0]
-    base = median_rate(base_row)
+    bases = {row.index: median_rate(row) for row in reversed(rows) if row.count == base_row.count}
     print(
         f"\nlimit fetch vs queue count: limitd start, {args.processes} processes x "
         f"{args.threads} threads, limit {UNBINDING_LIMIT} on every queue (never binds), "
@@ -422,10 +428,11 @@ def report(rows: list[Row], args: argparse.Namespace) -> None:
     )
     header = [
         "queues",
+        "fetch",
         "jobs",
         "drains",
         "steady jobs/s",
-        f"vs {plural(base_row.count)}",
+        f"vs {plural(base_row.count)} (same fetch)",
         "Redis CPU us/job",
         "worker CPU us/job",
         "Redis cmds/job (Lua)",
@@ -436,7 +443,8 @@ def report(rows: list[Row], args: argparse.Namespace) -> None:
     print("| " + " | ".join(header) + " |")
     print("|" + "|".join("---:" for _ in header) + "|")
     for row in rows:
-        cells = [f"{row.count:,}", *drain_cells(row, base), *idle_cells(row)]
+        fetch = "ready index" if row.index else "scan every queue"
+        cells = [f"{row.count:,}", fetch, *drain_cells(row, bases.get(row.index)), *idle_cells(row)]
         print("| " + " | ".join(cells) + " |")
     print(
         "\nPer job: over the steady drain, the job's own INCR included, the enqueue left "
@@ -476,6 +484,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3, help="rounds over all counts (3)")
     parser.add_argument("--order", choices=ORDERS, default="strict", help="queue order")
     parser.add_argument(
+        "--index",
+        choices=("on", "off", "both"),
+        default="both",
+        help="the fetch's ready index: on, off (scan every queue each call) or both, "
+        "alternated (both)",
+    )
+    parser.add_argument(
         "--max-seconds",
         type=float,
         default=60.0,
@@ -493,6 +508,7 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--redis", help="Redis URL (default: a private redis-server)")
     args = parser.parse_args()
+    args.index = {"on": [True], "off": [False], "both": [True, False]}[args.index]
     if args.processes * args.threads >= UNBINDING_LIMIT:
         parser.error(f"processes x threads must stay under the limit {UNBINDING_LIMIT}")
     if args.jobs < 10 or args.rounds < 1 or args.idle_seconds <= 0:

@@ -214,6 +214,16 @@ class KeyLayout:
             return f"limitd:{{{queue_name}}}:capsule:{capsule_id}:inprogress"
         return f"{LIMITD_PREFIX}capsule:{capsule_id}:inprogress:{queue_name}"
 
+    def ready_index(self, capsule_id: str) -> str:
+        """Sorted set of the queues a capsule's limit fetch looks at (standalone only):
+        those that may have a job it can take, scored by their place in its order."""
+        return f"{self.LIMITD_PREFIX}capsule:{capsule_id}:ready"
+
+    def rate_wait(self, capsule_id: str) -> str:
+        """Sorted set of queues out of a capsule's ready index until their rate limit
+        allows a job: ``<rank>:<name>`` scored by that time (Redis clock, microseconds)."""
+        return f"{self.LIMITD_PREFIX}capsule:{capsule_id}:rate_wait"
+
     def rate_state(self, queue_name: str) -> str:
         """A rate-limited queue's schedule: the earliest time (Redis clock, microseconds)
         its next job may be fetched. Expires once that time has passed."""

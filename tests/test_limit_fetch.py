@@ -293,6 +293,7 @@ def test_fetch_cost_does_not_depend_on_jobs_in_progress(redis: redis_py.Redis) -
     queue_limits.set_limit(redis, "q", 10_000)
     queue_limits.set_limit(redis, "q", 10_000, process=True)
     fetch = fetcher(redis, ["q"])
+    take_one(fetch)  # the first call also adds the queue to the fetch's ready index
     empty = commands_for_one_fetch()
     for _ in range(2000):
         take_one(fetch)

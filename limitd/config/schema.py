@@ -79,6 +79,8 @@ SHARED_KEYS = (
     "dead",
     "require",
     "scheduled_poll",
+    "ready_index",
+    "index_sweep",
     "max_recoveries",
 )
 CAPSULE_KEYS = frozenset(OWN_KEYS + SHARED_KEYS)
@@ -124,6 +126,8 @@ class Shared:
     require: tuple[str, ...] = ()
     max_recoveries: int = _DEFAULTS.max_recoveries
     scheduled_poll: str = _DEFAULTS.scheduled_poll
+    ready_index: bool = _DEFAULTS.ready_index
+    index_sweep: float = _DEFAULTS.index_sweep
 
 
 def load_config(paths: Sequence[str | Path], env: Mapping[str, str] | None = None) -> Config:
@@ -175,6 +179,8 @@ def read_shared(section: Section, base: Shared) -> Shared:
         poll_range=section.poll_range("poll_range", base.poll_range),
         fetch=section.choice("fetch", FETCHES, base.fetch),
         scheduled_poll=section.choice("scheduled_poll", SCHEDULED_POLLS, base.scheduled_poll),
+        ready_index=section.boolean("ready_index", base.ready_index),
+        index_sweep=section.number("index_sweep", base.index_sweep, 0),
         tag=section.string("tag", base.tag),
         dead=read_dead(section.section("dead"), base.dead),
         max_recoveries=section.integer("max_recoveries", base.max_recoveries, 1),
@@ -351,6 +357,8 @@ def read_capsule(name: str, section: Section, shared: Shared) -> CapsuleSpec:
             dynamic=dynamic,
             fetch=shared.fetch,
             scheduled_poll=shared.scheduled_poll,
+            ready_index=shared.ready_index,
+            index_sweep=shared.index_sweep,
             heartbeat_period=shared.heartbeat_period,
             poll_range=shared.poll_range,
             dead_set=shared.dead,
@@ -476,6 +484,8 @@ def capsule_as_dict(spec: CapsuleSpec) -> dict[str, Any]:
         "poll_range": list(capsule.poll_range),
         "fetch": capsule.fetch,
         "scheduled_poll": capsule.scheduled_poll,
+        "ready_index": capsule.ready_index,
+        "index_sweep": capsule.index_sweep,
         "tag": capsule.tag,
         "dead": {
             "max_jobs": capsule.dead_set.max_jobs,

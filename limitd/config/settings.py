@@ -56,6 +56,10 @@ class CapsuleConfig:
     poll_interval_average: float | None = None
     average_scheduled_poll_interval: float = 5.0
     scheduled_poll: str = "due"  # "interval": Sidekiq's blind polling, for comparison
+    # The limit fetch looks only at queues that may have work (limitd.fetch.ready_index),
+    # and re-checks index_sweep listed queues a second for pushes that do not publish.
+    ready_index: bool = True
+    index_sweep: float = 50.0
     capsule_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     # Which of the supervisor's children runs this (0, 1, ...), kept across restarts: a
     # per-process port is the configured one plus this number.

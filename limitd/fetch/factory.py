@@ -18,6 +18,7 @@ from limitd.fetch.basic import BasicFetch
 from limitd.fetch.direct import DirectDispatch
 from limitd.fetch.dispatcher import Dispatcher
 from limitd.fetch.limit import LimitFetch
+from limitd.fetch.ready_index import SWEEP_PER_SECOND
 from limitd.fetch.sharded import ShardedLimitFetch
 from limitd.fetch.wakeup import IdleGate
 from limitd.queues.limits import LimitSettings
@@ -39,6 +40,8 @@ def build_fetch(
         blocking=config.blocking,
         dynamic=config.dynamic,
         limits=config.limit_settings,
+        ready_index=config.ready_index,
+        sweep_per_second=config.index_sweep,
     )
     return fetch, Dispatcher(fetch, gate)
 
@@ -53,6 +56,8 @@ def limit_fetch(
     dynamic: bool = False,
     rate_clock: Callable[[], int] | None = None,
     limits: LimitSettings | None = None,
+    ready_index: bool = True,
+    sweep_per_second: float = SWEEP_PER_SECOND,
 ) -> LimitFetch:
     """A limit fetch for the topology of the connection: one call for all queues, or
     in a cluster one per queue's shard."""
@@ -67,4 +72,6 @@ def limit_fetch(
         dynamic=dynamic,
         rate_clock=rate_clock,
         limits=limits,
+        ready_index=ready_index,
+        sweep_per_second=sweep_per_second,
     )

@@ -45,6 +45,7 @@ from limitd.connection import (
 from limitd.fetch import liveness, recoveries
 from limitd.fetch.basic import UnitOfWork, as_units
 from limitd.fetch.limit_unit import LimitUnitOfWork, calls_before_ack, forget_calls
+from limitd.fetch.ready_index import SWEEP_PER_SECOND, CallPlan, ReadyIndex
 from limitd.fetch.wakeup import IdleGate
 from limitd.queues.limits import LimitSettings
 from limitd.queues.order import QueueOrder
@@ -56,6 +57,8 @@ DYNAMIC_REFRESH_SECONDS = 5.0
 SHORTFALL_LOG_EVERY = 60.0
 ACK, REQUEUE, YIELD = b"ack", b"requeue", b"yield"
 JOB_FIELDS = 4  # each job in a fetch reply: queue, job, crashes, crashes alone
+JOBS_AT = 3  # a reply: settled, room in, the index's part, then the jobs
+MAX_ASKS = 4  # calls one take makes at most while the index holds queues it was not given
 
 
 class LimitFetch:
@@ -74,10 +77,15 @@ class LimitFetch:
         dynamic: bool = False,
         rate_clock: Callable[[], int] | None = None,
         limits: LimitSettings | None = None,
+        ready_index: bool = True,
+        sweep_per_second: float = SWEEP_PER_SECOND,
     ) -> None:
         """``rate_clock``: for tests, the time (microseconds) rate limits are checked
         at; by default the script reads Redis's clock, the one all capsules share.
-        ``limits``: the configured limits, re-applied at each heartbeat."""
+        ``limits``: the configured limits, re-applied at each heartbeat.
+        ``ready_index``: look only at the queues that may have work (``limitd.fetch.
+        ready_index``; standalone and Sentinel), else at every listed queue each call;
+        ``sweep_per_second``: how many listed queues its sweep re-checks a second."""
         self.redis = redis
         self.keys = keys.of(redis)  # the key layout of its connection
         self.rate_clock = rate_clock
@@ -106,6 +114,16 @@ class LimitFetch:
                 pack_command(b"WAIT", self._wait.replicas, self._wait.timeout_ms),
             )
         self._last_shortfall_log = float("-inf")
+        self.index: ReadyIndex | None = None
+        if ready_index and not self.keys.cluster:
+            self.index = ReadyIndex(
+                redis,
+                order,
+                capsule_id,
+                dynamic=dynamic,
+                sweep_per_second=sweep_per_second,
+                exact_rates=rate_clock is not None,
+            )
 
     @property
     def block_seconds(self) -> float:
@@ -124,12 +142,19 @@ class LimitFetch:
         """Settle ``finished`` and take up to ``want`` jobs, in one call (on ``conn``, a
         dispatcher's own connection, else the pool). With ``wait``, when there was none,
         wait on the idle gate until there may be one (the caller then asks again)."""
-        reply = self._call(finished, ACK, self._orders(want), want, conn or self.redis)
-        self.room_in = int(reply[1]) / 1000 if reply[1] else None
-        units = [
-            LimitUnitOfWork(reply[i].decode(), reply[i + 1], self, reply[i + 2], reply[i + 3])
-            for i in range(2, len(reply), JOB_FIELDS)
-        ]
+        units: list[LimitUnitOfWork] = []
+        for _ in range(MAX_ASKS):
+            missing = want - len(units)
+            orders = self._orders(missing) if self.index is None else []
+            reply = self._call(finished, ACK, orders, missing, conn or self.redis)
+            finished = ()
+            self.room_in = int(reply[1]) / 1000 if reply[1] else None
+            units += [
+                LimitUnitOfWork(reply[i].decode(), reply[i + 1], self, reply[i + 2], reply[i + 3])
+                for i in range(JOBS_AT, len(reply), JOB_FIELDS)
+            ]
+            if not reply[2] or len(units) >= want:  # not stopped short (see _call)
+                break
         if wait and units:
             self.gate.wake_one_more()
         elif wait:
@@ -180,6 +205,9 @@ class LimitFetch:
         if reap:
             liveness.reap_dead(self.redis)
         self.recover_orphans(held())
+        if self.index is not None:
+            self.index.forget()
+            self.index.sweep(self.redis)
 
     def retire(self) -> int:
         """At stop: no liveness any more, and what is still in progress (a requeue that
@@ -215,6 +243,8 @@ class LimitFetch:
 
     def wake_handlers(self) -> dict[str, Callable[[str], None]]:
         """The channel pushes and freed slots are announced on, and what to do then."""
+        if self.index is not None:
+            self.index.listening = True
         return {keys.WAKE_CHANNEL: self.on_wake}
 
     def on_wake(self, queue: str) -> None:
@@ -230,7 +260,10 @@ class LimitFetch:
         return not queue or self.dynamic or queue in self.order.weights
 
     def woken(self, queue: str) -> None:
-        """A wake-up named ``queue``: one call asks every queue, nothing to forget."""
+        """A wake-up named ``queue`` ("": any): the ready index takes note (without
+        one, every call asks every queue: nothing to remember)."""
+        if self.index is not None:
+            self.index.hint(queue)
 
     def refresh_dynamic(self) -> None:
         """Forget the cached queue list (a wake-up named a queue we do not know yet)."""
@@ -269,11 +302,38 @@ class LimitFetch:
     ) -> list[Any]:
         """One round trip: the finished jobs' bookkeeping (with ``ACK``), the script,
         and WAIT when replicas must confirm. ``orders``: the queue order of each job to
-        take (one order: all alike)."""
+        take (one order: all alike); with the ready index, it gives them instead."""
+        index, plan, hints = self.index, None, {}
+        if index is not None and want > 0:  # the index gives the queues to look at
+            hints = index.take_hints(self.redis)
+            plan = index.plan(want, hints)
+            orders = plan.orders
+        try:
+            reply = self._round_trip(settle, mode, orders, want, conn, plan=plan)
+        except BaseException:
+            if index is not None and plan is not None:
+                index.failed()
+                index.restore(hints)
+            raise
+        if index is not None and plan is not None:
+            # The index's part of the reply, followed: whether the call stopped short.
+            reply[2] = index.after_call(reply[2], plan)
+        return reply
+
+    def _round_trip(
+        self,
+        settle: Sequence[UnitOfWork],
+        mode: bytes,
+        orders: list[list[str]],
+        want: int,
+        conn: Conn,
+        *,
+        plan: CallPlan | None,
+    ) -> list[Any]:
         calls = calls_before_ack(settle) if mode == ACK else []
+        script_keys, args = self._script_input(settle, mode, orders, want, "", plan=plan)
         if not calls and self._wait is None:
-            return self._script(settle, mode, orders, want, conn)
-        script_keys, args = self._script_input(settle, mode, orders, want, "")
+            return cast("list[Any]", LIMIT_FETCH(conn, script_keys, args))
         try:
             replies = send_calls_then(
                 conn, calls, LIMIT_FETCH.packed(script_keys, args), *self._wait_command
@@ -309,8 +369,11 @@ class LimitFetch:
         orders: list[list[str]],
         want: int,
         shared: str,
+        *,
+        plan: CallPlan | None = None,
     ) -> tuple[list[bytes], list[Any]]:
-        """KEYS and ARGV of one ``limit_fetch.lua`` call (see its header)."""
+        """KEYS and ARGV of one ``limit_fetch.lua`` call (see its header); with a
+        ``plan``, the call uses the ready index."""
         names = list(dict.fromkeys(name for order in orders for name in order))
         fixed, recoveries_key = self._shared_keys(shared)
         script_keys = list(fixed)
@@ -324,6 +387,11 @@ class LimitFetch:
             queue_key, in_progress_key, name, blocking, rate_key = self._queue(queue_name)
             script_keys += [queue_key, in_progress_key, rate_key]
             args += [name, blocking]
+        if plan is not None and self.index is not None:
+            script_keys += self.index.keys
+            args += plan.args(self.index.mode)
+        else:
+            args += [b"", 0]
         script_keys.append(recoveries_key)
         if len(orders) > 1:
             number = {name: str(index) for index, name in enumerate(names, 1)}

@@ -267,11 +267,81 @@ for _, name in ipairs(acked_names) do
   free_slots(name, queue_key_of[name], acked[name])
 end
 
+-- The ready index (this capsule's; see the header). The caller mirrors it: it passes
+-- the queues it knows the index holds (and hints: queues to add), says whether those are
+-- all of them (``complete``), and learns from the reply what this call took out, or,
+-- when it cannot follow (the index grew here, or it knew only its first queues and some
+-- left), the index's first queues afresh. So a call whose index the caller knows in
+-- full reads nothing of it.
+local spec_at = 8 + 2 * settles + 2 * queues -- ARGV[spec_at]: "", "strict" or "sample"
+local index_mode = ARGV[spec_at] ~= '' and ARGV[spec_at] or nil
+local hints = tonumber(ARGV[spec_at + 1]) or 0
+local ready, rate_wait = nil, nil
+local complete, refill_size = false, 0
+local unlisted, grew, rate_touched = {}, false, false
+if index_mode then
+  ready, rate_wait = KEYS[#KEYS - 2], KEYS[#KEYS - 1]
+  complete = ARGV[spec_at + 2] == '1'
+  refill_size = tonumber(ARGV[spec_at + 4])
+  for first = 1, hints, 1000 do
+    local ranked = {}
+    for k = first, math.min(first + 999, hints) do
+      ranked[#ranked + 1] = ARGV[spec_at + 4 + 2 * k]
+      ranked[#ranked + 1] = ARGV[spec_at + 3 + 2 * k]
+    end
+    redis.call('ZADD', ready, unpack(ranked))
+  end
+  -- ARGV[spec_at + 3]: "0" rate_wait is empty, "1" it is not, "2" and the caller's
+  -- clock says its first queue may be due.
+  if ARGV[spec_at + 3] == '2' then
+    rate_touched = true
+    local due = redis.call('ZRANGEBYSCORE', rate_wait, '-inf', clock(), 'LIMIT', 0, 1000)
+    if #due > 0 then
+      local ranked = {}
+      for _, member in ipairs(due) do
+        local rank, name = string.match(member, '^([^:]+):(.*)$')
+        ranked[#ranked + 1] = rank
+        ranked[#ranked + 1] = name
+      end
+      redis.call('ZADD', ready, unpack(ranked))
+      redis.call('ZREM', rate_wait, unpack(due))
+      grew = true
+    end
+  end
+end
+
+-- Take a queue out of the index while no capsule may take from it: empty or paused
+-- (a push or a resume publishes, and the wake-up hints it back), full (the ack that
+-- frees a slot publishes) or waiting for its rate (kept in ``rate_wait`` until
+-- ``free_at``, microseconds, then put back by a call of this capsule).
+local function unlist_name(name)
+  redis.call('ZREM', ready, name)
+  unlisted[#unlisted + 1] = name
+end
+
+local function unlist(st)
+  if ready and not st.unlisted then
+    st.unlisted = true
+    unlist_name(st.name)
+  end
+end
+
+local function set_aside(st, free_at)
+  if not ready or st.unlisted then return end
+  local rank = free_at and redis.call('ZSCORE', ready, st.name)
+  if rank then
+    redis.call('ZADD', rate_wait, math.ceil(free_at), rank .. ':' .. st.name)
+    rate_touched = true
+  end
+  unlist(st)
+end
+
 local natural = {}
 for i = 1, queues do natural[i] = i end
 
+local orders_at = spec_at + (index_mode and 4 or 1) + 2 * hints -- ARGV[orders_at + m]
 local function order_of(m)
-  local given = ARGV[7 + 2 * settles + 2 * queues + m]
+  local given = ARGV[orders_at + m]
   if not given then return natural end
   local order = {}
   for number in string.gmatch(given, '%d+') do order[#order + 1] = tonumber(number) end
@@ -290,7 +360,7 @@ local function rate_allows(name, rate_key)
   local free_at = tat - rate.tolerance
   if free_at <= clock() then return true, rate, tat end
   room_at = math.min(room_at or free_at, free_at)
-  return false
+  return false, nil, nil, free_at
 end
 
 -- Queue i's state in this call: its keys, the jobs left in it, whether it may give any
@@ -307,15 +377,17 @@ local function queue_state(i)
     -- LLEN (and one SISMEMBER) per queue, and a call over many queues builds nothing
     -- for the empty ones.
     local left = redis.call('LLEN', KEYS[5 + at])
+    local name = ARGV[6 + 2 * settles + 2 * i]
     if left == 0 then
+      if ready then unlist_name(name) end
       state[i] = EMPTY
       return EMPTY
     end
-    local name = ARGV[6 + 2 * settles + 2 * i]
     st = {name = name, blocking = ARGV[7 + 2 * settles + 2 * i] == '1',
           queue_key = KEYS[5 + at], in_progress_key = KEYS[6 + at], rate_key = KEYS[7 + at],
           left = left, taken = 0}
     st.open = redis.call('SISMEMBER', paused, name) == 0
+    if not st.open then unlist(st) end
     state[i] = st
   end
   return st
@@ -327,10 +399,10 @@ local function at_limit(st)
     st.held = st.process_limit and redis.call('LLEN', st.in_progress_key) or 0
   end
   if st.process_limit and st.held >= st.process_limit then
-    return true
+    return 'process'
   end
   local cap = limit(st.name)
-  return cap and busy_count(st.name) >= cap
+  return cap and busy_count(st.name) >= cap and 'global'
 end
 
 -- Pick the queue the next job comes from: the first eligible one of ``order``. Returns
@@ -341,8 +413,9 @@ local function take_one(order)
   for _, i in ipairs(order) do
     local st = queue_state(i)
     if st.open and st.left > 0 then
-      local free, rate, tat = not at_limit(st), nil, nil
-      if free then free, rate, tat = rate_allows(st.name, st.rate_key) end
+      local held_by, rate, tat, free_at = at_limit(st), nil, nil, nil
+      local free = not held_by
+      if free then free, rate, tat, free_at = rate_allows(st.name, st.rate_key) end
       if free then
         st.left, st.taken, st.held = st.left - 1, st.taken + 1, st.held + 1
         if busy_of[st.name] ~= nil then busy_of[st.name] = busy_of[st.name] + 1 end
@@ -350,6 +423,9 @@ local function take_one(order)
       elseif st.blocking then
         -- A blocking queue with work waiting for a slot: lower queues must not jump ahead.
         return 'stop'
+      elseif held_by ~= 'process' then
+        -- No capsule may take from it now (its limit, or its rate until ``rate``).
+        set_aside(st, free_at)
       end
     end
   end
@@ -374,7 +450,7 @@ local function pop_checked(st, job_charges)
   local crashes, alone, id = charges(job)
   if crashes > 0 and holds_suspect() then
     redis.call('LPUSH', st.queue_key, job)
-    st.taken, st.held = st.taken - 1, st.held - 1
+    st.taken, st.held, st.deferred = st.taken - 1, st.held - 1, true
     if busy_of[st.name] ~= nil then busy_of[st.name] = busy_of[st.name] - 1 end
     deferred = deferred + 1
     return nil
@@ -427,7 +503,40 @@ if #holding > 0 then
   redis.call('SADD', capsules, capsule_id)
 end
 
-local taken, given = {settled, 0}, {}
+-- The index's part of the reply: {stale, refilled, rate in, names...}. ``stale``: this
+-- call took fewer jobs than wanted and the index may hold queues it was not given, or
+-- got back from rate_wait (the caller asks again at once). ``refilled``: 1 when ``names`` are the index's first
+-- queues (strict) or a random few (sample), read afresh; 0 when they are the queues this
+-- call took out. ``rate in``: when rate_wait changed, the milliseconds until its first
+-- queue may give a job (-1: it is empty), else "".
+local function index_reply()
+  for i = 1, queues do
+    local st = state[i]
+    if st ~= nil and st ~= EMPTY and st.left == 0 and not st.deferred then unlist(st) end
+  end
+  local short = #picks < want
+  local names = unlisted
+  local refilled = grew or (not complete and (#unlisted > 0 or short))
+  if refilled and index_mode == 'strict' then
+    names = redis.call('ZRANGE', ready, 0, refill_size - 1)
+  elseif refilled then
+    names = redis.call('ZRANDMEMBER', ready, refill_size)
+  end
+  local rate_in, soonest = '', nil
+  if rate_touched or (#picks == 0 and not room_at and ARGV[spec_at + 3] ~= '0') then
+    soonest = redis.call('ZRANGE', rate_wait, 0, 0, 'WITHSCORES')
+    if #soonest > 0 then room_at = math.min(room_at or math.huge, tonumber(soonest[2])) end
+  end
+  if rate_touched then
+    rate_in = #soonest > 0 and math.max(0, math.ceil((tonumber(soonest[2]) - clock()) / 1000)) or -1
+  end
+  -- Queues back from rate_wait were not given to this call: the caller asks again.
+  local reply = {(short and (grew or not complete)) and 1 or 0, refilled and 1 or 0, rate_in}
+  for _, name in ipairs(names) do reply[#reply + 1] = name end
+  return reply
+end
+
+local taken, given = {settled, 0, index_mode and index_reply() or {}}, {}
 for _, st in ipairs(picks) do
   given[st] = (given[st] or 0) + 1
   local job = jobs_of[st][given[st]]

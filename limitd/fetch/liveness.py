@@ -154,6 +154,8 @@ def reap(redis: redis_py.Redis, capsule_id: str, reason: str = "", *, blame: boo
         script_keys.append(k.RECOVERIES)
         args = [capsule_id, *names, charge, why, RECOVERIES_TTL, keys.WAKE_CHANNEL]
         moved = int(REAP_CAPSULE(redis, script_keys, args))
+        if moved >= 0:  # gone: its ready index too (limitd.fetch.ready_index)
+            redis.delete(k.ready_index(capsule_id), k.rate_wait(capsule_id))
         if moved != QUEUES_CHANGED:
             return moved
     return QUEUES_CHANGED

@@ -15,7 +15,7 @@ from typing import Any, cast
 from limitd import clock, handoff
 from limitd.connection import Conn, run_calls
 from limitd.fetch.basic import UnitOfWork
-from limitd.fetch.limit import ACK, JOB_FIELDS, LimitFetch
+from limitd.fetch.limit import ACK, JOB_FIELDS, JOBS_AT, LimitFetch
 from limitd.fetch.limit_unit import calls_before_ack, forget_calls
 
 # With wake-ups: a queue that gave nothing when asked is not asked again for this long,
@@ -88,12 +88,12 @@ class ShardedLimitFetch(LimitFetch):
             settled += int(reply[0])
             if reply[1] and (not room_in or int(reply[1]) < room_in):
                 room_in = int(reply[1])
-            if missing > 0 and len(reply) == 2 and self.quiet_seconds:
+            if missing > 0 and len(reply) == JOBS_AT and self.quiet_seconds:
                 self._quiet_until[name] = now + self.quiet_seconds
-            if name in self.blocking and len(reply[2:]) // JOB_FIELDS < missing:
+            if name in self.blocking and len(reply[JOBS_AT:]) // JOB_FIELDS < missing:
                 held_back = self._holds_back(name)
-            jobs += reply[2:]
-        return [settled, room_in, *jobs]
+            jobs += reply[JOBS_AT:]
+        return [settled, room_in, [], *jobs]
 
     def _bookkeeping_first(self, settle: Sequence[UnitOfWork]) -> None:
         """The finished jobs' bookkeeping calls, before their acknowledgements, and the

@@ -42,6 +42,20 @@ class QueueOrder:
         self._rng.shuffle(pool)
         return list(dict.fromkeys(pool))
 
+    def order_of(self, names: Sequence[str]) -> list[str]:
+        """Like ``next_order``, over ``names`` only (the queues a fetch knows to have
+        work, out of many listed): the same mode and weights, drawn among fewer."""
+        if self.mode == "strict":
+            rank = {name: place for place, name in enumerate(self.names)}
+            return sorted(names, key=rank.__getitem__)
+        if self.mode == "random":
+            drawn = list(names)
+            self._rng.shuffle(drawn)
+            return drawn
+        pool = [name for name in names for _ in range(max(self.weights[name], 1))]
+        self._rng.shuffle(pool)
+        return list(dict.fromkeys(pool))
+
 
 def _parse(entry: QueueSpec) -> tuple[str, int]:
     if isinstance(entry, str):

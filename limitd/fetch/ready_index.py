@@ -1,0 +1,294 @@
+"""The ready index: the queues a capsule's limit fetch looks at, so that a fetch costs
+what the work needs and not what the queue list is long.
+
+Without it, every fetch call would check every queue the capsule lists (an LLEN each,
+and three keys each to pass): fine for ten queues, ruinous for ten thousand, most of
+them empty. With it, each capsule keeps, in Redis, a sorted set of the queues that may
+have a job it can take (``limitd:capsule:<id>:ready``), scored by the queue's place in
+its order, and a call is given only the first few of them (strict order) or a random
+few (weighted and random orders), with their keys, and returns the next few with its
+jobs. The script checks those queues exactly as it always did (limits, rates, pauses,
+all atomic), so the index only has to be a *superset* of the queues with work and room:
+
+- *in*: every limitd write that may make a queue fetchable publishes its name on
+  ``limitd:wake`` (pushes, scheduled jobs coming due, requeues, freed slots of a full
+  queue, limit and pause changes, reaped capsules). The capsule's wake-up listener
+  keeps those names as *hints*, and its next call adds them. Pub/sub loses messages
+  only while the subscriber is disconnected, and every (re)subscription re-checks every
+  listed queue (an LLEN each, pipelined): that, or a capsule without wake-ups (tests,
+  ``limitd drain``), which re-checks before every call, closes the gap.
+- *out*: the script takes a queue out when it finds it empty, paused, at its global
+  limit, or out of rate (kept aside until its rate allows a job, then put back by the
+  capsule's own next call). A queue at this capsule's process limit stays: other
+  capsules may take from it, and this capsule will again soon.
+- Clients that push without publishing (Ruby Sidekiq, a bare LPUSH) reach a queue
+  that is already in the index at once; an empty queue they push to is found by the
+  *sweep*, which re-checks a few listed queues every heartbeat, ``sweep_per_second``
+  of them per second and capsule, so its cost does not grow with the queue count but
+  its period does (documented with the Sidekiq interop).
+
+Standalone Redis and Sentinel only: in a cluster the fetch is one call per queue on its
+own shard (``limitd.fetch.sharded``), and no one key could index queues of every shard.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import redis as redis_py
+
+from limitd import clock, keys
+from limitd.queues.order import QueueOrder
+
+# A dynamic capsule's queues that its config does not list come after those it does,
+# among themselves by name (equal ranks sort by member).
+DYNAMIC_RANK = 1_000_000_000
+# Queues a call is given beyond the jobs it wants: room for the queues it will skip
+# (at this capsule's process limit) or find drained by another capsule since.
+SLACK = 16
+MAX_SLACK = 4096
+# A weighted or random order is drawn, per job, among this many queues at least: all of
+# those with work while there are no more, a random sample of them beyond.
+MIN_SAMPLE = 32
+CHECK_CHUNK = 1000  # LLENs per pipeline when re-checking queues
+SWEEP_PER_SECOND = 50
+MAX_SWEEP_SECONDS = 30.0  # a sweep after a long pause catches up this much at most
+
+
+@dataclass(frozen=True)
+class CallPlan:
+    """One call's part of the index (see ``ReadyIndex.plan``)."""
+
+    orders: list[list[str]]  # the queues given, in each job's order
+    hints: dict[str, int]  # queue -> rank, to add
+    complete: bool  # the queues given are all the index holds
+    rate_state: int  # queues set aside for their rate: 0 none, 1 some, 2 maybe due
+    size: int  # how many queues to return when the reply reads the index afresh
+
+    def args(self, mode: bytes) -> list[Any]:
+        """The script's ARGV for the index (after the queues; see its header)."""
+        args: list[Any] = [mode, len(self.hints), int(self.complete), self.rate_state, self.size]
+        for name, rank in self.hints.items():
+            args += [name, rank]
+        return args
+
+
+class ReadyIndex:
+    """One capsule's ready index (see the module docstring), for :class:`~limitd.fetch.
+    limit.LimitFetch`: what each call passes for it, and what it keeps from the reply."""
+
+    def __init__(
+        self,
+        redis: redis_py.Redis,
+        order: QueueOrder,
+        capsule_id: str,
+        *,
+        dynamic: bool = False,
+        sweep_per_second: float = SWEEP_PER_SECOND,
+        exact_rates: bool = False,
+    ) -> None:
+        """``exact_rates``: rate limits run on a clock the caller sets (tests), so every
+        call looks for queues whose rate allows a job again, rather than this process's
+        clock deciding when."""
+        k = keys.of(redis)
+        self.keys = [k.ready_index(capsule_id).encode(), k.rate_wait(capsule_id).encode()]
+        self.order = order
+        self.dynamic = dynamic
+        self.sampled = order.mode != "strict"
+        self.mode = b"sample" if self.sampled else b"strict"  # the script's word for it
+        self.ranks = {name: rank for rank, name in enumerate(order.names, 1)}
+        self.sweep_per_second = sweep_per_second
+        self.exact_rates = exact_rates
+        # Set once the capsule hears wake-ups; until then every call re-checks all.
+        self.listening = False
+        self.slack = SLACK
+        # What this capsule knows its index holds: all of it (``_complete``), else every
+        # queue ranked up to ``_bound`` (None: none), by (rank, name).
+        self._known: dict[str, int] = {}
+        self._complete = True  # a new capsule's index is empty
+        self._bound: tuple[int, str] | None = None
+        self._forget = False
+        self._rate_due_at: float | None = None  # monotonic; see ``rate_in``
+        self._hints: dict[str, int] = {}  # queue -> rank, for the next call to add
+        self._lock = threading.Lock()
+        self._recheck_all = True
+        self._sweep_position = 0  # in the listed names (or the SSCAN cursor, dynamic)
+        self._swept_at = clock.monotonic()
+        self._rng = random.Random()
+
+    # -- hints -----------------------------------------------------------------------
+
+    def rank(self, name: str) -> int | None:
+        """The queue's place in this capsule's order; None if it does not fetch it."""
+        rank = self.ranks.get(name)
+        if rank is None and self.dynamic:
+            return DYNAMIC_RANK
+        return rank
+
+    def hint(self, name: str) -> None:
+        """A wake-up named ``name``: the next call adds it; "" (resubscribed, or asked to
+        look everywhere): the next call re-checks every listed queue first."""
+        if not name:
+            self._recheck_all = True
+            return
+        rank = self.rank(name)
+        if rank is not None:
+            with self._lock:
+                self._hints[name] = rank
+
+    def take_hints(self, redis: redis_py.Redis) -> dict[str, int]:
+        """The hints for the call about to be made (re-checking every queue first when
+        that is due); give them back with ``restore`` if the call fails."""
+        if self._recheck_all or not self.listening:
+            self._recheck_all = False
+            self._check(redis, self._listed(redis))
+        with self._lock:
+            hints, self._hints = self._hints, {}
+        return hints
+
+    def restore(self, hints: dict[str, int]) -> None:
+        """A call failed: its hints were maybe not added, so the next call adds them."""
+        with self._lock:
+            self._hints.update(hints)
+
+    # -- the call ----------------------------------------------------------------------
+
+    def plan(self, want: int, hints: dict[str, int]) -> CallPlan:
+        """What the next call is given: the hints to add (those not known to be in the
+        index), the queues to look at with the order of each job, and whether those are
+        the whole index. The queues are those this index knows it holds: its first ones
+        by rank (strict: the script takes them in this order, and never one past them,
+        where an unknown queue could rank higher), or a random few (sample)."""
+        if self._forget:
+            self._forget = False
+            self.failed()
+        added = self._add_hints(hints)
+        size = want + self.slack
+        known = sorted(self._known, key=self._key)
+        if self.sampled:
+            size = max(size, MIN_SAMPLE)
+            if len(known) > size:
+                known = self._rng.sample(known, size)
+            listed = [name for name in known if name in self.ranks]
+            found = [name for name in known if name not in self.ranks]
+            orders = [self.order.order_of(listed) + found for _ in range(want)]
+        else:
+            known = known[:size]
+            orders = [known]
+        complete = self._complete and len(known) == len(self._known)
+        return CallPlan(orders, added, complete, self._rate_state(), size)
+
+    def _rate_state(self) -> int:
+        """0: no queue is set aside for its rate; 1: some are; 2: and one may be due."""
+        if self._rate_due_at is None:
+            return 0
+        return 2 if self.exact_rates or clock.monotonic() >= self._rate_due_at else 1
+
+    def _add_hints(self, hints: dict[str, int]) -> dict[str, int]:
+        """The hints the call must add; those within what this index knows join it."""
+        added = {}
+        for name, rank in hints.items():
+            if name in self._known:
+                continue  # in the index already: nothing to write
+            added[name] = rank
+            if self._complete or (
+                self._bound is not None and not self.sampled and (rank, name) <= self._bound
+            ):
+                self._known[name] = rank
+        return added
+
+    def after_call(self, reply: Sequence[Any], plan: CallPlan) -> bool:
+        """Follow the index by the reply's part (see ``limit_fetch.lua``); True when the
+        call stopped short while the index may hold queues it was not given (the caller
+        asks again at once)."""
+        stale, refilled, rate_in = int(reply[0]), int(reply[1]), reply[2]
+        names = [name.decode() for name in reply[3:]]
+        if refilled:
+            self._known = {name: self._rank_or_last(name) for name in names}
+            self._complete = len(names) < plan.size
+            # A sample: nothing known beyond it; the first queues: all up to the last.
+            self._bound = None if self.sampled or not names else self._key(names[-1])
+        else:
+            for name in names:
+                self._known.pop(name, None)
+        if rate_in not in (b"", ""):
+            ms = int(rate_in)
+            self._rate_due_at = None if ms < 0 else clock.monotonic() + ms / 1000
+        self.slack = min(self.slack * 2, MAX_SLACK) if stale else max(SLACK, self.slack - 1)
+        return bool(stale)
+
+    def failed(self) -> None:
+        """A call failed: the script may have run, so what it took out is unknown."""
+        self._known, self._complete, self._bound = {}, False, None
+
+    def forget(self) -> None:
+        """From any thread (each heartbeat): the next call reads the index afresh, so
+        that what changed it from outside (a reaper that took this capsule for dead,
+        FLUSHALL) is not followed for longer than a heartbeat."""
+        self._forget = True
+
+    def _key(self, name: str) -> tuple[int, str]:
+        return (self._rank_or_last(name), name)
+
+    def _rank_or_last(self, name: str) -> int:
+        rank = self.rank(name)
+        return DYNAMIC_RANK if rank is None else rank
+
+    # -- re-checks ---------------------------------------------------------------------
+
+    def sweep(self, redis: redis_py.Redis) -> int:
+        """At each heartbeat: re-check the next few listed queues (``sweep_per_second``
+        for every second since the last sweep), for jobs pushed by clients that do not
+        publish. Returns how many queues were checked."""
+        now = clock.monotonic()
+        elapsed = min(now - self._swept_at, MAX_SWEEP_SECONDS)
+        self._swept_at = now
+        budget = int(elapsed * self.sweep_per_second)
+        if budget <= 0:
+            return 0
+        names = self._next_swept(redis, budget)
+        self._check(redis, names)
+        return len(names)
+
+    def _next_swept(self, redis: redis_py.Redis, budget: int) -> list[str]:
+        listed = self.order.names
+        count = min(budget, len(listed))
+        start = self._sweep_position % len(listed)
+        names = (listed[start:] + listed[:start])[:count]
+        self._sweep_position = start + count
+        if self.dynamic and budget > count:
+            cursor, found = cast(
+                "tuple[int, list[bytes]]",
+                redis.sscan(keys.of(redis).QUEUES, self._scan_cursor, count=budget - count),
+            )
+            self._scan_cursor = int(cursor)
+            names += [name.decode() for name in found]
+        return names
+
+    _scan_cursor = 0
+
+    def _listed(self, redis: redis_py.Redis) -> list[str]:
+        """Every queue this capsule fetches: those listed, and with ``dynamic`` every one
+        Redis knows."""
+        names = list(self.order.names)
+        if self.dynamic:
+            known = cast("set[bytes]", redis.smembers(keys.of(redis).QUEUES))
+            names += [name.decode() for name in known if name.decode() not in self.ranks]
+        return names
+
+    def _check(self, redis: redis_py.Redis, names: Iterable[str]) -> None:
+        """Hint every queue of ``names`` that holds jobs (LLEN, pipelined)."""
+        k = keys.of(redis)
+        names = list(names)
+        for first in range(0, len(names), CHECK_CHUNK):
+            chunk = names[first : first + CHECK_CHUNK]
+            pipe = redis.pipeline(transaction=False)
+            for name in chunk:
+                pipe.llen(k.queue(name))
+            for name, length in zip(chunk, pipe.execute(), strict=True):
+                if length:
+                    self.hint(name)
