@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/fetch_scale.py [--queues 1,10,100,1000,10000] [--jobs 20000]
         [--processes 2] [--threads 10] [--rounds 3] [--order strict|random]
+        [--index on|off|both]
         [--max-seconds 60] [--idle-seconds 5] [--idle-warmup 1] [--deadline 300]
         [--redis URL]
 
@@ -9,7 +10,10 @@ For each queue count N, ``limitd start`` (the project venv's: P capsule processe
 threads, ``fetch: limit``, logging at WARNING) runs on a generated YAML config that lists
 N queues (``bench_scale_00000``, ...; no weights, so Sidekiq's strict order, unless
 ``--order random`` gives each a weight of 1) and sets ``limits:`` to 1,000 on every one
-of them: above P x T, so every limit is checked and none binds.
+of them: above P x T, so every limit is checked and none binds. ``--index`` runs the
+fetch with its ready index (``ready_index: true``, the default: it looks only at queues
+that may have work), without it (``ready_index: false``: every listed queue on every
+call, as before issue 32), or both, alternated within each round (the default).
 
 1. Drain: the jobs are enqueued first, spread evenly (round robin) over the N queues
    with ``perform_bulk`` (``noop.set(queue=...)``, 1,000 per LPUSH): the peers' job,
@@ -24,10 +28,12 @@ of them: above P x T, so every limit is checked and none binds.
    commands served over --idle-seconds (inside Lua included) per capsule per second,
    the Lua calls among them (idle polls, one per capsule every 0.4-0.5 s), and
    redis-server's CPU per capsule. The process record's refresh (every 5 s) falls in
-   the window; the heavier heartbeat, which writes back every configured limit (an
-   HSETNX per queue), runs at start and then every 15 s, so a window that ends less
-   than 15 s after the start (the default one) leaves it out: it adds N / 15 commands
-   per capsule per second at N queues.
+   the window; the heavier heartbeat runs at start and then every 15 s, so a window
+   that ends less than 15 s after the start (the default one) leaves it out. It checks
+   that the configured limits are still in Redis (a few keys; it rewrites them only
+   after Redis lost them) and, with the index, sweeps index_sweep (50) queues a second
+   since the last one for pushes that publish no wake-up: 50 LLENs per capsule per
+   second at 50 queues or more, whatever the count beyond.
 
 Queue counts are alternated within each round (1, 10, 100, ..., 1, 10, 100, ...)
 because the machine is noisy; with --rounds > 1 the table gives medians (min-max for the
@@ -448,10 +454,10 @@ def report(rows: list[Row], args: argparse.Namespace) -> None:
         print("| " + " | ".join(cells) + " |")
     print(
         "\nPer job: over the steady drain, the job's own INCR included, the enqueue left "
-        "out. Idle: commands run inside the Lua poll counted (an LLEN per queue), Redis CPU "
-        "as a share of one core; the heartbeat that writes back every limit (an HSETNX per "
-        "queue, at start and every 15 s) is left out of an idle window that ends within "
-        "15 s of the start: it adds queues / 15 commands per capsule per second."
+        "out. Idle: commands run inside the Lua poll counted (scan: an LLEN per queue), "
+        "Redis CPU as a share of one core; the heartbeat (at start, then every 15 s) is "
+        "left out of an idle window that ends within 15 s of the start: with the index its "
+        "sweep adds min(queues, 50) LLENs per capsule per second."
     )
     if any(row.capped for row in rows):
         print(

@@ -97,9 +97,9 @@ class KeyLayout:
     __slots__ = (
         "BATCHES", "BATCH_INDEX_PRUNE_LOCK", "BUSY", "CAPSULES", "DEAD",
         "FAIR_TENANT_REROUTES", "FAIR_TENANT_RULES", "FAIR_TENANT_TENANTS", "LIMITD_PREFIX",
-        "LIMITERS", "LIMITS", "MOVING", "PAUSED", "PROCESSES", "PROCESS_CLEANUP_LOCK",
-        "PROCESS_LIMITS", "QUEUES", "RATE_LIMITS", "RECOVERIES", "RETRY", "SCHEDULE",
-        "STAT_FAILED", "STAT_PROCESSED", "UNIQUE_SKIPPED", "cluster", "tag",
+        "LIMITERS", "LIMITS", "LIMITS_APPLIED", "MOVING", "PAUSED", "PROCESSES",
+        "PROCESS_CLEANUP_LOCK", "PROCESS_LIMITS", "QUEUES", "RATE_LIMITS", "RECOVERIES",
+        "RETRY", "SCHEDULE", "STAT_FAILED", "STAT_PROCESSED", "UNIQUE_SKIPPED", "cluster", "tag",
     )  # fmt: skip
 
     cluster: bool
@@ -115,6 +115,7 @@ class KeyLayout:
     LIMITD_PREFIX: str
     LIMITERS: str
     LIMITS: str
+    LIMITS_APPLIED: str
     MOVING: str
     PAUSED: str
     PROCESSES: str
@@ -152,6 +153,9 @@ class KeyLayout:
             # keys per queue. In cluster mode each queue has its own (the *_of methods).
             "LIMITS": prefix + "limits",  # hash: queue -> global limit ("none" = cleared)
             "PROCESS_LIMITS": prefix + "process_limits",  # hash: queue -> per-capsule limit
+            # set of digests of configured limits written since Redis last lost them (or a
+            # reset asked for the defaults again): the heartbeat skips those
+            "LIMITS_APPLIED": prefix + "limits:applied",
             "PAUSED": prefix + "paused",  # set of paused queue names
             "BUSY": prefix + "busy",  # hash: queue -> jobs in progress, all capsules
             "CAPSULES": prefix + "capsules",  # set of capsule ids that may hold jobs

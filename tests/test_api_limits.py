@@ -16,6 +16,7 @@ from redis.client import PubSub
 from limitd import keys
 from limitd.api import Capsule, Capsules, Queue, QueueStatus, queue_overview
 from limitd.payload import dumps
+from limitd.queues import limits as queue_limits
 from limitd.queues.limits import LimitSettings
 
 START = dt.datetime(2026, 3, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
@@ -273,3 +274,32 @@ def test_queue_overview_round_trips_do_not_grow_with_queues(
     assert round_trips() - before == 3
     assert [(row.name, row.size, row.limit) for row in rows[:2]] == [("q0", 1, 0), ("q1", 1, 1)]
     assert len(rows) == 30
+
+
+def test_a_heartbeat_rewrites_configured_limits_only_when_redis_lost_them(
+    redis: redis_py.Redis,
+) -> None:
+    """With 10,000 configured limits a heartbeat checks a few keys, not 10,000 fields;
+    what Redis loses (everything, or one of the hashes) is written again."""
+    names = [f"q{i:05d}" for i in range(10_000)]
+    settings = LimitSettings(
+        limits=dict.fromkeys(names, 3), rate_limits={"q00001": "5/second"}
+    )
+    settings.apply_defaults(redis)
+    before = redis.info("commandstats")
+    settings.apply_defaults(redis)
+    after = redis.info("commandstats")
+    commands = sum(
+        after[name]["calls"] - before.get(name, {"calls": 0})["calls"]
+        for name in after
+        if name != "cmdstat_info"
+    )
+    assert commands <= 3
+    k = keys.of(redis)
+    redis.delete(k.LIMITS)
+    settings.apply_defaults(redis)
+    assert queue_limits.get_limit(redis, "q09999") == 3
+    redis.flushdb()
+    settings.apply_defaults(redis)
+    assert queue_limits.get_limit(redis, "q00000") == 3
+    assert redis.hget(k.RATE_LIMITS, "q00001") == b"5/1"

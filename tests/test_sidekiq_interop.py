@@ -126,6 +126,30 @@ def test_ruby_client_jobs_run_in_limitd(
     assert len(jids) == 2
 
 
+def test_ruby_pushes_reach_a_running_capsule_that_lists_many_queues(
+    ruby_app: Path, redis_server: RedisServer, redis: redis_py.Redis
+) -> None:
+    """A Ruby client publishes no wake-up: a job it pushes into a queue that is already
+    in the capsule's ready index runs at once, one pushed into an empty queue once the
+    index's sweep reaches that queue (limitd/fetch/ready_index.py)."""
+    received.clear()
+    queues = [f"tenant_{i:04d}" for i in range(500)]
+    config = CapsuleConfig(queues=queues, heartbeat_period=0.2, index_sweep=1000)
+    capsule = Capsule(config, redis=redis)
+    capsule.start()
+    try:
+        ruby(
+            ruby_app,
+            'HardJob.set(queue: "tenant_0321").perform_async("first", 1)\n'
+            'HardJob.set(queue: "tenant_0007").perform_async("second", 2)',
+            redis_server,
+        )
+        wait_for(lambda: len(received) == 2, timeout=30, message="both Ruby jobs to run")
+    finally:
+        capsule.stop(timeout=5)
+    assert sorted(received) == [["first", 1], ["second", 2]]
+
+
 def test_limitd_jobs_run_in_ruby_sidekiq(
     sidekiq: subprocess.Popen[bytes], redis: redis_py.Redis
 ) -> None:

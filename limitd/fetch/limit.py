@@ -207,7 +207,6 @@ class LimitFetch:
         self.recover_orphans(held())
         if self.index is not None:
             self.index.forget()
-            self.index.sweep(self.redis)
 
     def retire(self) -> int:
         """At stop: no liveness any more, and what is still in progress (a requeue that

@@ -9,6 +9,8 @@ configured limit deletes the value: the next capsule heartbeat writes the defaul
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import cast
@@ -17,7 +19,7 @@ import redis as redis_py
 
 from limitd import keys
 from limitd.connection import pipeline, set_members
-from limitd.queues.per_queue import hash_by_queue
+from limitd.queues.per_queue import forget_applied, hash_by_queue
 from limitd.queues.rates import Rate, parse_rate
 
 NO_LIMIT = "none"
@@ -45,9 +47,13 @@ class LimitSettings:
     def apply_defaults(self, redis: redis_py.Redis) -> None:
         """Write each configured limit unless Redis already has a value (a runtime change,
         or the same default). Idempotent: run at start and on every heartbeat, it also
-        restores the limits after Redis lost its data."""
+        restores the limits after Redis lost its data. Standalone, a marker of what was
+        written (``LIMITS_APPLIED``, which a data loss loses too and a reset deletes)
+        lets a heartbeat check a few keys instead of writing one field per queue."""
         k = keys.of(redis)
         if not self.limits and not self.process_limits and not self.rate_limits:
+            return
+        if not k.cluster and self._still_applied(redis):
             return
         pipe = pipeline(redis)
         for queue, value in self.limits.items():
@@ -56,7 +62,36 @@ class LimitSettings:
             pipe.hsetnx(k.process_limits_of(queue), queue, value)
         for queue, rate in self.rate_limits.items():
             pipe.hsetnx(k.rate_limits_of(queue), queue, parse_rate(rate).stored())
+        if not k.cluster:
+            pipe.sadd(k.LIMITS_APPLIED, self._digest())
         pipe.execute()
+
+    def _still_applied(self, redis: redis_py.Redis) -> bool:
+        """Whether this config's limits were written and nothing lost them since: the
+        marker is there, and so is every hash they were written to."""
+        k = keys.of(redis)
+        written = [
+            hash_key
+            for hash_key, configured in (
+                (k.LIMITS, self.limits),
+                (k.PROCESS_LIMITS, self.process_limits),
+                (k.RATE_LIMITS, self.rate_limits),
+            )
+            if configured
+        ]
+        pipe = pipeline(redis)
+        pipe.sismember(k.LIMITS_APPLIED, self._digest())
+        pipe.exists(*written)
+        marked, found = pipe.execute()
+        return bool(marked) and found == len(written)
+
+    def _digest(self) -> str:
+        configured = {
+            "limits": sorted(self.limits.items()),
+            "process_limits": sorted(self.process_limits.items()),
+            "rate_limits": sorted((q, parse_rate(r).stored()) for q, r in self.rate_limits.items()),
+        }
+        return hashlib.sha1(json.dumps(configured).encode()).hexdigest()
 
 
 def check_limit(value: object, where: str) -> int:
@@ -99,6 +134,7 @@ def reset_limit(redis: redis_py.Redis, queue: str, *, process: bool = False) -> 
     """Forget the runtime value: capsules write their configured default at their next
     heartbeat (or leave the queue unlimited if they configure none)."""
     redis.hdel(_hash(redis, process, queue), queue)
+    forget_applied(redis)
 
 
 def pause(redis: redis_py.Redis, queue: str) -> None:

@@ -25,3 +25,12 @@ def hash_by_queue(redis: redis_py.Redis, key_of: Callable[[str], str]) -> dict[b
         pipe.hget(key_of(name), name)
     found = pipe.execute()
     return {name.encode(): value for name, value in zip(names, found, strict=True) if value}
+
+
+def forget_applied(redis: redis_py.Redis) -> None:
+    """After a reset of a runtime value: every capsule writes its configured limits and
+    rates again at its next heartbeat, where Redis has none (``LimitSettings.
+    apply_defaults``)."""
+    k = keys.of(redis)
+    if not k.cluster:
+        redis.delete(k.LIMITS_APPLIED)

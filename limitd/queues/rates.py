@@ -24,7 +24,7 @@ import redis as redis_py
 
 from limitd import keys
 from limitd.connection import pipeline
-from limitd.queues.per_queue import hash_by_queue
+from limitd.queues.per_queue import forget_applied, hash_by_queue
 
 NO_RATE = "none"
 UNITS = {"second": 1, "minute": 60, "hour": 3_600, "day": 86_400}
@@ -132,6 +132,7 @@ def reset_rate(redis: redis_py.Redis, queue: str) -> None:
     heartbeat (or leave the queue without one)."""
     k = keys.of(redis)
     redis.hdel(k.rate_limits_of(queue), queue)
+    forget_applied(redis)
 
 
 def all_rates(redis: redis_py.Redis) -> dict[str, Rate | None]:

@@ -1,0 +1,328 @@
+"""The limit fetch's ready index (limitd/fetch/ready_index.py): a fetch looks only at the
+queues that may have work, so its cost follows the work and not the queue count, and
+everything the fetch guaranteed still holds. Real Redis; wake-ups through a real
+subscription where the behaviour depends on them."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+import redis as redis_py
+from freezegun import freeze_time
+
+from limitd import keys
+from limitd.api.queues import Queue
+from limitd.fetch import liveness
+from limitd.fetch.factory import limit_fetch
+from limitd.fetch.limit import LimitFetch
+from limitd.fetch.wakeup import WakeupListener
+from limitd.queues import limits as queue_limits
+from limitd.queues.order import QueueOrder
+from tests.helpers import wait_for
+
+SECOND = 1_000_000
+
+
+def push(redis: redis_py.Redis, queue: str, count: int = 1, *, publish: bool = True) -> None:
+    """Jobs as limitd's client writes them (LPUSH then PUBLISH), or as a client that does
+    not publish (Ruby Sidekiq, a bare LPUSH)."""
+    jobs = [json.dumps({"class": "X", "args": [queue, i], "queue": queue}) for i in range(count)]
+    redis.sadd(keys.of(redis).QUEUES, queue)
+    redis.lpush(keys.of(redis).queue(queue), *jobs)
+    if publish:
+        redis.publish(keys.WAKE_CHANNEL, queue)
+
+
+def names(count: int) -> list[str]:
+    return [f"q{i:05d}" for i in range(count)]
+
+
+def served(redis: redis_py.Redis) -> Counter[str]:
+    return Counter(
+        {
+            name.removeprefix("cmdstat_"): int(stats["calls"])
+            for name, stats in redis.info("commandstats").items()
+            if name != "cmdstat_info"
+        }
+    )
+
+
+def hinted(fetch: LimitFetch) -> set[str]:
+    assert fetch.index is not None
+    return fetch.index.hinted()
+
+
+def subscribers(redis: redis_py.Redis) -> int:
+    counts = dict(redis.pubsub_numsub(keys.WAKE_CHANNEL))
+    return int(counts.get(keys.WAKE_CHANNEL.encode(), 0))
+
+
+def take_within(fetch: LimitFetch, want: int = 1, seconds: float = 10.0) -> list[str]:
+    """Jobs' args taken (and settled) by polling ``fetch`` until one comes."""
+    taken: list[str] = []
+
+    def took() -> bool:
+        units = fetch.take(want, [])
+        fetch.settle(units)
+        taken.extend(json.loads(unit.job)["args"][0] for unit in units)
+        return bool(units)
+
+    wait_for(took, timeout=seconds, message="a job")
+    return taken
+
+
+@pytest.fixture
+def listening(redis: redis_py.Redis) -> Iterator[dict[str, LimitFetch]]:
+    """Fetches built by ``make(name, queues, **options)``, each with its wake-ups."""
+    built: dict[str, LimitFetch] = {}
+    listeners: list[WakeupListener] = []
+
+    def make(name: str, queues: list, **options: object) -> LimitFetch:
+        fetch = limit_fetch(redis, QueueOrder(queues), name, **options)  # type: ignore[arg-type]
+        listener = WakeupListener(redis, fetch.wake_handlers())
+        listener.start()
+        listeners.append(listener)
+        wait_for(lambda: subscribers(redis) >= len(listeners), message="the subscriptions")
+        built[name] = fetch
+        return fetch
+
+    built["make"] = make  # type: ignore[assignment]
+    yield built
+    for listener in listeners:
+        listener.stop()
+
+
+def test_a_call_costs_the_same_with_10000_queues_as_with_one(redis: redis_py.Redis) -> None:
+    """Commands Redis runs (Lua-internal included) for the same five jobs, taken one per
+    call, when the capsule lists one queue and when it lists 10,000 with the jobs in one
+    of them, past the first re-check."""
+
+    def commands_for_five(listed: list[str], queue: str) -> Counter[str]:
+        redis.flushdb()
+        push(redis, queue, 5)
+        fetch = limit_fetch(redis, QueueOrder(listed), f"capsule-{len(listed)}")
+        fetch.wake_handlers()  # as in a capsule: one re-check of every queue, first
+        assert fetch.take(1, [])
+        before = served(redis)
+        done = []
+        for _ in range(4):
+            done = fetch.take(1, done)
+            assert len(done) == 1
+        fetch.settle(done)
+        assert fetch.take(1, []) == []  # the idle poll that follows
+        return served(redis) - before
+
+    one = commands_for_five(["q09999"], "q09999")
+    many = commands_for_five(names(10_000), "q09999")
+    assert many == one
+    assert sum(many.values()) < 100, many
+
+
+def test_an_idle_poll_costs_the_same_whatever_the_queue_count(redis: redis_py.Redis) -> None:
+    def idle_poll(listed: list[str]) -> Counter[str]:
+        fetch = limit_fetch(redis, QueueOrder(listed), f"idle-{len(listed)}")
+        fetch.wake_handlers()
+        assert fetch.take(1, []) == []  # the first call re-checks every queue
+        before = served(redis)
+        assert fetch.take(1, []) == []
+        return served(redis) - before
+
+    assert idle_poll(names(10_000)) == idle_poll(["only"]) == Counter({"evalsha": 1})
+
+
+def test_strict_order_takes_the_first_queue_with_work(
+    redis: redis_py.Redis, listening: dict
+) -> None:
+    fetch = listening["make"]("c1", ["high", "mid", "low"])
+    push(redis, "low", 3)
+    assert take_within(fetch) == ["low"]
+    push(redis, "mid")
+    push(redis, "high")
+    wait_for(lambda: hinted(fetch) >= {"mid", "high"}, message="the wake-ups")
+    taken = take_within(fetch, want=3)
+    while len(taken) < 3:
+        taken += take_within(fetch, want=3 - len(taken))
+    assert taken == ["high", "mid", "low"]
+
+
+def test_strict_order_holds_when_thousands_of_queues_have_work(redis: redis_py.Redis) -> None:
+    """Far more queues with work than a call is given: each job still comes from the
+    first of them, in order, as they empty."""
+    listed = names(3_000)
+    for name in reversed(listed):  # the last queues are pushed first
+        push(redis, name, 1, publish=False)
+    fetch = limit_fetch(redis, QueueOrder(listed), "c1")
+    fetch.wake_handlers()
+    taken: list[str] = []
+    while units := fetch.take(7, []):
+        fetch.settle(units)
+        taken += [json.loads(unit.job)["args"][0] for unit in units]
+    assert taken == listed
+
+
+def test_random_order_draws_from_every_queue_with_work(redis: redis_py.Redis) -> None:
+    listed = [[name, 1] for name in names(200)]
+    for name, _ in listed:
+        push(redis, name, 5, publish=False)
+    fetch = limit_fetch(redis, QueueOrder(listed), "c1")
+    fetch.wake_handlers()
+    first: list[str] = []
+    while len(first) < 100:
+        units = fetch.take(5, [])
+        fetch.settle(units)
+        first += [json.loads(unit.job)["args"][0] for unit in units]
+    # A sample of the index, drawn again as it changes: not the first queues only.
+    assert len(set(first)) > 60
+    assert max(first) > "q00150"
+    rest = 0
+    while units := fetch.take(10, []):
+        fetch.settle(units)
+        rest += len(units)
+    assert len(first) + rest == 1_000
+
+
+def test_a_full_queue_leaves_the_index_and_comes_back_when_a_slot_frees(
+    redis: redis_py.Redis, listening: dict
+) -> None:
+    queue_limits.set_limit(redis, "limited", 2)
+    a = listening["make"]("a", ["limited"])
+    b = listening["make"]("b", ["limited"])
+    push(redis, "limited", 5)
+    held = a.take(2, [])
+    assert len(held) == 2
+    wait_for(lambda: "limited" in hinted(b), message="b's wake-up")
+    assert b.take(2, []) == []
+    assert redis.zcard(keys.of(redis).ready_index("b")) == 0, "full: out of b's index"
+    a.settle(held[:1])  # frees a slot: published, and b is told
+    assert take_within(b, want=2) == ["limited"]
+    assert queue_limits.busy(redis, "limited") == 1  # a's other job (b settled its own)
+
+
+def test_a_paused_queue_leaves_the_index_and_a_resume_brings_it_back(
+    redis: redis_py.Redis, listening: dict
+) -> None:
+    fetch = listening["make"]("c1", ["jobs"])
+    queue = Queue("jobs", redis)
+    queue.pause()
+    push(redis, "jobs", 2)
+    wait_for(lambda: "jobs" in hinted(fetch), message="the wake-up")
+    assert fetch.take(1, []) == []
+    assert redis.zcard(keys.of(redis).ready_index("c1")) == 0
+    queue.resume()
+    assert take_within(fetch) == ["jobs"]
+
+
+def test_a_queue_out_of_rate_waits_aside_until_its_rate_allows(redis: redis_py.Redis) -> None:
+    now = [1_000 * SECOND]
+    Queue("rated", redis).rate_limit = "2/10s"  # one every 5 s
+    push(redis, "rated", 3, publish=False)
+    fetch = limit_fetch(redis, QueueOrder(["rated"]), "c1", rate_clock=lambda: now[0])
+    fetch.wake_handlers()
+    assert len(fetch.take(3, [])) == 1
+    k = keys.of(redis)
+    assert redis.zcard(k.ready_index("c1")) == 0
+    assert redis.zrange(k.rate_wait("c1"), 0, -1) == [b"1:rated"]
+    assert fetch.room_in == 5.0
+    now[0] += 5 * SECOND
+    assert len(fetch.take(3, [])) == 1, "back from rate_wait and taken in the same take"
+    now[0] += 5 * SECOND
+    assert len(fetch.take(3, [])) == 1
+
+
+def test_a_push_that_does_not_publish_is_found_by_the_sweep(redis: redis_py.Redis) -> None:
+    """The sweep re-checks ``sweep_per_second`` listed queues per second before calls
+    (at most every SWEEP_EVERY seconds): a job pushed without a wake-up into an empty
+    queue is found within one pass over the listed queues, at that pace."""
+    listed = names(400)
+    with freeze_time("2026-11-28 12:00:00") as frozen:
+        fetch = limit_fetch(redis, QueueOrder(listed), "c1", sweep_per_second=100)
+        fetch.wake_handlers()
+        assert fetch.take(1, []) == []  # the first re-check: nothing anywhere
+        push(redis, "q00321", publish=False)
+        assert fetch.take(1, []) == [], "no wake-up, not in the index: not seen yet"
+        seconds = 0
+        while not (units := fetch.take(1, [])):
+            frozen.tick(1.0)  # 100 more queues re-checked at the next call
+            seconds += 1
+            assert seconds <= 4, "400 queues at 100 a second: one pass takes 4 s"
+    assert [json.loads(unit.job)["args"][0] for unit in units] == ["q00321"]
+    assert seconds == 4, "q00321 is in the fourth hundred"
+
+
+def test_a_few_queues_are_all_swept_at_every_idle_poll(redis: redis_py.Redis) -> None:
+    """20 queues at 50 a second: every poll (0.4 s or more apart) re-checks them all,
+    so a client that does not publish waits no longer than before the index."""
+    with freeze_time("2026-11-28 12:00:00") as frozen:
+        fetch = limit_fetch(redis, QueueOrder(names(20)), "c1")
+        fetch.wake_handlers()
+        assert fetch.take(1, []) == []
+        push(redis, "q00019", publish=False)
+        frozen.tick(0.4)
+        units = fetch.take(1, [])
+    assert [json.loads(unit.job)["args"][0] for unit in units] == ["q00019"]
+
+
+def test_a_resubscription_rechecks_every_queue(redis: redis_py.Redis) -> None:
+    fetch = limit_fetch(redis, QueueOrder(names(50)), "c1")
+    fetch.wake_handlers()
+    assert fetch.take(1, []) == []
+    push(redis, "q00042", publish=False)  # published while the subscription was down
+    fetch.on_wake("")  # what the listener says after every (re)subscription
+    units = fetch.take(1, [])
+    assert [json.loads(unit.job)["args"][0] for unit in units] == ["q00042"]
+
+
+def test_a_dynamic_capsule_finds_a_new_queue_among_10000(
+    redis: redis_py.Redis, listening: dict
+) -> None:
+    for name in names(10_000):
+        redis.sadd(keys.of(redis).QUEUES, name)
+    fetch = listening["make"]("c1", ["listed"], dynamic=True)
+    assert fetch.take(1, []) == []
+    push(redis, "q07777")
+    push(redis, "listed")
+    wait_for(lambda: hinted(fetch) == {"q07777", "listed"}, message="both wake-ups")
+    taken = take_within(fetch, want=2)
+    while len(taken) < 2:
+        taken += take_within(fetch)
+    assert taken == ["listed", "q07777"], "listed queues first, then the ones found"
+
+
+def test_a_reaped_capsule_leaves_no_index_behind(redis: redis_py.Redis) -> None:
+    Queue("rated", redis).rate_limit = "1/60s"
+    push(redis, "rated", 2, publish=False)
+    push(redis, "other", 1, publish=False)
+    fetch = limit_fetch(redis, QueueOrder(["rated", "other", "empty"]), "gone")
+    fetch.wake_handlers()
+    assert len(fetch.take(1, [])) == 1
+    fetch.take(1, [])
+    k = keys.of(redis)
+    assert redis.exists(k.rate_wait("gone"))
+    liveness.reap(redis, "gone")
+    assert not redis.exists(k.ready_index("gone"), k.rate_wait("gone"))
+
+
+def test_a_failed_call_forgets_nothing(redis: redis_py.Redis) -> None:
+    """A call that fails (Redis gone mid-call) gives its hints back and reads the index
+    afresh next time: the job pushed meanwhile is still found."""
+    fetch = limit_fetch(redis, QueueOrder(["a", "b"]), "c1")
+    fetch.wake_handlers()
+    assert fetch.take(1, []) == []
+    push(redis, "b", publish=False)
+    fetch.on_wake("b")
+    broken = redis_py.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
+    with pytest.raises(redis_py.ConnectionError):
+        fetch.take(1, [], conn=broken)
+    units = fetch.take(1, [])
+    assert [json.loads(unit.job)["args"][0] for unit in units] == ["b"]
+
+
+def test_turning_the_index_off_scans_every_queue(redis: redis_py.Redis) -> None:
+    push(redis, "b", publish=False)
+    fetch = limit_fetch(redis, QueueOrder(["a", "b"]), "c1", ready_index=False)
+    assert fetch.index is None
+    assert len(fetch.take(1, [])) == 1
+    assert not redis.exists(keys.of(redis).ready_index("c1"))
