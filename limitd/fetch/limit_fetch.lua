@@ -138,6 +138,39 @@ local function busy_count(name)
   return busy_of[name]
 end
 
+-- The limits of ``names`` (the queues this call was given), and the busy counts of
+-- those that have one, read together the first time a limit is needed: two HMGETs per
+-- call instead of two HGETs per queue looked at.
+local prefetched = false
+local function prefetch(names)
+  if prefetched then return end
+  prefetched = true
+  local unread = {}
+  for _, name in ipairs(names) do
+    if limit_of[name] == nil then unread[#unread + 1] = name end
+  end
+  if #unread == 0 then return end
+  local caps, limited = redis.call('HMGET', limits, unpack(unread)), {}
+  for k, name in ipairs(unread) do
+    limit_of[name] = tonumber(caps[k]) or false
+    if limit_of[name] and busy_of[name] == nil then limited[#limited + 1] = name end
+  end
+  if #limited > 0 then
+    local counts = redis.call('HMGET', busy, unpack(limited))
+    for k, name in ipairs(limited) do busy_of[name] = tonumber(counts[k]) or 0 end
+  end
+end
+
+-- Whether a set or hash that most deployments leave empty exists, asked once a call:
+-- while it does not, no queue is paused (or has a process limit) and none is asked.
+local exists_once = {}
+local function exists(key)
+  if exists_once[key] == nil then
+    exists_once[key] = redis.call('EXISTS', key) == 1
+  end
+  return exists_once[key]
+end
+
 -- Free ``count`` slots of queue ``name``, whose jobs were settled; returns how many
 -- are left busy.
 local function release(name, count)
@@ -339,6 +372,12 @@ end
 local natural = {}
 for i = 1, queues do natural[i] = i end
 
+local function given_names()
+  local names = {}
+  for i = 1, queues do names[i] = ARGV[6 + 2 * settles + 2 * i] end
+  return names
+end
+
 local orders_at = spec_at + (index_mode and 4 or 1) + 2 * hints -- ARGV[orders_at + m]
 local function order_of(m)
   local given = ARGV[orders_at + m]
@@ -386,7 +425,7 @@ local function queue_state(i)
     st = {name = name, blocking = ARGV[7 + 2 * settles + 2 * i] == '1',
           queue_key = KEYS[5 + at], in_progress_key = KEYS[6 + at], rate_key = KEYS[7 + at],
           left = left, taken = 0}
-    st.open = redis.call('SISMEMBER', paused, name) == 0
+    st.open = not exists(paused) or redis.call('SISMEMBER', paused, name) == 0
     if not st.open then unlist(st) end
     state[i] = st
   end
@@ -395,12 +434,14 @@ end
 
 local function at_limit(st)
   if st.held == nil then
-    st.process_limit = tonumber(redis.call('HGET', process_limits, st.name)) or false
+    st.process_limit = exists(process_limits)
+      and tonumber(redis.call('HGET', process_limits, st.name)) or false
     st.held = st.process_limit and redis.call('LLEN', st.in_progress_key) or 0
   end
   if st.process_limit and st.held >= st.process_limit then
     return 'process'
   end
+  prefetch(given_names())
   local cap = limit(st.name)
   return cap and busy_count(st.name) >= cap and 'global'
 end

@@ -63,7 +63,7 @@ SWEEP_EVERY = 0.4
 MAX_SWEEP_SECONDS = 30.0  # a sweep after a long pause catches up this much at most
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class CallPlan:
     """One call's part of the index (see ``ReadyIndex.plan``)."""
 
@@ -115,6 +115,7 @@ class ReadyIndex:
         self._known: dict[str, int] = {}
         self._complete = True  # a new capsule's index is empty
         self._bound: tuple[int, str] | None = None
+        self._sorted: list[str] | None = None  # _known by rank, while it is unchanged
         self._forget = False
         self._rate_due_at: float | None = None  # monotonic; see ``rate_in``
         self._hints: dict[str, int] = {}  # queue -> rank, for the next call to add
@@ -177,9 +178,11 @@ class ReadyIndex:
         if self._forget:
             self._forget = False
             self.failed()
-        added = self._add_hints(hints)
+        added = self._add_hints(hints) if hints else hints
         size = want + self.slack
-        known = sorted(self._known, key=self._key)
+        if self._sorted is None:  # kept until what is known changes
+            self._sorted = sorted(self._known, key=self._key)
+        known = self._sorted
         if self.sampled:
             size = max(size, MIN_SAMPLE)
             if len(known) > size:
@@ -210,6 +213,7 @@ class ReadyIndex:
                 self._bound is not None and not self.sampled and (rank, name) <= self._bound
             ):
                 self._known[name] = rank
+                self._sorted = None
         return added
 
     def after_call(self, reply: Sequence[Any], plan: CallPlan) -> bool:
@@ -218,6 +222,8 @@ class ReadyIndex:
         asks again at once)."""
         stale, refilled, rate_in = int(reply[0]), int(reply[1]), reply[2]
         names = [name.decode() for name in reply[3:]]
+        if names or refilled:
+            self._sorted = None
         if refilled:
             self._known = {name: self._rank_or_last(name) for name in names}
             self._complete = len(names) < plan.size
@@ -234,7 +240,7 @@ class ReadyIndex:
 
     def failed(self) -> None:
         """A call failed: the script may have run, so what it took out is unknown."""
-        self._known, self._complete, self._bound = {}, False, None
+        self._known, self._complete, self._bound, self._sorted = {}, False, None, None
 
     def forget(self) -> None:
         """From any thread (each heartbeat): the next call reads the index afresh, so
