@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/fetch_scale.py [--queues 1,10,100,1000,10000] [--jobs 20000]
         [--processes 2] [--threads 10] [--rounds 3] [--order strict|random]
-        [--index on|off|both]
+        [--index on|off|both] [--chart OUT.png]
         [--max-seconds 60] [--idle-seconds 5] [--idle-warmup 1] [--deadline 300]
         [--redis URL]
 
@@ -54,9 +54,11 @@ server count in its figures.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -466,6 +468,34 @@ def report(rows: list[Row], args: argparse.Namespace) -> None:
         )
 
 
+def draw_chart(rows: list[Row], png: Path, args: argparse.Namespace) -> None:
+    """The steady drains as bars (median, min-max), one per queue count and fetch, drawn
+    by the peers' chart script in their venv (matplotlib lives there): the ready index
+    in limitd's colour, the scan in another."""
+    bars = []
+    for row in rows:
+        if not row.drains:
+            continue
+        rates = [r.window.rate for r in row.drains]
+        name = f"{'limitd' if row.index else 'scan'}: {plural(row.count)}"
+        bars.append(
+            {"name": name, "median": statistics.median(rates), "min": min(rates), "max": max(rates)}
+        )
+    title = (
+        f"limit fetch, steady drain vs queues listed ({args.processes} x {args.threads} "
+        f"threads, jobs spread evenly; limitd: ready index, scan: every queue each call); "
+        f"{machine.cpu_model()}, {os.cpu_count()} cores"
+    )
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as data:
+        json.dump({"title": title, "systems": bars}, data)
+    try:
+        chart = [str(PEERS_DIR / "chart.py"), data.name, str(png)]
+        subprocess.run([str(PEERS_DIR / ".venv" / "bin" / "python"), *chart], check=True)
+    finally:
+        os.unlink(data.name)
+    print(f"chart: {png}")
+
+
 def parse_queues(text: str) -> list[int]:
     try:
         counts = [int(part.replace("_", "")) for part in text.split(",") if part.strip()]
@@ -513,6 +543,9 @@ def parse_args() -> argparse.Namespace:
         "--deadline", type=float, default=300.0, help="seconds per drain before it fails (300)"
     )
     parser.add_argument("--redis", help="Redis URL (default: a private redis-server)")
+    parser.add_argument(
+        "--chart", type=Path, help="also draw the drains as a PNG (bench/peers/.venv needed)"
+    )
     args = parser.parse_args()
     args.index = {"on": [True], "off": [False], "both": [True, False]}[args.index]
     if args.processes * args.threads >= UNBINDING_LIMIT:
@@ -539,6 +572,8 @@ def main() -> None:
         started = time.perf_counter()
         rows = run_rounds(conn, url, args)
     report(rows, args)
+    if args.chart:
+        draw_chart(rows, args.chart, args)
     print(f"\nwhole run: {math.ceil(time.perf_counter() - started)} s")
 
 

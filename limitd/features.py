@@ -3,7 +3,8 @@
 Order matters for the client chain: batch membership first (it must see a later
 middleware halt the push, to take the job back out of the batch), then uniqueness
 (keyed on the queue asked for, before fairness may reroute it), then tenant fairness
-(a skipped duplicate is not counted against its tenant). On the server side, expiry
+(a skipped duplicate is not counted against its tenant), just after the fair queues'
+tenant stamp (which resolves the tenant once, for both). On the server side, expiry
 comes after uniqueness (an expired job's ``executing`` lock goes as it would have
 started) and before the limiters (an expired job takes no rate-limit token). Limiters
 have only a server middleware, innermost, so it sees ``OverLimit`` straight from the
@@ -30,6 +31,7 @@ from limitd.batch.plug import BATCH
 from limitd.capacity.plug import CAPACITY
 from limitd.encryption.plug import ENCRYPTION
 from limitd.expiry.plug import EXPIRY
+from limitd.fair_queues.plug import FAIR_QUEUES
 from limitd.fair_tenant.plug import FAIR_TENANT
 from limitd.iteration.plug import ITERATION
 from limitd.job_history.plug import JOB_HISTORY
@@ -42,8 +44,8 @@ from limitd.tracing.plug import TRACING
 from limitd.unique.plug import UNIQUE
 from limitd.web.plug import WEB
 
-SHIPPED = (BATCH, UNIQUE, EXPIRY, FAIR_TENANT, LIMITERS, CAPACITY, PERIODIC, METRICS, OUTBOX, WEB,
-           TRACING, TIME_LIMITS, JOB_HISTORY, ITERATION, ENCRYPTION)
+SHIPPED = (BATCH, UNIQUE, EXPIRY, FAIR_QUEUES, FAIR_TENANT, LIMITERS, CAPACITY, PERIODIC, METRICS,
+           OUTBOX, WEB, TRACING, TIME_LIMITS, JOB_HISTORY, ITERATION, ENCRYPTION)
 
 for _feature in SHIPPED:
     plugins.register(_feature)

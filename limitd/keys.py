@@ -96,7 +96,8 @@ class KeyLayout:
 
     __slots__ = (
         "BATCHES", "BATCH_INDEX_PRUNE_LOCK", "BUSY", "CAPSULES", "DEAD",
-        "FAIR_TENANT_REROUTES", "FAIR_TENANT_RULES", "FAIR_TENANT_TENANTS", "LIMITD_PREFIX",
+        "FAIR_QUEUES", "FAIR_TENANT_REROUTES", "FAIR_TENANT_RULES", "FAIR_TENANT_TENANTS",
+        "LIMITD_PREFIX",
         "LIMITERS", "LIMITS", "LIMITS_APPLIED", "MOVING", "PAUSED", "PROCESSES",
         "PROCESS_CLEANUP_LOCK", "PROCESS_LIMITS", "QUEUES", "RATE_LIMITS", "RECOVERIES",
         "RETRY", "SCHEDULE", "STAT_FAILED", "STAT_PROCESSED", "UNIQUE_SKIPPED", "cluster", "tag",
@@ -109,6 +110,7 @@ class KeyLayout:
     BUSY: str
     CAPSULES: str
     DEAD: str
+    FAIR_QUEUES: str
     FAIR_TENANT_REROUTES: str
     FAIR_TENANT_RULES: str
     FAIR_TENANT_TENANTS: str
@@ -157,6 +159,8 @@ class KeyLayout:
             # reset asked for the defaults again): the heartbeat skips those
             "LIMITS_APPLIED": prefix + "limits:applied",
             "PAUSED": prefix + "paused",  # set of paused queue names
+            # hash: queue -> "fair", "fair/<tenant limit>" or "off" (limitd.fair_queues)
+            "FAIR_QUEUES": prefix + "fair_queues",
             "BUSY": prefix + "busy",  # hash: queue -> jobs in progress, all capsules
             "CAPSULES": prefix + "capsules",  # set of capsule ids that may hold jobs
             # hash: sha1 of a job -> times it was returned to its queue unfinished
@@ -252,6 +256,20 @@ class KeyLayout:
 
     def capsules_of(self, queue_name: str) -> str:
         return self._per_queue(self.CAPSULES, "capsules", queue_name)
+
+    def fair_queues_of(self, queue_name: str) -> str:
+        return self._per_queue(self.FAIR_QUEUES, "fair_queues", queue_name)
+
+    def fair_queue(self, queue_name: str) -> str:
+        """The base of a fair queue's keys: ``<base>:turns``, ``:backlog``, ``:state``
+        and one line per tenant, ``<base>:t:<tenant>`` (limitd/fetch/fair_lib.lua)."""
+        return self.fair_template % queue_name
+
+    @property
+    def fair_template(self) -> str:
+        """:meth:`fair_queue` with ``%s`` for the queue name: the fetch script builds a
+        fair queue's keys from it (which queues are fair is read inside the script)."""
+        return "limitd:{%s}:fair" if self.cluster else LIMITD_PREFIX + "fair:%s"
 
     def rate_limits_of(self, queue_name: str) -> str:
         return self._per_queue(self.RATE_LIMITS, "rate_limits", queue_name)

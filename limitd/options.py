@@ -121,6 +121,19 @@ def non_empty_str(value: Any) -> str:
     return value
 
 
+MAX_TENANT_BYTES = 1024  # a tenant id's length at most, encoded (fair queues' lines)
+
+
+def tenant_id(value: Any) -> str:
+    """A tenant id (``fair_tenant``): a non-empty string of at most 1 KB."""
+    value = non_empty_str(value)
+    if len(value.encode()) > MAX_TENANT_BYTES:
+        raise ValueError(
+            f"expected at most {MAX_TENANT_BYTES} bytes, got {len(value.encode())}"
+        )
+    return value
+
+
 def boolean(value: Any) -> bool:
     if not isinstance(value, bool):
         raise ValueError("expected true or false")

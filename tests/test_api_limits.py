@@ -255,6 +255,8 @@ def test_queue_overview(redis: redis_py.Redis) -> None:
         "busy": 3,
         "paused": True,
         "rate_limit": None,
+        "fair": False,
+        "tenants_waiting": None,
     }
 
 

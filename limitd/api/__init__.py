@@ -61,6 +61,15 @@ from limitd.batch.admin import (
     list_batches,
 )
 from limitd.capacity.admin import CapacityStatus, capacity
+from limitd.fair_queues.admin import (
+    FairQueueStatus,
+    FairSetting,
+    fair_queue_status,
+    make_fair,
+    make_plain,
+    reset_fairness,
+    set_tenant_weight,
+)
 from limitd.fair_tenant.admin import RuleWindow, TenantStatus, reroutes, top_tenants
 from limitd.iteration.admin import IterationProgress, iteration_progress, iteration_progress_of
 from limitd.job_history.admin import ClassHistory, MinuteFigures, job_history
@@ -79,6 +88,8 @@ __all__ = [
     "ClassHistory",
     "DeadSet",
     "EntryFilter",
+    "FairQueueStatus",
+    "FairSetting",
     "FilteredPage",
     "IterationProgress",
     "JobRecord",
@@ -106,17 +117,22 @@ __all__ = [
     "cancel",
     "capacity",
     "daily_history",
+    "fair_queue_status",
     "iteration_progress",
     "iteration_progress_of",
     "job_history",
     "limiter_usage",
     "limiters",
     "list_batches",
+    "make_fair",
+    "make_plain",
     "minute_history",
     "periodic_status",
     "queue_overview",
     "redis_info",
     "reroutes",
+    "reset_fairness",
     "running_jobs",
+    "set_tenant_weight",
     "top_tenants",
 ]

@@ -22,6 +22,7 @@ from limitd import keys
 from limitd.api.records import PAGE_SIZE, JobRecord, _Seen
 from limitd.client import connection_or_default
 from limitd.connection import LuaScript, set_members
+from limitd.fair_queues import store as fair_store
 from limitd.queues import limits, rates
 from limitd.queues.rates import Rate
 
@@ -60,7 +61,14 @@ class Queue:
         return [cls(name, conn) for name in set_members(conn, keys.of(conn).QUEUES)]
 
     def size(self) -> int:
-        return int(self.redis.llen(self.key))
+        """Jobs waiting: its list, and for a fair queue its tenants' lines too."""
+        k = keys.of(self.redis)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.llen(self.key)
+        pipe.hget(k.fair_queues_of(self.name), self.name)
+        pipe.hget(k.fair_queue(self.name) + ":state", "jobs")
+        length, setting, lines = pipe.execute()
+        return int(length) + (int(lines or 0) if fair_store.parse_stored(setting) else 0)
 
     def latency(self) -> float:
         """Age in seconds of the oldest job, the one fetched next; 0.0 when empty."""
@@ -100,7 +108,8 @@ class Queue:
         pipe.llen(self.key)
         pipe.delete(self.key)
         pipe.srem(k.QUEUES, self.name)
-        return int(pipe.execute()[0])
+        removed = int(pipe.execute()[0])
+        return removed + fair_store.clear_lines(self.redis, self.name)
 
     # Limits: how many jobs of this queue may run at once, across all capsules (limit)
     # and within one capsule (process_limit). None means unlimited.

@@ -19,6 +19,8 @@ from limitd import clock, keys
 from limitd.api.records import JobRecord
 from limitd.client import connection_or_default
 from limitd.connection import decode_name
+from limitd.fair_queues import store as fair_store
+from limitd.fair_queues.store import fair_queues
 from limitd.queues import limits, rates
 from limitd.queues.per_queue import hash_by_queue
 
@@ -83,6 +85,9 @@ class QueueStatus:
     busy: int
     paused: bool
     rate_limit: str | None = None
+    # A fair queue (limitd.fair_queues): ``size`` counts its tenants' lines too.
+    fair: bool = False
+    tenants_waiting: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The row as plain data, for JSON output."""
@@ -102,33 +107,56 @@ def queue_overview(redis: redis_py.Redis | None = None) -> list[QueueStatus]:
         paused_raw: Any = limits.paused_queues(conn)
         busy_raw = hash_by_queue(conn, k.busy_of)
         rates_raw = hash_by_queue(conn, k.rate_limits_of)
+        fair = fair_queues(conn)
     else:
         pipe = conn.pipeline(transaction=False)
         pipe.smembers(k.QUEUES)
         pipe.smembers(k.PAUSED)
         pipe.hgetall(k.BUSY)
         pipe.hgetall(k.RATE_LIMITS)
-        listed, paused_raw, busy_raw, rates_raw = pipe.execute()
+        pipe.hgetall(k.FAIR_QUEUES)
+        listed, paused_raw, busy_raw, rates_raw, fair_raw = pipe.execute()
+        fair = fair_store.settings_of(fair_raw)
     stored_rates = rates.rates_of(rates_raw)
     paused = set(map(decode_name, paused_raw))
     busy = {decode_name(queue): int(count) for queue, count in busy_raw.items()}
     names = set(map(decode_name, listed)) | stored_limits.keys() | stored_rates.keys() | paused
     names |= {queue for queue, count in busy.items() if count}
+    names |= fair.keys()
     sizes = _sizes_and_latencies(conn, sorted(names))
+    lines = _fair_lines(conn, sorted(fair))
     unlimited: dict[str, int | None] = {"limit": None, "process_limit": None}
     return [
         QueueStatus(
             name=name,
-            size=size,
+            size=size + lines.get(name, (0, 0))[0],
             latency=latency,
             limit=stored_limits.get(name, unlimited)["limit"],
             process_limit=stored_limits.get(name, unlimited)["process_limit"],
             busy=busy.get(name, 0),
             paused=name in paused,
             rate_limit=None if (rate := stored_rates.get(name)) is None else str(rate),
+            fair=name in fair,
+            tenants_waiting=lines[name][1] if name in lines else None,
         )
         for name, (size, latency) in sizes.items()
     ]
+
+
+def _fair_lines(conn: redis_py.Redis, names: list[str]) -> dict[str, tuple[int, int]]:
+    """Jobs and tenants waiting in each fair queue's lines, in one pipeline."""
+    if not names:
+        return {}
+    k = keys.of(conn)
+    pipe = conn.pipeline(transaction=False)
+    for name in names:
+        pipe.hget(k.fair_queue(name) + ":state", "jobs")
+        pipe.zcard(k.fair_queue(name) + ":backlog")
+    replies = pipe.execute()
+    return {
+        name: (int(jobs or 0), int(tenants))
+        for name, jobs, tenants in zip(names, replies[0::2], replies[1::2], strict=True)
+    }
 
 
 def _sizes_and_latencies(conn: redis_py.Redis, names: list[str]) -> dict[str, tuple[int, float]]:

@@ -131,12 +131,19 @@ def _merged(parts: list[ScriptCall]) -> ScriptCall:
 class LuaScript:
     """One atomic operation, kept in a ``.lua`` file beside the module that runs it.
 
-    ``prelude`` names ``.lua`` files of the same package holding local functions that
-    several scripts share; they are prepended, so each call is still one script."""
+    ``prelude`` names ``.lua`` files holding local functions that several scripts share
+    (of the same package, or ``(package, file)`` of another); they are prepended, so
+    each call is still one script."""
 
-    def __init__(self, package: str, filename: str, prelude: Sequence[str] = ()) -> None:
-        files = resources.files(package)
-        parts = [files.joinpath(name).read_bytes() for name in (*prelude, filename)]
+    def __init__(
+        self, package: str, filename: str, prelude: Sequence[str | tuple[str, str]] = ()
+    ) -> None:
+        parts = [
+            resources.files(part[0] if isinstance(part, tuple) else package)
+            .joinpath(part[1] if isinstance(part, tuple) else part)
+            .read_bytes()
+            for part in (*prelude, filename)
+        ]
         self.source = b"\n".join(parts)
         self.name = filename
         self._script = Script(None, self.source)  # type: ignore[arg-type]

@@ -72,7 +72,7 @@ def _rule(entry: Any, index: int) -> dict[str, Any]:
 
 
 options.declare("fair_tenant_queues", _rules_option, owner="limitd.fair_tenant")
-options.declare("fair_tenant", options.non_empty_str, owner="limitd.fair_tenant")
+options.declare("fair_tenant", options.tenant_id, owner="limitd.fair_tenant")
 options.declare_hook("tenant", method="fair_tenant", owner="limitd.fair_tenant")
 
 # Called with the job's arguments; returns the tenant (None: no tenant).

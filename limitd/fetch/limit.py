@@ -52,7 +52,7 @@ from limitd.queues.order import QueueOrder
 
 log = logging.getLogger("limitd.fetch")
 
-LIMIT_FETCH = LuaScript(__package__ or "limitd.fetch", "limit_fetch.lua")
+LIMIT_FETCH = LuaScript(__package__ or "limitd.fetch", "limit_fetch.lua", ("fair_lib.lua",))
 DYNAMIC_REFRESH_SECONDS = 5.0
 SHORTFALL_LOG_EVERY = 60.0
 ACK, REQUEUE, YIELD = b"ack", b"requeue", b"yield"
@@ -98,7 +98,7 @@ class LimitFetch:
         self.blocking = frozenset(blocking)
         self.dynamic = dynamic
         self.limits = limits
-        self._shared_of: dict[str, tuple[list[bytes], bytes]] = {}
+        self._shared_of: dict[str, tuple[list[bytes], bytes, bytes]] = {}
         self._id = capsule_id.encode()
         self._channel = keys.WAKE_CHANNEL.encode()
         self._per_queue: dict[str, tuple[bytes, bytes, bytes, bytes, bytes]] = {}
@@ -374,7 +374,7 @@ class LimitFetch:
         """KEYS and ARGV of one ``limit_fetch.lua`` call (see its header); with a
         ``plan``, the call uses the ready index."""
         names = list(dict.fromkeys(name for order in orders for name in order))
-        fixed, recoveries_key = self._shared_keys(shared)
+        fixed, fair_key, recoveries_key = self._shared_keys(shared)
         script_keys = list(fixed)
         now = b"" if self.rate_clock is None else self.rate_clock()
         args = [self._id, self._channel, mode, len(settle), want, len(names), now]
@@ -386,20 +386,22 @@ class LimitFetch:
             queue_key, in_progress_key, name, blocking, rate_key = self._queue(queue_name)
             script_keys += [queue_key, in_progress_key, rate_key]
             args += [name, blocking]
+        args.append(self.keys.fair_template.encode())
         if plan is not None and self.index is not None:
             script_keys += self.index.keys
             args += plan.args(self.index.mode)
         else:
             args += [b"", 0]
-        script_keys.append(recoveries_key)
+        script_keys += [fair_key, recoveries_key]
         if len(orders) > 1:
             number = {name: str(index) for index, name in enumerate(names, 1)}
             args += [",".join(number[name] for name in order) for order in orders]
         return script_keys, args
 
-    def _shared_keys(self, queue: str) -> tuple[list[bytes], bytes]:
-        """The keys every call passes first, and its last one (the recoveries hash), of
-        ``queue`` (built once a queue; "" names the ones all queues share)."""
+    def _shared_keys(self, queue: str) -> tuple[list[bytes], bytes, bytes]:
+        """The keys every call passes first, and its last two (the fair queues' settings
+        and the recoveries hash), of ``queue`` (built once a queue; "" names the ones all
+        queues share)."""
         cached = self._shared_of.get(queue)
         if cached is not None:
             return cached
@@ -412,7 +414,11 @@ class LimitFetch:
             self.keys.capsules_of(queue),
             self.keys.rate_limits_of(queue),
         ]
-        cached = [key.encode() for key in fixed], self.keys.recoveries_of(queue).encode()
+        cached = (
+            [key.encode() for key in fixed],
+            self.keys.fair_queues_of(queue).encode(),
+            self.keys.recoveries_of(queue).encode(),
+        )
         self._shared_of[queue] = cached
         return cached
 

@@ -87,7 +87,9 @@
 -- while it does, each job is popped on its own and looked up (a SHA-1 and an HMGET).
 local limits, process_limits, paused, busy = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local held, capsules, capsule_id, channel = KEYS[5], KEYS[6], ARGV[1], ARGV[2]
-local rate_limits, recoveries = KEYS[7], KEYS[#KEYS]
+local rate_limits, fair_settings, recoveries = KEYS[7], KEYS[#KEYS - 1], KEYS[#KEYS]
+local fair_at -- ARGV[fair_at]: the fair queues' key template (set once the counts are read)
+local MAX_SORTED = 1000 -- a fair queue's arrivals sorted into lines per call, at most
 
 -- Suspects (see the header). Only looked at while the recoveries hash exists.
 local MAX_DEFERRED = 200
@@ -161,14 +163,40 @@ local function prefetch(names)
   end
 end
 
--- Whether a set or hash that most deployments leave empty exists, asked once a call:
--- while it does not, no queue is paused (or has a process limit) and none is asked.
-local exists_once = {}
+-- Whether a set or hash that most deployments leave empty exists (the paused queues,
+-- the process limits, the fair queues), asked once a call, and all three in one EXISTS
+-- first: while none does, no queue is paused, limited per process or fair, and none
+-- is asked about it.
+local exists_once = nil
 local function exists(key)
+  if exists_once == nil then
+    exists_once = {}
+    if redis.call('EXISTS', paused, process_limits, fair_settings) == 0 then
+      exists_once[paused], exists_once[process_limits] = false, false
+      exists_once[fair_settings] = false
+    end
+  end
   if exists_once[key] == nil then
     exists_once[key] = redis.call('EXISTS', key) == 1
   end
   return exists_once[key]
+end
+
+-- A fair queue's keys and tenant limit (see fair_lib.lua), by queue name; false for a
+-- queue that is not fair. limitd:fair_queues holds "fair", "fair/<tenant limit>" or
+-- "off" (made plain at run time) per queue.
+local fair_of_name = {}
+local function fair_of(name)
+  if fair_of_name[name] == nil then
+    local setting = exists(fair_settings) and redis.call('HGET', fair_settings, name)
+    local tenant_limit = setting and string.match(setting, '^fair/(%d+)$')
+    if setting == 'fair' or tenant_limit then
+      fair_of_name[name] = fair_keys(string.format(ARGV[fair_at], name), tonumber(tenant_limit))
+    else
+      fair_of_name[name] = false
+    end
+  end
+  return fair_of_name[name]
 end
 
 -- Free ``count`` slots of queue ``name``, whose jobs were settled; returns how many
@@ -200,6 +228,17 @@ local function settle(in_progress_key, queue_key, job, name, mode)
     return 0
   end
   release_suspect(job)
+  local fair = fair_of(name)
+  if fair then
+    local tenant, id = fair_job(job)
+    local was, turned = fair_release(fair, id)
+    if mode ~= 'ack' then -- back into its tenant's line, not the arrivals
+      release(name, 1)
+      fair_enter(fair, was or tenant, job, mode ~= 'yield')
+    end
+    if turned or mode ~= 'ack' then redis.call('PUBLISH', channel, name) end
+    return 1
+  end
   if mode ~= 'ack' then
     release(name, 1)
     redis.call(mode == 'yield' and 'LPUSH' or 'RPUSH', queue_key, job)
@@ -283,6 +322,7 @@ local function save_arrivals()
 end
 
 local settles, want, queues = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+fair_at = 8 + 2 * settles + 2 * queues
 local settled, acked, acked_names, queue_key_of = 0, {}, {}, {}
 for j = 1, settles do
   local name, queue_key = ARGV[7 + 2 * j], KEYS[7 + 2 * j]
@@ -306,14 +346,14 @@ end
 -- when it cannot follow (the index grew here, or it knew only its first queues and some
 -- left), the index's first queues afresh. So a call whose index the caller knows in
 -- full reads nothing of it.
-local spec_at = 8 + 2 * settles + 2 * queues -- ARGV[spec_at]: "", "strict" or "sample"
+local spec_at = fair_at + 1 -- ARGV[spec_at]: "", "strict" or "sample"
 local index_mode = ARGV[spec_at] ~= '' and ARGV[spec_at] or nil
 local hints = tonumber(ARGV[spec_at + 1]) or 0
 local ready, rate_wait = nil, nil
 local complete, refill_size = false, 0
 local unlisted, grew, rate_touched = {}, false, false
 if index_mode then
-  ready, rate_wait = KEYS[#KEYS - 2], KEYS[#KEYS - 1]
+  ready, rate_wait = KEYS[#KEYS - 3], KEYS[#KEYS - 2]
   complete = ARGV[spec_at + 2] == '1'
   refill_size = tonumber(ARGV[spec_at + 4])
   for first = 1, hints, 1000 do
@@ -417,14 +457,21 @@ local function queue_state(i)
     -- for the empty ones.
     local left = redis.call('LLEN', KEYS[5 + at])
     local name = ARGV[6 + 2 * settles + 2 * i]
-    if left == 0 then
+    local fair = fair_of(name)
+    local unsorted = 0
+    if fair then -- its arrivals into their tenants' lines; what it has is what turns give
+      fair_sort(fair, KEYS[5 + at], math.min(left, MAX_SORTED))
+      unsorted = left - math.min(left, MAX_SORTED)
+      left = fair_waiting(fair) and (tonumber(redis.call('HGET', fair.state, 'jobs')) or 1) or 0
+    end
+    if left == 0 and unsorted == 0 then
       if ready then unlist_name(name) end
       state[i] = EMPTY
       return EMPTY
     end
     st = {name = name, blocking = ARGV[7 + 2 * settles + 2 * i] == '1',
           queue_key = KEYS[5 + at], in_progress_key = KEYS[6 + at], rate_key = KEYS[7 + at],
-          left = left, taken = 0}
+          left = left, taken = 0, fair = fair, unsorted = unsorted}
     st.open = not exists(paused) or redis.call('SISMEMBER', paused, name) == 0
     if not st.open then unlist(st) end
     state[i] = st
@@ -486,8 +533,7 @@ end
 -- the rate and the count are as if it had never been looked at, except that it is not
 -- looked at again in this call). Returns the job kept, or nil.
 local deferred = 0
-local function pop_checked(st, job_charges)
-  local job = redis.call('RPOP', st.queue_key)
+local function check_suspect(st, job, job_charges)
   local crashes, alone, id = charges(job)
   if crashes > 0 and holds_suspect() then
     redis.call('LPUSH', st.queue_key, job)
@@ -504,6 +550,27 @@ local function pop_checked(st, job_charges)
   return job
 end
 
+local function pop_checked(st, job_charges)
+  return check_suspect(st, redis.call('RPOP', st.queue_key), job_charges)
+end
+
+-- A fair queue's job is popped as it is picked, by turns (fair_lib.lua); a pick that
+-- finds no tenant with a turn is undone, and the queue gives nothing more this call.
+local function pop_fair(st, job_charges)
+  local job, tenant = fair_pop(st.fair)
+  if job == nil then
+    st.left, st.taken, st.held = 0, st.taken - 1, st.held - 1
+    if busy_of[st.name] ~= nil then busy_of[st.name] = busy_of[st.name] - 1 end
+    return nil
+  end
+  if any_recovered() then
+    job = check_suspect(st, job, job_charges)
+    if job == nil then return nil end -- back among the arrivals, sorted again later
+  end
+  fair_hold(st.fair, job, tenant)
+  return job
+end
+
 -- Each job starts again from the first queue of its order, so a strict order stays
 -- strict, weights apply per job, and every job sees the busy counts the previous one
 -- updated (and the rate schedules it moved).
@@ -512,8 +579,9 @@ while #picks < want and deferred < MAX_DEFERRED do
   local st, rate, tat = take_one(order_of(#picks + 1))
   if st == nil or st == 'stop' then break end
   local kept = true
-  if any_recovered() then
-    local job = pop_checked(st, job_charges)
+  if st.fair or any_recovered() then
+    local job
+    if st.fair then job = pop_fair(st, job_charges) else job = pop_checked(st, job_charges) end
     kept = job ~= nil
     if kept then
       jobs_of[st] = jobs_of[st] or {}
@@ -553,7 +621,9 @@ end
 local function index_reply()
   for i = 1, queues do
     local st = state[i]
-    if st ~= nil and st ~= EMPTY and st.left == 0 and not st.deferred then unlist(st) end
+    if st ~= nil and st ~= EMPTY and st.left == 0 and st.unsorted == 0 and not st.deferred then
+      unlist(st)
+    end
   end
   local short = #picks < want
   local names = unlisted

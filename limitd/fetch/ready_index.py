@@ -297,14 +297,15 @@ class ReadyIndex:
         return names
 
     def _check(self, redis: redis_py.Redis, names: Iterable[str]) -> None:
-        """Hint every queue of ``names`` that holds jobs (LLEN, pipelined)."""
+        """Hint every queue of ``names`` that holds jobs: its list, or for a fair queue
+        its tenants' turns (one EXISTS of both per queue, pipelined)."""
         k = keys.of(redis)
         names = list(names)
         for first in range(0, len(names), CHECK_CHUNK):
             chunk = names[first : first + CHECK_CHUNK]
             pipe = redis.pipeline(transaction=False)
             for name in chunk:
-                pipe.llen(k.queue(name))
+                pipe.exists(k.queue(name), k.fair_queue(name) + ":turns")
             for name, length in zip(chunk, pipe.execute(), strict=True):
                 if length:
                     self.hint(name)

@@ -1,0 +1,42 @@
+"""The client half of fair queues: every job that names a tenant carries it as the
+``fair_tenant`` field, checked, so that a fair queue's fetch can put it in its
+tenant's line.
+
+The tenant is the one the tenant-fairness middleware already resolves: set with
+``.set(fair_tenant=...)`` or in the payload, else returned by the job's ``fair_tenant``
+method. A client does not know which queues are fair (that can change at run time), so
+every job with a tenant is stamped; the field costs nothing to a plain queue.
+
+A tenant that is not a string, is empty, or is longer than 1 KB is refused at enqueue
+(``InvalidJobOption``): nothing is written, and the error names the job.
+"""
+
+from __future__ import annotations
+
+from limitd import options
+from limitd.fair_queues.store import check_tenant
+from limitd.middleware.base import ClientMiddleware
+from limitd.payload import Payload
+from limitd.spec import JobSpec
+
+FIELD = "fair_tenant"
+
+
+class FairTenantField(ClientMiddleware):
+    """Client middleware: resolve, check and stamp ``fair_tenant`` (see the module)."""
+
+    def push_work(self, spec: JobSpec | None, payload: Payload) -> None:
+        tenant = payload.get(FIELD)
+        if tenant is None:
+            hook = None if spec is None else spec.hooks.get("tenant")
+            if hook is None:
+                return None  # most jobs: no tenant at all
+            tenant = hook(*payload.get("args", ()))
+            if tenant is None:
+                return None
+        where = f"{payload.get('class')} (jid {payload.get('jid')})"
+        try:
+            payload[FIELD] = check_tenant(tenant, where)
+        except ValueError as exc:
+            raise options.InvalidJobOption(str(exc)) from None
+        return None

@@ -1,0 +1,330 @@
+"""Fair queues (limitd/fair_queues, limitd/fetch/fair_lib.lua) through real Redis:
+tenants served in turn inside one queue, weights, per-tenant limits exact across
+capsules and after a crash, bad tenants refused at enqueue, and a fair queue that can
+be inspected, cleared and made plain without losing a job. What ran is what the jobs
+recorded."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+import redis as redis_py
+
+import limitd
+from limitd import keys
+from limitd.api import Queue, fair_queue_status, make_fair, make_plain, set_tenant_weight
+from limitd.fetch import liveness
+from limitd.fetch.factory import limit_fetch
+from limitd.fetch.limit import LimitFetch
+from limitd.options import InvalidJobOption
+from limitd.queues.order import QueueOrder
+from limitd.supervisor import Capsule, CapsuleConfig
+from tests.helpers import wait_for
+
+QUEUE = "reports"
+
+
+class Report(limitd.Job, name="fair_queues_test.Report", queue=QUEUE):
+    def fair_tenant(self, account: str, n: int) -> str:
+        return account
+
+    def perform(self, account: str, n: int) -> None:
+        meter.run(account)
+
+
+class NumberedReport(limitd.Job, name="fair_queues_test.NumberedReport", queue=QUEUE):
+    def fair_tenant(self, account: int) -> int:
+        return account
+
+    def perform(self, account: int) -> None:
+        meter.run(str(account))
+
+
+@limitd.job(name="fair_queues_test.Tagged", queue=QUEUE)
+def tagged(n: int) -> None:
+    meter.run("")
+
+
+class Meter:
+    """What ran, in order, and the most jobs of one tenant running at once."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.order: list[str] = []
+        self.running: Counter[str] = Counter()
+        self.peak: Counter[str] = Counter()
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def run(self, tenant: str) -> None:
+        with self.lock:
+            self.order.append(tenant)
+            self.running[tenant] += 1
+            self.peak[tenant] = max(self.peak[tenant], self.running[tenant])
+        self.gate.wait(10)
+        with self.lock:
+            self.running[tenant] -= 1
+
+    def reset(self) -> None:
+        self.__init__()  # type: ignore[misc]
+
+
+meter = Meter()
+
+
+@pytest.fixture(autouse=True)
+def fresh_meter() -> Iterator[None]:
+    meter.reset()
+    yield
+    meter.gate.set()
+
+
+def push(redis: redis_py.Redis, tenant: str | None, count: int, tag: str = "") -> None:
+    """Raw pushes (as a Ruby client or limitd's client writes them)."""
+    jobs = []
+    for i in range(count):
+        job = {"class": "X", "args": [tenant, i], "jid": f"{tag}{tenant}-{i}", "queue": QUEUE}
+        if tenant is not None:
+            job["fair_tenant"] = tenant
+        jobs.append(json.dumps(job))
+    redis.lpush(keys.of(redis).queue(QUEUE), *jobs)
+
+
+def tenants_of(units: list) -> list[str]:
+    return [json.loads(unit.job)["args"][0] for unit in units]
+
+
+def fetcher(redis: redis_py.Redis, name: str = "c1") -> LimitFetch:
+    fetch = limit_fetch(redis, QueueOrder([QUEUE]), name)
+    return fetch
+
+
+def take_all(fetch: LimitFetch, want: int = 5) -> list[str]:
+    taken = []
+    while units := fetch.take(want, []):
+        fetch.settle(units)
+        taken += tenants_of(units)
+    return taken
+
+
+@pytest.mark.parametrize("redis", ["standalone", "cluster"], indirect=True)
+def test_small_tenants_go_before_a_flooding_tenants_backlog(redis: redis_py.Redis) -> None:
+    make_fair(QUEUE, redis=redis)
+    push(redis, "flood", 300)
+    fetch = fetcher(redis)
+    first = take_all_n(fetch, 10)
+    assert set(first) == {"flood"}, "alone, the flooding tenant takes every turn"
+    for small in ("s1", "s2", "s3"):
+        push(redis, small, 2)
+    after = take_all_n(fetch, 12)
+    # Each round gives one job per tenant with work: the small ones are done within
+    # two rounds, the flood's 290 jobs waiting notwithstanding.
+    assert Counter(after[:8]) == Counter({"flood": 2, "s1": 2, "s2": 2, "s3": 2})
+    assert take_all(fetch) == ["flood"] * (300 - 10 - after.count("flood"))
+
+
+def take_all_n(fetch: LimitFetch, count: int) -> list[str]:
+    taken: list[str] = []
+    while len(taken) < count:
+        units = fetch.take(min(5, count - len(taken)), [])
+        assert units, "a job was waiting"
+        fetch.settle(units)
+        taken += tenants_of(units)
+    return taken
+
+
+def test_weights_give_a_tenant_more_turns(redis: redis_py.Redis) -> None:
+    make_fair(QUEUE, weights={"gold": 3}, redis=redis)
+    push(redis, "gold", 60)
+    push(redis, "basic", 60)
+    taken = take_all_n(fetcher(redis), 40)
+    assert Counter(taken) == Counter({"gold": 30, "basic": 10})
+
+
+def test_weight_set_at_run_time_applies_from_the_next_turn(redis: redis_py.Redis) -> None:
+    make_fair(QUEUE, redis=redis)
+    push(redis, "a", 40)
+    push(redis, "b", 40)
+    fetch = fetcher(redis)
+    assert Counter(take_all_n(fetch, 10)) == Counter({"a": 5, "b": 5})
+    set_tenant_weight(QUEUE, "b", 4, redis=redis)
+    assert Counter(take_all_n(fetch, 20)) == Counter({"a": 4, "b": 16})
+
+
+def test_tenant_limit_holds_across_fetches_and_frees_on_ack(redis: redis_py.Redis) -> None:
+    make_fair(QUEUE, tenant_limit=2, redis=redis)
+    push(redis, "big", 10)
+    push(redis, "small", 1)
+    a, b = fetcher(redis, "a"), fetcher(redis, "b")
+    held = a.take(5, [])
+    assert sorted(tenants_of(held)) == ["big", "big", "small"]
+    assert b.take(5, []) == [], "big runs 2, its limit; small has nothing left"
+    a.settle([unit for unit in held if tenants_of([unit]) == ["big"]][:1])
+    assert tenants_of(b.take(5, [])) == ["big"], "one slot freed, one more job"
+    assert b.take(5, []) == []
+    status = fair_queue_status(QUEUE, redis=redis)
+    assert status is not None
+    assert [(load.tenant, load.waiting, load.running) for load in status.largest] == [
+        ("big", 7, 2)
+    ]
+
+
+def test_tenant_limit_is_exact_with_capsules_running_jobs(redis: redis_py.Redis) -> None:
+    """Two capsules of 8 threads, tenant limit 2, jobs held until 8 run (2 per tenant):
+    16 threads with 112 jobs waiting never ran a third job of one tenant, and after the
+    release every job ran."""
+    make_fair(QUEUE, tenant_limit=2, redis=redis)
+    capsules = [
+        Capsule(CapsuleConfig(name=name, queues=[QUEUE], concurrency=8), redis=redis)
+        for name in ("a", "b")
+    ]
+    for capsule in capsules:
+        capsule.start()
+    meter.gate.clear()  # jobs hold their slots until the limit is reached everywhere
+    try:
+        Report.perform_bulk([[f"t{n % 4}", n] for n in range(120)])
+        wait_for(
+            lambda: sum(meter.running.values()) == 8, timeout=30, message="2 running per tenant"
+        )
+        meter.gate.set()
+        wait_for(lambda: len(meter.order) == 120, timeout=60, message="120 jobs")
+    finally:
+        for capsule in capsules:
+            capsule.stop(timeout=5)
+    assert Counter(meter.order) == Counter({f"t{i}": 30 for i in range(4)})
+    assert max(meter.peak.values()) == 2, meter.peak
+
+
+def test_a_dead_capsules_jobs_go_back_to_the_front_of_their_tenant(
+    redis: redis_py.Redis,
+) -> None:
+    make_fair(QUEUE, tenant_limit=1, redis=redis)
+    push(redis, "a", 3)
+    push(redis, "b", 3)
+    dead = fetcher(redis, "dead")
+    held = dead.take(2, [])
+    assert sorted(json.loads(u.job)["jid"] for u in held) == ["a-0", "b-0"]
+    alive = fetcher(redis, "alive")
+    assert alive.take(5, []) == [], "both tenants at their limit, held by the dead one"
+    # As for a process its supervisor stopped: a SIGKILLed one's jobs come back the
+    # same way, but as suspects of its crash (fetch/recoveries.py), so a capsule takes
+    # them one at a time, the others going behind their tenant's line meanwhile.
+    assert liveness.reap(redis, "dead", blame=False) == 2
+    taken = []
+    while units := alive.take(5, []):
+        taken += [json.loads(u.job)["jid"] for u in units]
+        alive.settle(units)
+    assert taken[:2] == ["a-0", "b-0"], "first again, their tenants' slots freed"
+    assert sorted(taken) == sorted(f"{t}-{i}" for t in "ab" for i in range(3))
+
+
+def test_jobs_without_a_tenant_share_one_line(redis: redis_py.Redis) -> None:
+    make_fair(QUEUE, redis=redis)
+    push(redis, None, 4)
+    push(redis, "t", 4)
+    assert Counter(take_all_n(fetcher(redis), 4)) == Counter({None: 2, "t": 2})
+
+
+@pytest.mark.parametrize(
+    ("tenant", "problem"),
+    [("", "non-empty string"), ("x" * 1025, "at most 1024 bytes, got 1025"), (42, "string")],
+)
+def test_a_bad_tenant_is_refused_at_enqueue_and_nothing_is_written(
+    redis: redis_py.Redis, tenant: object, problem: str
+) -> None:
+    with pytest.raises(InvalidJobOption, match=problem):
+        tagged.set(fair_tenant=tenant).perform_async(1)
+    raw = {"class": "fair_queues_test.Tagged", "queue": QUEUE, "args": [1], "fair_tenant": tenant}
+    with pytest.raises(InvalidJobOption, match=problem):  # a raw push, checked alike
+        limitd.Client(redis).push(raw)
+    assert redis.llen(keys.of(redis).queue(QUEUE)) == 0
+
+
+def test_a_tenant_method_returning_a_non_string_is_refused(redis: redis_py.Redis) -> None:
+    with pytest.raises(InvalidJobOption, match="fair_tenant=7: expected a non-empty string"):
+        NumberedReport.perform_async(7)
+    assert redis.llen(keys.of(redis).queue(QUEUE)) == 0
+
+
+def test_the_tenant_comes_from_the_jobs_fair_tenant_method(redis: redis_py.Redis) -> None:
+    Report.perform_async("acme", 1)
+    [raw] = redis.lrange(keys.of(redis).queue(QUEUE), 0, -1)
+    assert json.loads(raw)["fair_tenant"] == "acme"
+
+
+def test_making_a_queue_plain_moves_every_job_back_in_turn_order(
+    redis: redis_py.Redis,
+) -> None:
+    make_fair(QUEUE, redis=redis)
+    push(redis, "a", 3)
+    push(redis, "b", 1)
+    fetch = fetcher(redis)
+    fetch.take(1, [])  # sorts the arrivals into their lines (and takes a-0)
+    push(redis, "c", 1, tag="late-")  # an arrival not sorted yet
+    assert Queue(QUEUE, redis).size() == 4
+    assert make_plain(QUEUE, redis=redis) == 3
+    assert fair_queue_status(QUEUE, redis=redis) is None
+    waiting = redis.lrange(keys.of(redis).queue(QUEUE), 0, -1)
+    order = [json.loads(raw)["jid"] for raw in reversed(waiting)]
+    assert order == ["b-0", "a-1", "a-2", "late-c-0"]
+    assert not redis.keys("limitd:fair:reports:t:*")
+    make_fair(QUEUE, redis=redis)  # and fair again: nothing stranded either way
+    assert sorted(take_all(fetch)) == ["a", "a", "b", "c"]
+
+
+def test_size_clear_and_pause_of_a_fair_queue(redis: redis_py.Redis) -> None:
+    make_fair(QUEUE, redis=redis)
+    push(redis, "a", 5)
+    fetch = fetcher(redis)
+    queue = Queue(QUEUE, redis)
+    queue.pause()
+    assert fetch.take(5, []) == []
+    assert queue.size() == 5
+    queue.resume()
+    fetch.on_wake(QUEUE)
+    assert len(fetch.take(2, [])) == 2
+    status = fair_queue_status(QUEUE, redis=redis)
+    assert status is not None and status.jobs_waiting == 3 and status.tenants_waiting == 1
+    assert queue.clear() == 3
+    assert queue.size() == 0
+    assert fetch.take(5, []) == []
+
+
+def test_a_queue_ruby_sidekiq_fetches_cannot_be_made_fair(redis: redis_py.Redis) -> None:
+    identity = "rubyhost:4242:abc"
+    redis.sadd(keys.of(redis).PROCESSES, identity)
+    redis.hset(identity, "info", json.dumps({"hostname": "rubyhost", "queues": [QUEUE]}))
+    with pytest.raises(ValueError, match="Sidekiq processes that are not limitd"):
+        make_fair(QUEUE, redis=redis)
+    assert fair_queue_status(QUEUE, redis=redis) is None
+
+
+def test_a_take_costs_the_same_with_10000_tenants_as_with_one(redis: redis_py.Redis) -> None:
+    """Commands Redis runs for three jobs taken and settled one by one, once the
+    arrivals are sorted, with one tenant waiting and with 10,000 (each job taken
+    leaves its tenant more to do, in both)."""
+
+    def commands_for_three(tenants: int, each: int) -> int:
+        redis.flushdb()
+        make_fair(QUEUE, redis=redis)
+        for first in range(0, tenants, 1000):
+            pipe = redis.pipeline()
+            for t in range(first, min(first + 1000, tenants)):
+                push(pipe, f"t{t}", each)  # type: ignore[arg-type]
+            pipe.execute()
+        fetch = fetcher(redis, f"c{tenants}")
+        done = fetch.take(1, [])
+        while redis.llen(keys.of(redis).queue(QUEUE)):  # every arrival sorted
+            done = fetch.take(1, done)
+        before = sum(int(v["calls"]) for v in redis.info("commandstats").values())
+        for _ in range(3):
+            done = fetch.take(1, done)
+            assert len(done) == 1
+        after = sum(int(v["calls"]) for v in redis.info("commandstats").values())
+        return after - before - 1  # the INFO itself
+
+    assert commands_for_three(10_000, 3) == commands_for_three(1, 30_000)
