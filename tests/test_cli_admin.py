@@ -248,10 +248,11 @@ def test_queues_json(cli: Cli) -> None:
     assert isinstance(rows[1]["latency"], float)
     unlimited = {"limit": None, "process_limit": None, "busy": 0, "paused": False}
     unlimited["rate_limit"] = None
+    unlimited |= {"fair": False, "tenants_waiting": None}
     assert [{**row, "latency": 0} for row in rows] == [
         {"name": "default", "size": 1, "latency": 0, **unlimited},
         {"name": "mail", "size": 2, "latency": 0, "limit": 3, "process_limit": 1}
-        | {"busy": 2, "paused": True, "rate_limit": None},
+        | {"busy": 2, "paused": True, "rate_limit": None, "fair": False, "tenants_waiting": None},
     ]
 
 

@@ -4,7 +4,7 @@ its own script (``limitd/fetch/limit_fetch.lua`` with ``fair_lib.lua``).
 
 Settings: ``limitd:fair_queues`` holds, per queue, ``fair``, ``fair/<tenant limit>``
 or ``off`` (made plain at run time: the config does not make it fair again), like the
-limits; tenant weights are fields ``w:<tenant>`` of the queue's state hash.
+limits; tenant weights are in the queue's ``<base>:weights`` hash.
 """
 
 from __future__ import annotations
@@ -83,11 +83,12 @@ def setting_of(redis: redis_py.Redis, queue: str) -> FairSetting | None:
 
 
 def weights_of(redis: redis_py.Redis, queue: str) -> dict[str, int]:
-    state = keys.of(redis).fair_queue(queue) + ":state"
-    fields = cast("dict[bytes, bytes]", redis.hgetall(state))
-    return {
-        name.decode()[2:]: int(value) for name, value in fields.items() if name.startswith(b"w:")
-    }
+    fields = cast("dict[bytes, bytes]", redis.hgetall(weights_key(redis, queue)))
+    return {name.decode(): int(value) for name, value in fields.items()}
+
+
+def weights_key(redis: redis_py.Redis, queue: str) -> str:
+    return keys.of(redis).fair_queue(queue) + ":weights"
 
 
 def make_fair(
@@ -103,12 +104,12 @@ def make_fair(
         pipe.hsetnx(k.fair_queues_of(queue), queue, setting.stored())
     else:
         pipe.hset(k.fair_queues_of(queue), queue, setting.stored())
-    state = k.fair_queue(queue) + ":state"
+    weights = weights_key(redis, queue)
     for tenant, weight in setting.weights.items():
         if only_if_unset:
-            pipe.hsetnx(state, f"w:{tenant}", weight)
+            pipe.hsetnx(weights, tenant, weight)
         else:
-            pipe.hset(state, f"w:{tenant}", weight)
+            pipe.hset(weights, tenant, weight)
     pipe.publish(keys.WAKE_CHANNEL, queue)
     return bool(pipe.execute()[0])
 
@@ -116,7 +117,7 @@ def make_fair(
 def set_weight(redis: redis_py.Redis, queue: str, tenant: str, weight: int) -> None:
     """A tenant's turns per round (1 by default); applies from its next turn."""
     check_weight(tenant, weight, f"queue {queue!r}")
-    redis.hset(keys.of(redis).fair_queue(queue) + ":state", f"w:{tenant}", weight)
+    redis.hset(weights_key(redis, queue), tenant, weight)
 
 
 def make_plain(redis: redis_py.Redis, queue: str) -> int:

@@ -15,30 +15,48 @@
 -- queue's hash tag, so every one of them is on the queue's shard):
 --   B:turns    zset tenant -> virtual time of its next turn (tenants with jobs and room)
 --   B:backlog  zset tenant -> jobs waiting in its line
---   B:state    hash clock (virtual time of the last turn), jobs (in all lines),
---              w:<tenant> (weight, default 1), b:<tenant> (jobs running),
---              r:<job id> (the tenant of a running job: its jid, or its SHA-1)
+--   B:state    hash clock (virtual time of the last turn), jobs (in all lines), and
+--              with a tenant limit b:<tenant> (jobs running) and r:<sha1 of the job>
+--              (the tenant of a running job)
+--   B:weights  hash tenant -> turns per round (absent: 1)
 --   B:t:<tenant>  list, the tenant's line: newest at the left, next at the right
 -- These names are built here, from B and the tenant: which tenants come next is only
 -- known inside the script, from B:turns. B itself is passed by the caller.
+--
+-- Cost: sorting reads each arrival's JSON once (cjson) and moves the arrivals of one
+-- tenant with one LPUSH; taking a job is a ZRANGE, an RPOP and a ZINCRBY and ZADD of
+-- its tenant, whatever the number of tenants (O(log n) each); the clock and the jobs
+-- count are written once per call (fair_flush). Without a tenant limit nothing is kept
+-- per running job, so acknowledging one costs nothing more than in a plain queue.
 
 local FAIR_TENANT_MAX = 1024 -- bytes; the client refuses longer, the sort shares ""
 
 local function fair_keys(base, limit)
   return {turns = base .. ':turns', backlog = base .. ':backlog', state = base .. ':state',
-          line = base .. ':t:', limit = limit}
+          weights = base .. ':weights', line = base .. ':t:', limit = limit,
+          jobs_delta = 0}
 end
 
--- The tenant of a job as pushed, and the id its running slot is kept by.
-local function fair_job(job)
+-- A queue's fairness as stored in the fair queues' settings hash ("fair", "fair/<tenant
+-- limit>"; anything else: a plain queue): its keys (from the key template, %s for the
+-- queue name), or false.
+local function fair_setting(settings_key, template, name)
+  local setting = redis.call('HGET', settings_key, name)
+  local tenant_limit = setting and string.match(setting, '^fair/(%d+)$')
+  if setting == 'fair' or tenant_limit then
+    return fair_keys(string.format(template, name), tonumber(tenant_limit))
+  end
+  return false
+end
+
+-- The tenant of a job as pushed.
+local function fair_tenant_of(job)
   local ok, decoded = pcall(cjson.decode, job)
-  local tenant, id = '', nil
   if ok and type(decoded) == 'table' then
     local found = decoded.fair_tenant
-    if type(found) == 'string' and #found <= FAIR_TENANT_MAX then tenant = found end
-    if type(decoded.jid) == 'string' and decoded.jid ~= '' then id = decoded.jid end
+    if type(found) == 'string' and #found <= FAIR_TENANT_MAX then return found end
   end
-  return tenant, id or redis.sha1hex(job)
+  return ''
 end
 
 local function fair_clock(fk)
@@ -48,48 +66,72 @@ local function fair_clock(fk)
   return fk.clock
 end
 
+local function fair_weight(fk, tenant)
+  if fk.weighted == nil then fk.weighted = redis.call('EXISTS', fk.weights) == 1 end
+  return fk.weighted and tonumber(redis.call('HGET', fk.weights, tenant)) or 1
+end
+
 local function fair_has_room(fk, tenant)
   return not fk.limit
     or (tonumber(redis.call('HGET', fk.state, 'b:' .. tenant)) or 0) < fk.limit
 end
 
--- Put a job in its tenant's line, at the back (a new one) or the front (one given
--- back unfinished); a tenant whose line was empty gets a turn now, if it has room.
-local function fair_enter(fk, tenant, job, front)
-  local length = redis.call(front and 'RPUSH' or 'LPUSH', fk.line .. tenant, job)
-  redis.call('ZINCRBY', fk.backlog, 1, tenant)
-  redis.call('HINCRBY', fk.state, 'jobs', 1)
-  if length == 1 and fair_has_room(fk, tenant) then
+-- Put jobs of one tenant in its line, at the back (new ones, oldest first) or the
+-- front (one given back unfinished); a tenant whose line was empty gets a turn now,
+-- if it has room.
+local function fair_enter(fk, tenant, jobs, front)
+  local length = redis.call(front and 'RPUSH' or 'LPUSH', fk.line .. tenant, unpack(jobs))
+  redis.call('ZINCRBY', fk.backlog, #jobs, tenant)
+  fk.jobs_delta = fk.jobs_delta + #jobs
+  if length == #jobs and fair_has_room(fk, tenant) then
     redis.call('ZADD', fk.turns, 'NX', fair_clock(fk), tenant)
   end
 end
 
--- A running job (taken from a line) is done or given back: free its tenant's slot, and
--- give the tenant its turn back if the limit had taken it. Returns the tenant (nil if
--- the job was not running from a line) and whether a turn was given back.
-local function fair_release(fk, id)
-  local tenant = redis.call('HGET', fk.state, 'r:' .. id)
+-- With a tenant limit: a running job (taken from a line) is done or given back. Free
+-- its tenant's slot, and give the tenant its turn back if the limit had taken it.
+-- Returns the tenant (nil if the job was not running from a line) and whether a turn
+-- was given back.
+local function fair_release(fk, job)
+  if not fk.limit then return nil, false end
+  local field = 'r:' .. redis.sha1hex(job)
+  local tenant = redis.call('HGET', fk.state, field)
   if not tenant then return nil, false end
-  redis.call('HDEL', fk.state, 'r:' .. id)
+  redis.call('HDEL', fk.state, field)
   local running = redis.call('HINCRBY', fk.state, 'b:' .. tenant, -1)
   if running <= 0 then redis.call('HDEL', fk.state, 'b:' .. tenant) end
-  if fk.limit and running < fk.limit
-      and (tonumber(redis.call('ZSCORE', fk.backlog, tenant)) or 0) > 0 then
+  if running < fk.limit and (tonumber(redis.call('ZSCORE', fk.backlog, tenant)) or 0) > 0 then
     return tenant, redis.call('ZADD', fk.turns, 'NX', fair_clock(fk), tenant) == 1
   end
   return tenant, false
 end
 
--- Sort up to ``count`` arrivals (oldest first) into their tenants' lines. A job that
--- was running (a reaped process's, or one requeued unsettled) goes back to the front
--- of its tenant's line, its slot freed: that is how a dead process's tenant slots are
--- reaped.
+-- Sort up to ``count`` arrivals (oldest first) into their tenants' lines, each tenant's
+-- in one LPUSH. With a tenant limit, a job that was running (a reaped process's, or one
+-- requeued unsettled) goes back to the front of its tenant's line, its slot freed: that
+-- is how a dead process's tenant slots are reaped.
 local function fair_sort(fk, queue_key, count)
   if count <= 0 then return end
+  local by_tenant, order = {}, {}
   for _, job in ipairs(redis.call('RPOP', queue_key, count)) do
-    local tenant, id = fair_job(job)
-    local was = fair_release(fk, id)
-    fair_enter(fk, was or tenant, job, was ~= nil)
+    local was = fair_release(fk, job)
+    if was then
+      fair_enter(fk, was, {job}, true)
+    else
+      local tenant = fair_tenant_of(job)
+      if not by_tenant[tenant] then
+        by_tenant[tenant] = {}
+        order[#order + 1] = tenant
+      end
+      local jobs = by_tenant[tenant]
+      jobs[#jobs + 1] = job
+    end
+  end
+  for _, tenant in ipairs(order) do
+    local jobs = by_tenant[tenant]
+    for first = 1, #jobs, 1000 do
+      fair_enter(fk, tenant, {unpack(jobs, first, math.min(first + 999, #jobs))}, false)
+    end
   end
 end
 
@@ -101,15 +143,13 @@ local function fair_pop(fk)
     local tenant, at = turn[1], tonumber(turn[2])
     local job = redis.call('RPOP', fk.line .. tenant)
     if job then
-      fk.clock = at
-      redis.call('HSET', fk.state, 'clock', at)
-      redis.call('HINCRBY', fk.state, 'jobs', -1)
+      fk.clock, fk.clock_moved = at, true
+      fk.jobs_delta = fk.jobs_delta - 1
       if tonumber(redis.call('ZINCRBY', fk.backlog, -1, tenant)) <= 0 then
         redis.call('ZREM', fk.backlog, tenant)
         redis.call('ZREM', fk.turns, tenant)
       else
-        local weight = tonumber(redis.call('HGET', fk.state, 'w:' .. tenant)) or 1
-        redis.call('ZADD', fk.turns, at + 1 / weight, tenant)
+        redis.call('ZADD', fk.turns, at + 1 / fair_weight(fk, tenant), tenant)
       end
       return job, tenant
     end
@@ -119,13 +159,25 @@ local function fair_pop(fk)
   return nil
 end
 
--- A job taken from its line runs: count it against its tenant (which loses its turns
--- at its limit).
+-- A job taken from its line runs: with a tenant limit, count it against its tenant
+-- (which loses its turns at its limit).
 local function fair_hold(fk, job, tenant)
-  local _, id = fair_job(job)
-  redis.call('HSET', fk.state, 'r:' .. id, tenant)
+  if not fk.limit then return end
+  redis.call('HSET', fk.state, 'r:' .. redis.sha1hex(job), tenant)
   local running = redis.call('HINCRBY', fk.state, 'b:' .. tenant, 1)
-  if fk.limit and running >= fk.limit then redis.call('ZREM', fk.turns, tenant) end
+  if running >= fk.limit then redis.call('ZREM', fk.turns, tenant) end
+end
+
+-- Write what this call changed of the clock and the jobs count, once.
+local function fair_flush(fk)
+  if fk.jobs_delta ~= 0 then
+    redis.call('HINCRBY', fk.state, 'jobs', fk.jobs_delta)
+    fk.jobs_delta = 0
+  end
+  if fk.clock_moved then
+    redis.call('HSET', fk.state, 'clock', fk.clock)
+    fk.clock_moved = false
+  end
 end
 
 -- Whether a fair queue has a job a turn could give now.

@@ -188,13 +188,8 @@ end
 local fair_of_name = {}
 local function fair_of(name)
   if fair_of_name[name] == nil then
-    local setting = exists(fair_settings) and redis.call('HGET', fair_settings, name)
-    local tenant_limit = setting and string.match(setting, '^fair/(%d+)$')
-    if setting == 'fair' or tenant_limit then
-      fair_of_name[name] = fair_keys(string.format(ARGV[fair_at], name), tonumber(tenant_limit))
-    else
-      fair_of_name[name] = false
-    end
+    fair_of_name[name] = exists(fair_settings)
+      and fair_setting(fair_settings, ARGV[fair_at], name) or false
   end
   return fair_of_name[name]
 end
@@ -230,11 +225,10 @@ local function settle(in_progress_key, queue_key, job, name, mode)
   release_suspect(job)
   local fair = fair_of(name)
   if fair then
-    local tenant, id = fair_job(job)
-    local was, turned = fair_release(fair, id)
+    local was, turned = fair_release(fair, job)
     if mode ~= 'ack' then -- back into its tenant's line, not the arrivals
       release(name, 1)
-      fair_enter(fair, was or tenant, job, mode ~= 'yield')
+      fair_enter(fair, was or fair_tenant_of(job), {job}, mode ~= 'yield')
     end
     if turned or mode ~= 'ack' then redis.call('PUBLISH', channel, name) end
     return 1
@@ -462,7 +456,9 @@ local function queue_state(i)
     if fair then -- its arrivals into their tenants' lines; what it has is what turns give
       fair_sort(fair, KEYS[5 + at], math.min(left, MAX_SORTED))
       unsorted = left - math.min(left, MAX_SORTED)
-      left = fair_waiting(fair) and (tonumber(redis.call('HGET', fair.state, 'jobs')) or 1) or 0
+      left = fair_waiting(fair)
+        and math.max(1, (tonumber(redis.call('HGET', fair.state, 'jobs')) or 0) + fair.jobs_delta)
+        or 0
     end
     if left == 0 and unsorted == 0 then
       if ready then unlist_name(name) end
@@ -645,6 +641,10 @@ local function index_reply()
   local reply = {(short and (grew or not complete)) and 1 or 0, refilled and 1 or 0, rate_in}
   for _, name in ipairs(names) do reply[#reply + 1] = name end
   return reply
+end
+
+for _, fair in pairs(fair_of_name) do
+  if fair then fair_flush(fair) end
 end
 
 local taken, given = {settled, 0, index_mode and index_reply() or {}}, {}

@@ -29,7 +29,7 @@ from limitd.fetch.recoveries import RECOVERIES_TTL
 
 log = logging.getLogger("limitd.liveness")
 
-REAP_CAPSULE = LuaScript(__package__ or "limitd.fetch", "reap_capsule.lua")
+REAP_CAPSULE = LuaScript(__package__ or "limitd.fetch", "reap_capsule.lua", ("fair_lib.lua",))
 EXPIRY_PERIODS = 4
 STILL_ALIVE = -1
 QUEUES_CHANGED = -2
@@ -151,8 +151,10 @@ def reap(redis: redis_py.Redis, capsule_id: str, reason: str = "", *, blame: boo
         ]
         for name in names:
             script_keys += [k.queue(name), k.in_progress(capsule_id, name)]
-        script_keys.append(k.RECOVERIES)
-        args = [capsule_id, *names, charge, why, RECOVERIES_TTL, keys.WAKE_CHANNEL]
+        script_keys += [k.FAIR_QUEUES, k.RECOVERIES]
+        args = [
+            capsule_id, *names, k.fair_template, charge, why, RECOVERIES_TTL, keys.WAKE_CHANNEL
+        ]
         moved = int(REAP_CAPSULE(redis, script_keys, args))
         if moved >= 0:  # gone: its ready index too (limitd.fetch.ready_index)
             redis.delete(k.ready_index(capsule_id), k.rate_wait(capsule_id))
@@ -182,9 +184,10 @@ def _reap_per_queue(redis: redis_py.Redis, capsule_id: str, why: str, charge: by
             k.capsule_queues(capsule_id, name),
             k.queue(name),
             k.in_progress(capsule_id, name),
+            k.fair_queues_of(name),
             k.recoveries_of(name),
         ]
-        args = [capsule_id, name, charge, why, RECOVERIES_TTL, keys.WAKE_CHANNEL]
+        args = [capsule_id, name, k.fair_template, charge, why, RECOVERIES_TTL, keys.WAKE_CHANNEL]
         moved += max(0, int(REAP_CAPSULE(redis, script_keys, args)))
     redis.srem(k.CAPSULES, capsule_id)
     return moved

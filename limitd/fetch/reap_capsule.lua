@@ -17,11 +17,15 @@
 -- KEYS[4]  limitd:capsule:<id>:queues
 -- KEYS[3 + 2i], KEYS[4 + 2i]  for the i-th queue: queue:<name>, and the capsule's
 --          in-progress list for it
+-- KEYS[#KEYS - 1]  limitd:fair_queues  hash queue -> "fair", "fair/<tenant limit>"
+--          (fair_lib.lua, prepended): a fair queue's jobs go back to their tenants'
+--          lines, whose keys are built from ARGV[#ARGV - 4], the fair key template
 -- KEYS[#KEYS]  limitd:recoveries  hash of suspects: sha1(job) -> crashes,
 --          sha1(job):alone -> crashes alone, sha1(job):error -> why, held:<id> and
 --          running:<id> -> the suspect the capsule held / had started
 -- ARGV[1]  the capsule id
 -- ARGV[1 + i]  the i-th queue name
+-- ARGV[#ARGV - 4]  the fair queues' key template (limitd.keys.fair_template)
 -- ARGV[#ARGV - 3]  "1" to charge the crash (see above), "0" not to
 -- ARGV[#ARGV - 2]  the reason recorded for each job charged
 -- ARGV[#ARGV - 1]  how long (seconds) the recoveries hash outlives its last change
@@ -42,8 +46,9 @@
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return -1
 end
-local queues = #ARGV - 5
+local queues = #ARGV - 6
 local recoveries, reason = KEYS[#KEYS], ARGV[#ARGV - 2]
+local fair_settings, fair_template = KEYS[#KEYS - 1], ARGV[#ARGV - 4]
 local blame = ARGV[#ARGV - 3] == '1'
 if redis.call('SCARD', KEYS[4]) > queues then
   return -2
@@ -74,18 +79,26 @@ local moved = 0
 for i = 1, queues do
   local name = ARGV[1 + i]
   local queue_key, in_progress_key = KEYS[3 + 2 * i], KEYS[4 + 2 * i]
+  local fair = fair_setting(fair_settings, fair_template, name)
   local count = 0
-  -- Newest first to the right end: the oldest ends rightmost and is fetched first.
+  -- Newest first to the right end: the oldest ends rightmost and is fetched first. A
+  -- fair queue's job goes to its tenant's line the same way (fair_lib.lua), its
+  -- tenant slot freed.
   while true do
     local job = redis.call('LPOP', in_progress_key)
     if not job then break end
-    if blame and charge(job) then
+    local back = blame and charge(job)
+    if fair then
+      local was = fair_release(fair, job)
+      fair_enter(fair, was or fair_tenant_of(job), {job}, not back)
+    elseif back then
       redis.call('LPUSH', queue_key, job)
     else
       redis.call('RPUSH', queue_key, job)
     end
     count = count + 1
   end
+  if fair then fair_flush(fair) end
   if count > 0 then
     if redis.call('HINCRBY', KEYS[3], name, -count) < 0 then
       redis.call('HSET', KEYS[3], name, 0)
