@@ -10,6 +10,7 @@ import json
 import threading
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis as redis_py
@@ -328,3 +329,100 @@ def test_a_take_costs_the_same_with_10000_tenants_as_with_one(redis: redis_py.Re
         return after - before - 1  # the INFO itself
 
     assert commands_for_three(10_000, 3) == commands_for_three(1, 30_000)
+
+
+def test_the_fair_command_steers_and_shows_a_queue(
+    redis: redis_py.Redis, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+
+    from limitd.fair_queues.commands import add_fair_command
+
+    def run(*argv: str) -> tuple[int, str]:
+        parser = argparse.ArgumentParser(prog="limitd")
+        add_fair_command(parser.add_subparsers(required=True), lambda args: redis)
+        args = parser.parse_args(list(argv))
+        capsys.readouterr()
+        code = args.command(args)
+        return code, capsys.readouterr().out
+
+    assert run("fair", "on", QUEUE, "--tenant-limit", "3")[0] == 0
+    assert run("fair", "weight", QUEUE, "acme", "2")[0] == 0
+    push(redis, "acme", 4)
+    push(redis, "beta", 1)
+    fetcher(redis).take(1, [])
+    code, out = run("fair", "status", QUEUE)
+    assert code == 0
+    assert "4 jobs waiting in 2 tenants' lines, 0 not sorted yet; tenant limit 3" in out
+    assert out.splitlines()[2].split() == ["acme", "3", "1"]
+    code, out = run("fair", "status", QUEUE, "--json")
+    document = json.loads(out)
+    assert document["tenants_waiting"] == 2
+    assert document["largest"][0] == {"tenant": "acme", "waiting": 3, "running": 1}
+    assert run("fair", "off", QUEUE)[1].startswith(f"{QUEUE}: plain; 4 jobs moved back")
+    assert redis.hget(keys.of(redis).FAIR_QUEUES, QUEUE) == b"off"
+    assert run("fair", "reset", QUEUE)[0] == 0
+    assert redis.hget(keys.of(redis).FAIR_QUEUES, QUEUE) is None
+
+
+def test_a_job_in_a_tenants_line_is_found_and_deleted_by_jid(redis: redis_py.Redis) -> None:
+    make_fair(QUEUE, redis=redis)
+    push(redis, "a", 3)
+    fetcher(redis).take(1, [])  # a-0 taken, a-1 and a-2 in a's line
+    queue = Queue(QUEUE, redis)
+    entry = queue.find_job("a-2")
+    assert entry is not None
+    assert entry.delete()
+    assert queue.size() == 1
+    assert [e.jid for e in queue.page(0, 10)] == ["a-1"]
+    status = fair_queue_status(QUEUE, redis=redis)
+    assert status is not None and status.jobs_waiting == 1
+
+
+def test_metrics_give_each_fair_queue_without_a_tenant_label(redis: redis_py.Redis) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from limitd.metrics.exporter import ClusterCollector
+    from limitd.plugins import registered
+
+    make_fair(QUEUE, redis=redis)
+    push(redis, "big", 5)
+    push(redis, "small", 1)
+    fetcher(redis).take(1, [])
+    registry = CollectorRegistry()
+    registry.register(ClusterCollector(redis, registered))
+    text = generate_latest(registry).decode()
+    assert 'limitd_fair_queue_jobs_waiting{queue="reports"} 5.0' in text
+    assert 'limitd_fair_queue_tenants_waiting{queue="reports"} 2.0' in text
+    assert 'limitd_fair_queue_largest_tenant_jobs{queue="reports"} 4.0' in text
+    assert "tenant=" not in text
+
+
+def test_the_config_section_is_checked_and_applied_where_redis_has_no_setting(
+    redis: redis_py.Redis, tmp_path: Path
+) -> None:
+    from limitd.config import load_config
+    from limitd.config.settings import ConfigError
+    from limitd.fair_queues.checks import check_fair_queue_fetch
+    from limitd.fair_queues.process import ConfiguredFairQueues
+
+    bad = tmp_path / "bad.yml"
+    bad.write_text("queues: [reports]\nfair_queues: {reports: {tenant_limit: 0}}\n")
+    with pytest.raises(ConfigError, match=r"bad\.yml.*fair_queues\.reports\.tenant_limit"):
+        load_config([bad])
+    good = tmp_path / "good.yml"
+    good.write_text(
+        "queues: [reports, other]\n"
+        "fair_queues: {reports: {tenant_limit: 2, weights: {acme: 3}}, other: null}\n"
+    )
+    settings = load_config([good]).section("fair_queues")
+    assert settings["reports"].tenant_limit == 2 and settings["reports"].weights == {"acme": 3}
+    make_plain("other", redis=redis)  # a run-time change wins over the config
+    ConfiguredFairQueues(redis, settings).start()
+    status = fair_queue_status(QUEUE, redis=redis)
+    assert status is not None and status.tenant_limit == 2
+    assert fair_queue_status("other", redis=redis) is None
+    basic = tmp_path / "basic.yml"
+    basic.write_text("queues: [reports]\nfetch: basic\nfair_queues: [reports]\n")
+    with pytest.raises(ConfigError, match="basic cannot fetch the fair queues"):
+        check_fair_queue_fetch(load_config([basic]), [])

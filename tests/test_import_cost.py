@@ -35,7 +35,9 @@ from limitd.plugins import registered
 # Expiring jobs: limitd.expiry and its plug (which declares ``expires_in``), 2.
 # Iterable jobs: limitd.iteration, its plug, its job (``limitd.IterableJob``) and app
 # (``limitd.cancelled``), 4; the run loop and its store load with the first run.
-MOST_LIMITD_MODULES = 111
+# Fair queues: limitd.fair_queues, its plug, its section (the config's key names) and
+# its store (the settings the section checks; its scripts are read when first used), 4.
+MOST_LIMITD_MODULES = 115
 
 # Packages that only the command line, the admin API, metrics or the web front end use,
 # and the server's fetch and supervisor (the server imports them; app code never does).

@@ -68,6 +68,7 @@ FEATURES = (
     "limitd.capacity",
     "limitd.expiry",
     "limitd.encryption",
+    "limitd.fair_queues",
     "limitd.fair_tenant",
     "limitd.iteration",
     "limitd.job_history",

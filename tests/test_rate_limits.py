@@ -189,7 +189,8 @@ def test_limit_rate_set_show_clear_reset(cli: Cli, redis: redis_py.Redis) -> Non
     rows = cli("queues", "--json").json()
     assert rows == [
         {"name": "webhooks", "size": 0, "latency": 0.0, "limit": None, "process_limit": None}
-        | {"busy": 0, "paused": False, "rate_limit": "100/minute"}
+        | {"busy": 0, "paused": False, "rate_limit": "100/minute", "fair": False}
+        | {"tenants_waiting": None}
     ]
     assert "100/minute" in cli("queues").out.splitlines()[1].split()
     result = cli("limit", "rate", "webhooks", "--clear")

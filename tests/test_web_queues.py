@@ -163,3 +163,29 @@ def test_an_action_never_redirects_off_site(dashboard: Dashboard, target: str) -
             dashboard.url("/dead/delete"), data={"csrf": token, "scope": "all", "next": target}
         )
     assert answer.headers["location"] == "/dead"
+
+
+def test_a_fair_queues_page_shows_its_tenants_and_deletes_from_a_line(
+    dashboard: Dashboard, browser: WebDriver, redis: redis_py.Redis, tmp_path: Path
+) -> None:
+    from limitd.api import make_fair
+    from limitd.fetch.factory import limit_fetch
+    from limitd.queues.order import QueueOrder
+
+    make_fair("echo", tenant_limit=2, redis=redis)
+    for tenant, count in (("acme", 6), ("globex", 2)):
+        for n in range(count):
+            echo.set(fair_tenant=tenant).perform_async(tenant, n)
+    limit_fetch(redis, QueueOrder(["echo"]), "sorter").take(1, [])  # sorts into lines
+    browser.get(dashboard.url("/queues"))
+    wait_until(browser, lambda b: "fair · 2 tenants" in text_of(b, ECHO_ROW))
+    browser.get(dashboard.url("/queues/echo"))
+    summary = text_of(browser, "#fair")
+    assert "7 jobs waiting in the lines of 2 tenants" in summary
+    assert "at most 2 running per tenant" in summary
+    assert text_of(browser, "#tenants tbody tr:first-child").split() == ["acme", "5", "1"]
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#jobs tbody tr")) == 7
+    screenshot(browser, "fair-queue", tmp_path)
+    browser.execute_script("window.confirm = () => true;")
+    click(browser, "#jobs tbody tr:first-child button.delete")
+    wait_until(browser, lambda b: Queue("echo", redis).size() == 6)

@@ -43,6 +43,21 @@ class QueueEntry(JobRecord):
         return self._removed(bool(removed))
 
 
+class LineEntry(QueueEntry):
+    """A job waiting in a fair queue's tenant line (``limitd.fair_queues``)."""
+
+    def __init__(self, raw: bytes, source: Queue, tenant: str) -> None:
+        super().__init__(raw, source)
+        self.tenant = tenant
+
+    def delete(self) -> bool:
+        """Remove this job from its tenant's line. False when a fetcher or another
+        operator took it first."""
+        source = self.source
+        removed = fair_store.delete_from_line(source.redis, source.name, self.tenant, self.raw)
+        return self._removed(removed)
+
+
 class Queue:
     """One queue, ``queue:<name>``: a list that producers LPUSH and fetchers take from
     the right, so the oldest job sits at index -1."""
@@ -86,9 +101,23 @@ class Queue:
 
     def page(self, start: int, count: int) -> list[QueueEntry]:
         """``count`` jobs from the ``start``-th oldest, oldest first: one LRANGE, however
-        long the queue (a dashboard's page ``n`` of a million jobs)."""
+        long the queue (a dashboard's page ``n`` of a million jobs). A fair queue's pages
+        go on past its list into its tenants' lines, tenant by tenant in turn order."""
         raw: list[bytes] = self.redis.lrange(self.key, -(start + count), -(start + 1))  # type: ignore[assignment]
-        return [QueueEntry(item, self) for item in reversed(raw)]
+        entries = [QueueEntry(item, self) for item in reversed(raw)]
+        if len(entries) < count and self.fair():
+            listed = int(self.redis.llen(self.key))
+            rest = fair_store.lines_page(
+                self.redis, self.name, max(0, start - listed), count - len(entries)
+            )
+            entries += [LineEntry(item, self, tenant) for tenant, item in rest]
+        return entries
+
+    def fair(self) -> bool:
+        """Whether the queue serves its tenants in turn (``limitd.fair_queues``)."""
+        k = keys.of(self.redis)
+        stored = self.redis.hget(k.fair_queues_of(self.name), self.name)
+        return fair_store.parse_stored(stored) is not None
 
     def find_job(self, jid: str) -> QueueEntry | None:
         """The queued job with this jid, or None. Scans the list: O(size)."""
@@ -97,6 +126,16 @@ class Queue:
             for raw in page:
                 if needle in raw and (entry := QueueEntry(raw, self)).jid == jid:
                     return entry
+        return self._find_in_lines(jid) if self.fair() else None
+
+    def _find_in_lines(self, jid: str) -> QueueEntry | None:
+        """A fair queue's job waiting in its tenant's line, by jid: O(jobs waiting)."""
+        needle, start = jid.encode(), 0
+        while page := fair_store.lines_page(self.redis, self.name, start, self.page_size):
+            for tenant, raw in page:
+                if needle in raw and (entry := LineEntry(raw, self, tenant)).jid == jid:
+                    return entry
+            start += len(page)
         return None
 
     def clear(self) -> int:

@@ -1,4 +1,4 @@
-"""``limitd fair``: see and steer fair queues.
+"""limitd fair: see and steer fair queues.
 
     limitd fair status QUEUE [--top N] [--json]   jobs and tenants waiting, largest tenants
     limitd fair on QUEUE [--tenant-limit N]        make it fair now

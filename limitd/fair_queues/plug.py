@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from limitd.fair_queues import section
-from limitd.fair_queues.checks import check_fair_queue_fetch
 from limitd.plugins import ConfigSection, Feature
 
 if TYPE_CHECKING:
@@ -24,17 +23,23 @@ def client_middleware(_settings: Any) -> Any:
 
 
 def services(context: ProcessContext) -> list[Service]:
-    from limitd.fair_queues.service import ConfiguredFairQueues
+    from limitd.fair_queues.process import ConfiguredFairQueues
 
     settings = context.section(section.KEY) or {}
     return [ConfiguredFairQueues(context.redis, settings)] if settings else []
 
 
 def housekeeping(redis: Any) -> None:
-    from limitd.fair_queues.service import apply_configured, configured
+    from limitd.fair_queues.process import apply_configured, configured
 
     if configured:
         apply_configured(redis, configured)
+
+
+def check_app(config: Any, jobs: Any) -> None:
+    from limitd.fair_queues.checks import check_fair_queue_fetch
+
+    check_fair_queue_fetch(config, jobs)
 
 
 def add_commands(subparsers: Subparsers, resolve_redis: ResolveRedis) -> None:
@@ -56,7 +61,7 @@ FAIR_QUEUES = Feature(
     ),
     client_middleware=client_middleware,
     add_commands=add_commands,
-    check_app=check_fair_queue_fetch,
+    check_app=check_app,
     process_services=services,
     metrics=metrics,
     housekeeping=housekeeping,

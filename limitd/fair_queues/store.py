@@ -9,6 +9,7 @@ limits; tenant weights are in the queue's ``<base>:weights`` hash.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -18,9 +19,14 @@ import redis as redis_py
 from limitd import keys, options
 from limitd.connection import LuaScript, pipeline
 
-_FETCH_LIB = ("limitd.fetch", "fair_lib.lua")
-FAIR_PLAIN = LuaScript(__package__ or "limitd.fair_queues", "fair_plain.lua", (_FETCH_LIB,))
-FAIR_CLEAR = LuaScript(__package__ or "limitd.fair_queues", "fair_clear.lua", (_FETCH_LIB,))
+
+@functools.cache
+def script(filename: str) -> LuaScript:
+    """An admin script of this folder, with the fetch's fair_lib.lua before it; read
+    when first used (``import limitd`` loads this module for the settings alone)."""
+    fair_lib = ("limitd.fetch", "fair_lib.lua")
+    return LuaScript(__package__ or "limitd.fair_queues", filename, (fair_lib,))
+
 
 OFF = "off"
 MAX_TENANT_BYTES = options.MAX_TENANT_BYTES  # as fair_lib.lua's FAIR_TENANT_MAX
@@ -126,7 +132,7 @@ def make_plain(redis: redis_py.Redis, queue: str) -> int:
     Returns how many jobs went back."""
     k = keys.of(redis)
     script_keys = [k.queue(queue), k.fair_queues_of(queue), k.fair_queue(queue)]
-    moved = int(FAIR_PLAIN(redis, script_keys, [queue]))
+    moved = int(script("fair_plain.lua")(redis, script_keys, [queue]))
     redis.publish(keys.WAKE_CHANNEL, queue)
     return moved
 
@@ -140,7 +146,7 @@ def reset(redis: redis_py.Redis, queue: str) -> None:
 
 def clear_lines(redis: redis_py.Redis, queue: str) -> int:
     """Drop the jobs waiting in the queue's tenant lines; returns how many."""
-    return int(FAIR_CLEAR(redis, [keys.of(redis).fair_queue(queue)], []))
+    return int(script("fair_clear.lua")(redis, [keys.of(redis).fair_queue(queue)], []))
 
 
 @dataclass(frozen=True)
@@ -220,3 +226,40 @@ def settings_of(stored: dict[bytes, bytes]) -> dict[str, FairSetting]:
     """The fair queues of ``limitd:fair_queues`` as read (HGETALL), without weights."""
     found = {name.decode(): parse_stored(value) for name, value in stored.items()}
     return {name: setting for name, setting in found.items() if setting is not None}
+
+
+def lines_page(
+    redis: redis_py.Redis, queue: str, start: int, count: int
+) -> list[tuple[str, bytes]]:
+    """``count`` jobs waiting in the tenants' lines from the ``start``-th, as (tenant,
+    job): tenant by tenant in turn order (those at their limit last), each line oldest
+    first. Reads every tenant's backlog to find the page (admin use: O(tenants))."""
+    base = keys.of(redis).fair_queue(queue)
+    pipe = pipeline(redis)
+    pipe.zrange(base + ":turns", 0, -1)
+    pipe.zrange(base + ":backlog", 0, -1, withscores=True)
+    turns, backlog = pipe.execute()
+    sizes = {name.decode(): int(score) for name, score in backlog}
+    order = [name.decode() for name in turns if name.decode() in sizes]
+    order += sorted(set(sizes) - set(order))
+    found: list[tuple[str, bytes]] = []
+    for tenant in order:
+        if len(found) >= count:
+            break
+        if start >= sizes[tenant]:
+            start -= sizes[tenant]
+            continue
+        want = count - len(found)
+        line = cast(
+            "list[bytes]",
+            redis.lrange(f"{base}:t:{tenant}", -(start + want), -(start + 1)),
+        )
+        found += [(tenant, raw) for raw in reversed(line)]
+        start = 0
+    return found
+
+
+def delete_from_line(redis: redis_py.Redis, queue: str, tenant: str, raw: bytes) -> bool:
+    """Remove one waiting job from its tenant's line; False if it was taken first."""
+    base = keys.of(redis).fair_queue(queue)
+    return bool(script("fair_delete.lua")(redis, [base], [tenant, raw]))

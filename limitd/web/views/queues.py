@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from limitd.api import Queue, queue_overview
+from limitd.api import Queue, fair_queue_status, queue_overview
 from limitd.web.forms import optional_count, page_number, require
 from limitd.web.rendering import back, render
 
@@ -34,6 +34,7 @@ def show(request: Request) -> Response:
         "queue.html",
         {
             "queue": queue,
+            "fair": fair_queue_status(queue.name, redis=request.app.state.redis),
             "size": queue.size(),
             "jobs": jobs,
             "page": number,
