@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import redis as redis_py
@@ -43,6 +43,17 @@ class RoundSignal:
     @classmethod
     def reset(cls) -> None:
         cls.semaphore = threading.Semaphore(0)
+
+
+def wait_until(
+    condition: Callable[[], object], timeout: float, what: str, poll: float = 0.05
+) -> None:
+    """Poll ``condition`` until it holds; RuntimeError naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(poll)
 
 
 def command_calls(conn: redis_py.Redis) -> int:

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis as redis_py
-from _common import bench_redis_url
+from _common import bench_redis_url, wait_until
 
 import limitd
 
@@ -164,14 +164,6 @@ def workers(
     finally:
         proc.terminate()
         proc.wait(60)
-
-
-def wait_until(condition: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def ready(conn: redis_py.Redis, proc: subprocess.Popen[bytes], processes: int) -> None:

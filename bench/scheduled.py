@@ -36,13 +36,13 @@ import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import redis as redis_py
-from _common import command_counts, redis_for_bench
+from _common import command_counts, redis_for_bench, wait_until
 
 import limitd
 from limitd.supervisor.poller import INITIAL_WAIT
@@ -100,14 +100,6 @@ def supervisors(url: str, app_dir: Path, mode: str, count: int) -> Iterator[None
             proc.terminate()
         for proc in procs:
             proc.wait(60)
-
-
-def wait_until(condition: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def idle_load(conn: redis_py.Redis, seconds: float, processes: int) -> tuple[float, float]:

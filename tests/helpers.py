@@ -3,6 +3,7 @@ never sleep and hope."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
@@ -10,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def wait_for(
@@ -83,3 +85,20 @@ def _same_program(parent: int, child: int) -> bool:
         return os.readlink(f"/proc/{child}/exe") == os.readlink(f"/proc/{parent}/exe")
     except OSError:  # exited meanwhile (or a zombie, whose exe cannot be read)
         return False
+
+
+def command_runner(
+    add: Callable[[Any, Any], None], redis: Any, capsys: Any
+) -> Callable[..., tuple[int, str]]:
+    """A ``limitd`` with only the commands ``add`` registers (a feature's
+    ``add_*_command``), run in-process on ``redis``: (exit code, standard output)."""
+
+    def run(*argv: str) -> tuple[int, str]:
+        parser = argparse.ArgumentParser(prog="limitd")
+        add(parser.add_subparsers(required=True), lambda args: redis)
+        args = parser.parse_args(list(argv))
+        capsys.readouterr()
+        code = args.command(args)
+        return code, capsys.readouterr().out
+
+    return run

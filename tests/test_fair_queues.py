@@ -24,7 +24,7 @@ from limitd.fetch.limit import LimitFetch
 from limitd.options import InvalidJobOption
 from limitd.queues.order import QueueOrder
 from limitd.supervisor import Capsule, CapsuleConfig
-from tests.helpers import wait_for
+from tests.helpers import command_runner, wait_for
 
 QUEUE = "reports"
 
@@ -334,17 +334,9 @@ def test_a_take_costs_the_same_with_10000_tenants_as_with_one(redis: redis_py.Re
 def test_the_fair_command_steers_and_shows_a_queue(
     redis: redis_py.Redis, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import argparse
-
     from limitd.fair_queues.commands import add_fair_command
 
-    def run(*argv: str) -> tuple[int, str]:
-        parser = argparse.ArgumentParser(prog="limitd")
-        add_fair_command(parser.add_subparsers(required=True), lambda args: redis)
-        args = parser.parse_args(list(argv))
-        capsys.readouterr()
-        code = args.command(args)
-        return code, capsys.readouterr().out
+    run = command_runner(add_fair_command, redis, capsys)
 
     assert run("fair", "on", QUEUE, "--tenant-limit", "3")[0] == 0
     assert run("fair", "weight", QUEUE, "acme", "2")[0] == 0

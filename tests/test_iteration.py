@@ -20,6 +20,7 @@ from limitd.api import RetrySet, ScheduledSet, batch_status, cancel, iteration_p
 from limitd.iteration.job import items_of, numbers
 from limitd.supervisor import Capsule, CapsuleConfig
 from limitd.supervisor.processor import Processor
+from tests.helpers import command_runner
 
 done: list[Any] = []
 hooks: list[str] = []
@@ -421,18 +422,11 @@ def test_a_walk_put_back_while_redis_fails_is_requeued_not_lost(redis: redis_py.
 def test_limitd_cancel_and_progress_on_the_command_line(
     redis: redis_py.Redis, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import argparse
     import json
 
     from limitd.iteration.commands import add_iteration_commands
 
-    def run(*argv: str) -> tuple[int, str]:
-        parser = argparse.ArgumentParser(prog="limitd")
-        add_iteration_commands(parser.add_subparsers(required=True), lambda args: redis)
-        args = parser.parse_args(list(argv))
-        capsys.readouterr()
-        code = args.command(args)
-        return code, capsys.readouterr().out
+    run = command_runner(add_iteration_commands, redis, capsys)
 
     walked = Walk.perform_async(4)
     waiting = plain.perform_in(600, "later")

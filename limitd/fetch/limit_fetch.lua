@@ -25,16 +25,35 @@
 --          only tests pass one
 -- ARGV[6 + 2j], ARGV[7 + 2j]  the j-th settled job exactly as fetched, and its queue name
 -- ARGV[6 + 2s + 2i], ARGV[7 + 2s + 2i]  the i-th queue: its name, "1" if it is blocking
+-- KEYS[#KEYS - 3], KEYS[#KEYS - 2]  with the ready index only (ARGV[F + 1] not ""):
+--          limitd:capsule:<id>:ready (zset queue -> rank: the queues this capsule's
+--          fetch looks at) and limitd:capsule:<id>:rate_wait (zset "<rank>:<queue>" ->
+--          when its rate allows a job); see limitd/fetch/ready_index.py
+-- KEYS[#KEYS - 1]  limitd:fair_queues  hash queue -> "fair", "fair/<tenant limit>" or
+--          "off": a fair queue's arrivals are sorted into one line per tenant and
+--          taken by turns (fair_lib.lua, prepended); its keys are built from the
+--          template ARGV[F] and the queue name, its lines' from the tenant's name,
+--          which only the script knows (they share the queue's hash tag in a cluster)
 -- KEYS[#KEYS]  limitd:recoveries  hash of suspects (see limitd/fetch/recoveries.py):
 --          sha1(job) -> crashes charged, sha1(job):alone -> of those, crashes while it
 --          ran as its process's only suspect, held:<capsule id> -> the suspect this
 --          capsule holds, running:<capsule id> -> the same once it started
--- ARGV[7 + 2s + 2n + m]  optional: the order in which the m-th job tries the queues, as
---          queue numbers ("2,1,3"; weighted and random orders differ per job); a job
---          without one tries them in the order given
+-- ARGV[F], F = 8 + 2s + 2n  the fair queues' key template (limitd.keys.fair_template)
+-- ARGV[F + 1]  "" (no ready index: the queues given are all there is) or the index's
+--          order, "strict" or "sample"; then h, the number of hints
+-- with the index: ARGV[F + 3] "1" if the queues given are every queue the index holds
+--          (the caller mirrors it), ARGV[F + 4] "0" rate_wait is empty, "1" it is not,
+--          "2" and its first queue may be due, ARGV[F + 5] how many queues to return
+--          when the reply reads the index afresh, then h pairs (queue, rank): queues
+--          named by wake-ups, added to the index first
+-- ARGV[O + m], O = F + 2 + 2h (F + 5 + 2h with the index)  optional: the order in
+--          which the m-th job tries the queues, as queue numbers ("2,1,3"; weighted and
+--          random orders differ per job); a job without one tries them in the order
+--          given (with a strict index: the queues in the index's order)
 --
--- Returns {settled, room in, name 1, job 1, crashes 1, alone 1, name 2, job 2, ...}:
--- settled counts the settled jobs that were in this capsule's in-progress lists (a job
+-- Returns {settled, room in, index part, name 1, job 1, crashes 1, alone 1, name 2, ...}:
+-- the index part is {} without the index, else {stale, refilled, rate in, queues...}
+-- (see index_reply below); settled counts the settled jobs that were in this capsule's in-progress lists (a job
 -- that was not, was reaped and requeued already); room in is 0, or the milliseconds
 -- until the first queue that had jobs waiting only for its rate limit may be fetched
 -- again (the idle capsule sleeps that long rather than poll); then the jobs taken,
