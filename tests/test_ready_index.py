@@ -18,6 +18,7 @@ from limitd.api.queues import Queue
 from limitd.fetch import liveness
 from limitd.fetch.factory import limit_fetch
 from limitd.fetch.limit import LimitFetch
+from limitd.fetch.ready_index import MAX_KNOWN
 from limitd.fetch.wakeup import WakeupListener
 from limitd.queues import limits as queue_limits
 from limitd.queues.order import QueueOrder
@@ -160,6 +161,7 @@ def test_strict_order_holds_when_thousands_of_queues_have_work(redis: redis_py.R
     while units := fetch.take(7, []):
         fetch.settle(units)
         taken += [json.loads(unit.job)["args"][0] for unit in units]
+        assert fetch.index is not None and len(fetch.index._known) <= MAX_KNOWN
     assert taken == listed
 
 

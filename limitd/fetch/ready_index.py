@@ -55,6 +55,9 @@ MAX_SLACK = 4096
 # A weighted or random order is drawn, per job, among this many queues at least: all of
 # those with work while there are no more, a random sample of them beyond.
 MIN_SAMPLE = 32
+# What a capsule keeps of its index between calls, at most: the first queues by rank
+# (or a random few), so that following it costs the same with 10,000 queues with work.
+MAX_KNOWN = 256
 CHECK_CHUNK = 1000  # LLENs per pipeline when re-checking queues
 SWEEP_PER_SECOND = 50
 # The sweep runs before a call at most this often: an idle capsule sweeps at each poll
@@ -179,6 +182,8 @@ class ReadyIndex:
             self._forget = False
             self.failed()
         added = self._add_hints(hints) if hints else hints
+        if len(self._known) > MAX_KNOWN:
+            self._trim()
         size = want + self.slack
         if self._sorted is None:  # kept until what is known changes
             self._sorted = sorted(self._known, key=self._key)
@@ -201,6 +206,19 @@ class ReadyIndex:
         if self._rate_due_at is None:
             return 0
         return 2 if self.exact_rates or clock.monotonic() >= self._rate_due_at else 1
+
+    def _trim(self) -> None:
+        """Keep the first ``MAX_KNOWN`` queues by rank (a random ``MAX_KNOWN``, when
+        sampled): what is known is then every queue up to the last one kept."""
+        if self.sampled:
+            kept = self._rng.sample(list(self._known), MAX_KNOWN)
+            self._bound = None
+        else:
+            kept = sorted(self._known, key=self._key)[:MAX_KNOWN]
+            self._bound = self._key(kept[-1])
+        self._known = {name: self._known[name] for name in kept}
+        self._complete = False
+        self._sorted = None
 
     def _add_hints(self, hints: dict[str, int]) -> dict[str, int]:
         """The hints the call must add; those within what this index knows join it."""
