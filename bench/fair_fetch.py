@@ -2,7 +2,7 @@
 a flooding one, and what fairness costs the drain.
 
     .venv/bin/python bench/fair_fetch.py [--rounds 3] [--flood 20000] [--small 100x10]
-        [--scale 10000x2,100000x1] [--processes 2] [--threads 10] [--redis URL]
+        [--scale 1x20000,10000x2,100000x1] [--processes 2] [--threads 10] [--redis URL]
 
 Each run starts ``limitd start`` (P processes x T threads, logging at WARNING) on a
 private redis-server, with one of three setups for the queue ``bench_fair``:
@@ -20,9 +20,11 @@ job is its start minus its enqueued_at. Reported: the small tenants' p50 and p99
 when the flooding tenant's last job started, and the whole drain (first enqueue to last
 start).
 
-Scale (``--scale``, tenants x jobs each): the jobs are enqueued first, then the workers
-start; the steady drain (10% to 90% of the starts, by their timestamps) is compared
-between fifo and fair: a fair queue's cost must not grow with its tenants.
+Scale (``--scale``, tenants x jobs each; the first shape, one tenant, is the reference):
+the jobs are enqueued first, then the workers start; the steady drain (10% to 90% of
+the starts, by their timestamps) is compared between fifo and fair, and between fair
+with many tenants and fair with one: a fair queue's cost must not grow with its
+tenants.
 
 Modes alternate within each round (fifo, rerouting, fair, ...); the tables give medians
 over the rounds. Each run prints the machine's CPU steal and load.
@@ -243,7 +245,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--small", type=parse_shape, default=(100, 10), help="tenants x jobs")
     parser.add_argument(
         "--scale",
-        default="10000x2,100000x1",
+        default="1x20000,10000x2,100000x1",
         help="tenants x jobs shapes drained fifo and fair ('' for none)",
     )
     parser.add_argument("--processes", type=int, default=2)
@@ -291,14 +293,19 @@ def report(rows: Rows, args: argparse.Namespace) -> None:
                 f"whole drain {drain:.2f}x fifo's"
             )
     if rows.scale:
-        print("\n| tenants x jobs | fifo steady jobs/s | fair steady jobs/s | fair / fifo |")
-        print("|---|---:|---:|---:|")
+        single = rows.scale.get(("fair", repr((1, args.shapes[0][1])))) if args.shapes else None
+        one = statistics.median(single) if single and args.shapes[0][0] == 1 else None
+        print(
+            "\n| tenants x jobs | fifo steady jobs/s | fair steady jobs/s | fair / fifo | "
+            "fair / fair with 1 tenant |"
+        )
+        print("|---|---:|---:|---:|---:|")
         for shape in args.shapes:
             fifo_rate = statistics.median(rows.scale[("fifo", repr(shape))])
             fair_rate = statistics.median(rows.scale[("fair", repr(shape))])
             print(
                 f"| {shape[0]:,} x {shape[1]} | {fifo_rate:,.0f} | {fair_rate:,.0f} | "
-                f"{fair_rate / fifo_rate:.2f} |"
+                f"{fair_rate / fifo_rate:.2f} | {fair_rate / one if one else float('nan'):.2f} |"
             )
 
 

@@ -482,9 +482,8 @@ def draw_chart(rows: list[Row], png: Path, args: argparse.Namespace) -> None:
             {"name": name, "median": statistics.median(rates), "min": min(rates), "max": max(rates)}
         )
     title = (
-        f"limit fetch, steady drain vs queues listed ({args.processes} x {args.threads} "
-        f"threads, jobs spread evenly; limitd: ready index, scan: every queue each call); "
-        f"{machine.cpu_model()}, {os.cpu_count()} cores"
+        f"steady drain vs queues listed, {args.processes} x {args.threads} threads\n"
+        "limitd: the ready index; scan: every queue at every fetch (ready_index: false)"
     )
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as data:
         json.dump({"title": title, "systems": bars}, data)

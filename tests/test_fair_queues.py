@@ -418,3 +418,22 @@ def test_the_config_section_is_checked_and_applied_where_redis_has_no_setting(
     basic.write_text("queues: [reports]\nfetch: basic\nfair_queues: [reports]\n")
     with pytest.raises(ConfigError, match="basic cannot fetch the fair queues"):
         check_fair_queue_fetch(load_config([basic]), [])
+
+
+def test_the_tenant_is_read_from_the_top_level_field_only(redis: redis_py.Redis) -> None:
+    """limitd's client writes fair_tenant first (read without decoding); any other
+    layout is decoded, so a nested object's fair_tenant is not taken for the job's."""
+    make_fair(QUEUE, redis=redis)
+    Report.perform_async("acme", 1)
+    [raw] = redis.lrange(keys.of(redis).queue(QUEUE), 0, -1)
+    assert raw.startswith(b'{"fair_tenant":"acme",')
+    nested = {"class": "X", "args": [{"fair_tenant": "evil"}], "jid": "n-0", "queue": QUEUE}
+    later = {"class": "X", "args": [], "jid": "l-0", "queue": QUEUE, "fair_tenant": 'q"uote'}
+    again = {**nested, "jid": "n-1"}
+    redis.lpush(keys.of(redis).queue(QUEUE), *map(json.dumps, (nested, again, later)))
+    assert tenants_of(fetcher(redis).take(1, [])) == [{"fair_tenant": "evil"}]  # "" first
+    status = fair_queue_status(QUEUE, redis=redis)
+    assert status is not None
+    lines = {load.tenant for load in status.largest}
+    assert lines | {"acme"} == {"acme", "", 'q"uote'}
+    assert "evil" not in lines

@@ -36,7 +36,20 @@ class FairTenantField(ClientMiddleware):
                 return None
         where = f"{payload.get('class')} (jid {payload.get('jid')})"
         try:
-            payload[FIELD] = check_tenant(tenant, where)
+            tenant = check_tenant(tenant, where)
         except ValueError as exc:
             raise options.InvalidJobOption(str(exc)) from None
+        first_key(payload, FIELD, tenant)
         return None
+
+
+def first_key(payload: Payload, key: str, value: str) -> None:
+    """Set ``key`` as the payload's first key: a fair queue's fetch reads the tenant
+    from the start of the job's JSON without decoding it (limitd/fetch/fair_lib.lua)."""
+    if next(iter(payload), None) == key:
+        payload[key] = value
+        return
+    rest = [(name, item) for name, item in payload.items() if name != key]
+    payload.clear()
+    payload[key] = value
+    payload.update(rest)

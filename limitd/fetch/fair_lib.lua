@@ -49,8 +49,14 @@ local function fair_setting(settings_key, template, name)
   return false
 end
 
--- The tenant of a job as pushed.
+-- The tenant of a job as pushed. limitd's client writes ``fair_tenant`` as the first key
+-- (limitd/fair_queues/middleware.py), so most jobs are read without decoding them; a
+-- job that names no tenant anywhere is not decoded either; others (a Ruby client's,
+-- an escaped value) are decoded whole.
 local function fair_tenant_of(job)
+  local first = string.match(job, '^{"fair_tenant":"([^"\\]*)"')
+  if first and #first <= FAIR_TENANT_MAX then return first end
+  if not first and not string.find(job, '"fair_tenant"', 1, true) then return '' end
   local ok, decoded = pcall(cjson.decode, job)
   if ok and type(decoded) == 'table' then
     local found = decoded.fair_tenant

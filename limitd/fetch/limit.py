@@ -114,6 +114,7 @@ class LimitFetch:
                 pack_command(b"WAIT", self._wait.replicas, self._wait.timeout_ms),
             )
         self._last_shortfall_log = float("-inf")
+        self._fair_template = self.keys.fair_template.encode()
         self.index: ReadyIndex | None = None
         if ready_index and not self.keys.cluster:
             self.index = ReadyIndex(
@@ -386,7 +387,7 @@ class LimitFetch:
             queue_key, in_progress_key, name, blocking, rate_key = self._queue(queue_name)
             script_keys += [queue_key, in_progress_key, rate_key]
             args += [name, blocking]
-        args.append(self.keys.fair_template.encode())
+        args.append(self._fair_template)
         if plan is not None and self.index is not None:
             script_keys += self.index.keys
             args += plan.args(self.index.mode)

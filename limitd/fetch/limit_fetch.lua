@@ -170,15 +170,19 @@ local function prefetch(names)
   for _, name in ipairs(names) do
     if limit_of[name] == nil then unread[#unread + 1] = name end
   end
-  if #unread == 0 then return end
-  local caps, limited = redis.call('HMGET', limits, unpack(unread)), {}
-  for k, name in ipairs(unread) do
-    limit_of[name] = tonumber(caps[k]) or false
-    if limit_of[name] and busy_of[name] == nil then limited[#limited + 1] = name end
+  local limited = {}
+  for first = 1, #unread, 1000 do -- unpack takes a few thousand values at most
+    local part = {unpack(unread, first, math.min(first + 999, #unread))}
+    local caps = redis.call('HMGET', limits, unpack(part))
+    for k, name in ipairs(part) do
+      limit_of[name] = tonumber(caps[k]) or false
+      if limit_of[name] and busy_of[name] == nil then limited[#limited + 1] = name end
+    end
   end
-  if #limited > 0 then
-    local counts = redis.call('HMGET', busy, unpack(limited))
-    for k, name in ipairs(limited) do busy_of[name] = tonumber(counts[k]) or 0 end
+  for first = 1, #limited, 1000 do
+    local part = {unpack(limited, first, math.min(first + 999, #limited))}
+    local counts = redis.call('HMGET', busy, unpack(part))
+    for k, name in ipairs(part) do busy_of[name] = tonumber(counts[k]) or 0 end
   end
 end
 

@@ -58,7 +58,8 @@ MIN_SAMPLE = 32
 # What a capsule keeps of its index between calls, at most: the first queues by rank
 # (or a random few), so that following it costs the same with 10,000 queues with work.
 MAX_KNOWN = 256
-CHECK_CHUNK = 1000  # LLENs per pipeline when re-checking queues
+CHECK_CHUNK = 1000  # queues per pipeline when re-checking them
+NO_HINTS: dict[str, int] = {}  # shared, never written: a call without hints
 SWEEP_PER_SECOND = 50
 # The sweep runs before a call at most this often: an idle capsule sweeps at each poll
 # (0.4 to 0.5 s), a busy one costs one pipelined round trip more every half second.
@@ -161,6 +162,8 @@ class ReadyIndex:
             self._check(redis, self._listed(redis))
         elif clock.monotonic() - self._swept_at >= SWEEP_EVERY:
             self.sweep(redis)
+        if not self._hints:  # most calls under load: nothing heard since the last one
+            return NO_HINTS
         with self._lock:
             hints, self._hints = self._hints, {}
         return hints
