@@ -147,7 +147,12 @@ class LimitFetch:
         for _ in range(MAX_ASKS):
             missing = want - len(units)
             orders = self._orders(missing) if self.index is None else []
-            reply = self._call(finished, ACK, orders, missing, conn or self.redis)
+            try:
+                reply = self._call(finished, ACK, orders, missing, conn or self.redis)
+            except redis_py.RedisError:
+                if not units:
+                    raise
+                break  # keep what the earlier asks took; the next take asks again
             finished = ()
             self.room_in = int(reply[1]) / 1000 if reply[1] else None
             units += [

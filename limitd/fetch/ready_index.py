@@ -121,11 +121,13 @@ class ReadyIndex:
         self._bound: tuple[int, str] | None = None
         self._sorted: list[str] | None = None  # _known by rank, while it is unchanged
         self._forget = False
-        self._rate_due_at: float | None = None  # monotonic; see ``rate_in``
+        # When (monotonic) the first queue set aside for its rate may give a job again.
+        self._rate_due_at: float | None = None
         self._hints: dict[str, int] = {}  # queue -> rank, for the next call to add
         self._lock = threading.Lock()
         self._recheck_all = True
-        self._sweep_position = 0  # in the listed names (or the SSCAN cursor, dynamic)
+        self._sweep_position = 0  # in the listed names
+        self._scan_cursor = 0  # in the queues Redis knows (dynamic)
         self._swept_at = clock.monotonic()
         self._rng = random.Random()
 
@@ -305,8 +307,6 @@ class ReadyIndex:
             self._scan_cursor = int(cursor)
             names += [name.decode() for name in found]
         return names
-
-    _scan_cursor = 0
 
     def _listed(self, redis: redis_py.Redis) -> list[str]:
         """Every queue this capsule fetches: those listed, and with ``dynamic`` every one
