@@ -169,9 +169,7 @@ def test_tenant_limit_holds_across_fetches_and_frees_on_ack(redis: redis_py.Redi
     assert b.take(5, []) == []
     status = fair_queue_status(QUEUE, redis=redis)
     assert status is not None
-    assert [(load.tenant, load.waiting, load.running) for load in status.largest] == [
-        ("big", 7, 2)
-    ]
+    assert [(load.tenant, load.waiting, load.running) for load in status.largest] == [("big", 7, 2)]
 
 
 def test_tenant_limit_is_exact_with_capsules_running_jobs(redis: redis_py.Redis) -> None:
@@ -437,3 +435,35 @@ def test_the_tenant_is_read_from_the_top_level_field_only(redis: redis_py.Redis)
     lines = {load.tenant for load in status.largest}
     assert lines | {"acme"} == {"acme", "", 'q"uote'}
     assert "evil" not in lines
+
+
+def test_a_full_fair_queue_comes_back_when_a_slot_frees(redis: redis_py.Redis) -> None:
+    """A queue limit on a fair queue: a capsule that found it full takes it out of its
+    index, and the ack that frees a slot must say so, though the queue's own list is
+    empty (its jobs wait in lines)."""
+    from limitd.fetch.wakeup import WakeupListener
+    from limitd.queues import limits as queue_limits
+
+    make_fair(QUEUE, redis=redis)
+    queue_limits.set_limit(redis, QUEUE, 1)
+    push(redis, "a", 3)
+    holder, waiter = fetcher(redis, "holder"), fetcher(redis, "waiter")
+    listener = WakeupListener(redis, waiter.wake_handlers())
+    listener.start()
+    try:
+        wait_for(
+            lambda: (
+                dict(redis.pubsub_numsub(keys.WAKE_CHANNEL)).get(keys.WAKE_CHANNEL.encode(), 0) >= 1
+            ),
+            message="the subscription",
+        )
+        held = holder.take(1, [])
+        assert len(held) == 1
+        waiter.on_wake(QUEUE)
+        assert waiter.take(1, []) == [], "full"
+        assert waiter.index is not None and not waiter.index.hinted()
+        holder.settle(held)  # frees the slot: published, and the waiter hears it
+        wait_for(lambda: QUEUE in waiter.index.hinted(), message="the freed slot's wake-up")
+        assert len(waiter.take(1, [])) == 1
+    finally:
+        listener.stop()

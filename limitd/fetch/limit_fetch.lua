@@ -233,8 +233,11 @@ end
 -- its limit with jobs waiting for them (another capsule may be idle for want of one).
 local function free_slots(name, queue_key, count)
   local left, cap = release(name, count), limit(name)
-  if cap and left < cap and left + count >= cap and redis.call('LLEN', queue_key) > 0 then
-    redis.call('PUBLISH', channel, name)
+  if cap and left < cap and left + count >= cap then
+    local fair = fair_of(name) -- a fair queue's jobs wait in its tenants' lines too
+    if redis.call('LLEN', queue_key) > 0 or (fair and fair_waiting(fair)) then
+      redis.call('PUBLISH', channel, name)
+    end
   end
 end
 
