@@ -98,7 +98,7 @@ def test_a_sigkilled_child_strands_no_tenant_slot(
     victim = children(supervisor.pid)[0]
     os.kill(victim, signal.SIGKILL)
     wait_for(lambda: done(redis) == 360, timeout=90, message="every job, at least once")
-    state = keys.of(redis).fair_queue("fairq") + ":state"
+    state = keys.of(redis).fair_part("fairq", "state")
 
     def no_slot_counted() -> bool:
         return not [f for f in redis.hkeys(state) if f.startswith((b"b:", b"r:"))]

@@ -81,7 +81,7 @@ class Queue:
         pipe = self.redis.pipeline(transaction=False)
         pipe.llen(self.key)
         pipe.hget(k.fair_queues_of(self.name), self.name)
-        pipe.hget(k.fair_queue(self.name) + ":state", "jobs")
+        pipe.hget(k.fair_part(self.name, "state"), "jobs")
         length, setting, lines = pipe.execute()
         return int(length) + (int(lines or 0) if fair_store.parse_stored(setting) else 0)
 

@@ -150,8 +150,8 @@ def _fair_lines(conn: redis_py.Redis, names: list[str]) -> dict[str, tuple[int, 
     k = keys.of(conn)
     pipe = conn.pipeline(transaction=False)
     for name in names:
-        pipe.hget(k.fair_queue(name) + ":state", "jobs")
-        pipe.zcard(k.fair_queue(name) + ":backlog")
+        pipe.hget(k.fair_part(name, "state"), "jobs")
+        pipe.zcard(k.fair_part(name, "backlog"))
     replies = pipe.execute()
     return {
         name: (int(jobs or 0), int(tenants))

@@ -94,7 +94,7 @@ def weights_of(redis: redis_py.Redis, queue: str) -> dict[str, int]:
 
 
 def weights_key(redis: redis_py.Redis, queue: str) -> str:
-    return keys.of(redis).fair_queue(queue) + ":weights"
+    return keys.of(redis).fair_part(queue, "weights")
 
 
 def make_fair(
@@ -185,19 +185,19 @@ def status(redis: redis_py.Redis, queue: str, top: int = 10) -> FairQueueStatus 
     """The queue's fair state (None: a plain queue), in two round trips whatever the
     number of tenants: the ``top`` tenants by backlog, with what each runs."""
     k = keys.of(redis)
-    base = k.fair_queue(queue)
+    state, backlog = k.fair_part(queue, "state"), k.fair_part(queue, "backlog")
     pipe = pipeline(redis)
     pipe.hget(k.fair_queues_of(queue), queue)
-    pipe.hget(base + ":state", "jobs")
+    pipe.hget(state, "jobs")
     pipe.llen(k.queue(queue))
-    pipe.zcard(base + ":backlog")
-    pipe.zrevrange(base + ":backlog", 0, top - 1, withscores=True)
+    pipe.zcard(backlog)
+    pipe.zrevrange(backlog, 0, top - 1, withscores=True)
     raw, jobs, arrivals, tenants, largest = pipe.execute()
     setting = parse_stored(raw)
     if setting is None:
         return None
     names = [name.decode() for name, _ in largest]
-    running = redis.hmget(base + ":state", [f"b:{name}" for name in names]) if names else []
+    running = redis.hmget(state, [f"b:{name}" for name in names]) if names else []
     return FairQueueStatus(
         queue=queue,
         tenant_limit=setting.tenant_limit,
@@ -234,10 +234,10 @@ def lines_page(
     """``count`` jobs waiting in the tenants' lines from the ``start``-th, as (tenant,
     job): tenant by tenant in turn order (those at their limit last), each line oldest
     first. Reads every tenant's backlog to find the page (admin use: O(tenants))."""
-    base = keys.of(redis).fair_queue(queue)
+    k = keys.of(redis)
     pipe = pipeline(redis)
-    pipe.zrange(base + ":turns", 0, -1)
-    pipe.zrange(base + ":backlog", 0, -1, withscores=True)
+    pipe.zrange(k.fair_part(queue, "turns"), 0, -1)
+    pipe.zrange(k.fair_part(queue, "backlog"), 0, -1, withscores=True)
     turns, backlog = pipe.execute()
     sizes = {name.decode(): int(score) for name, score in backlog}
     order = [name.decode() for name in turns if name.decode() in sizes]
@@ -252,7 +252,7 @@ def lines_page(
         want = count - len(found)
         line = cast(
             "list[bytes]",
-            redis.lrange(f"{base}:t:{tenant}", -(start + want), -(start + 1)),
+            redis.lrange(k.fair_line(queue, tenant), -(start + want), -(start + 1)),
         )
         found += [(tenant, raw) for raw in reversed(line)]
         start = 0

@@ -326,7 +326,7 @@ class ReadyIndex:
             chunk = names[first : first + CHECK_CHUNK]
             pipe = redis.pipeline(transaction=False)
             for name in chunk:
-                pipe.exists(k.queue(name), k.fair_queue(name) + ":turns")
+                pipe.exists(k.queue(name), k.fair_part(name, "turns"))
             for name, length in zip(chunk, pipe.execute(), strict=True):
                 if length:
                     self.hint(name)
