@@ -28,7 +28,6 @@ def script(filename: str) -> LuaScript:
     return LuaScript(__package__ or "limitd.fair_queues", filename, (fair_lib,))
 
 
-OFF = "off"
 MAX_TENANT_BYTES = options.MAX_TENANT_BYTES  # as fair_lib.lua's FAIR_TENANT_MAX
 _SETTING = re.compile(r"^fair(?:/(\d+))?$")
 
@@ -77,20 +76,6 @@ def check_tenant(tenant: object, where: str) -> str:
     except ValueError as exc:
         shown = repr(tenant) if len(repr(tenant)) <= 40 else repr(tenant)[:37] + "..."
         raise ValueError(f"{where}: fair_tenant={shown}: {exc}") from None
-
-
-def setting_of(redis: redis_py.Redis, queue: str) -> FairSetting | None:
-    """The queue's fairness now (None: plain), with its tenant weights."""
-    k = keys.of(redis)
-    found = parse_stored(cast("bytes | None", redis.hget(k.fair_queues_of(queue), queue)))
-    if found is None:
-        return None
-    return FairSetting(found.tenant_limit, weights_of(redis, queue))
-
-
-def weights_of(redis: redis_py.Redis, queue: str) -> dict[str, int]:
-    fields = cast("dict[bytes, bytes]", redis.hgetall(weights_key(redis, queue)))
-    return {name.decode(): int(value) for name, value in fields.items()}
 
 
 def weights_key(redis: redis_py.Redis, queue: str) -> str:
