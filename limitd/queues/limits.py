@@ -9,6 +9,7 @@ configured limit deletes the value: the next capsule heartbeat writes the defaul
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Mapping
@@ -63,7 +64,7 @@ class LimitSettings:
         for queue, rate in self.rate_limits.items():
             pipe.hsetnx(k.rate_limits_of(queue), queue, parse_rate(rate).stored())
         if not k.cluster:
-            pipe.sadd(k.LIMITS_APPLIED, self._digest())
+            pipe.sadd(k.LIMITS_APPLIED, self._digest)
         pipe.execute()
 
     def _still_applied(self, redis: redis_py.Redis) -> bool:
@@ -80,12 +81,14 @@ class LimitSettings:
             if configured
         ]
         pipe = pipeline(redis)
-        pipe.sismember(k.LIMITS_APPLIED, self._digest())
+        pipe.sismember(k.LIMITS_APPLIED, self._digest)
         pipe.exists(*written)
         marked, found = pipe.execute()
         return bool(marked) and found == len(written)
 
+    @functools.cached_property
     def _digest(self) -> str:
+        """What the marker records: the settings, hashed once (they do not change)."""
         configured = {
             "limits": sorted(self.limits.items()),
             "process_limits": sorted(self.process_limits.items()),
