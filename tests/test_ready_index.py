@@ -328,3 +328,13 @@ def test_turning_the_index_off_scans_every_queue(redis: redis_py.Redis) -> None:
     assert fetch.index is None
     assert len(fetch.take(1, [])) == 1
     assert not redis.exists(keys.of(redis).ready_index("c1"))
+
+
+def test_a_scan_over_more_queues_than_lua_can_unpack_at_once(redis: redis_py.Redis) -> None:
+    """Without the index a call is given every listed queue: 9,000 of them read their
+    limits in chunks (Lua's unpack stops at a few thousand values)."""
+    listed = names(9_000)
+    queue_limits.set_limit(redis, listed[-1], 5)
+    push(redis, listed[-1], 1, publish=False)
+    fetch = limit_fetch(redis, QueueOrder(listed), "c1", ready_index=False)
+    assert [json.loads(unit.job)["args"][0] for unit in fetch.take(1, [])] == [listed[-1]]

@@ -159,30 +159,36 @@ local function busy_count(name)
   return busy_of[name]
 end
 
+-- HMGET of ``fields`` (any number: unpack takes a few thousand values at most, so a
+-- thousand at a time), the values in the same order.
+local function hmget(key, fields)
+  local values = {}
+  for first = 1, #fields, 1000 do
+    local part = {unpack(fields, first, math.min(first + 999, #fields))}
+    for _, value in ipairs(redis.call('HMGET', key, unpack(part))) do
+      values[#values + 1] = value
+    end
+  end
+  return values
+end
+
 -- The limits of ``names`` (the queues this call was given), and the busy counts of
 -- those that have one, read together the first time a limit is needed: two HMGETs per
 -- call instead of two HGETs per queue looked at.
 local prefetched = false
 local function prefetch(names)
-  if prefetched then return end
   prefetched = true
-  local unread = {}
+  local unread, limited = {}, {}
   for _, name in ipairs(names) do
     if limit_of[name] == nil then unread[#unread + 1] = name end
   end
-  local limited = {}
-  for first = 1, #unread, 1000 do -- unpack takes a few thousand values at most
-    local part = {unpack(unread, first, math.min(first + 999, #unread))}
-    local caps = redis.call('HMGET', limits, unpack(part))
-    for k, name in ipairs(part) do
-      limit_of[name] = tonumber(caps[k]) or false
-      if limit_of[name] and busy_of[name] == nil then limited[#limited + 1] = name end
-    end
+  for k, cap in ipairs(hmget(limits, unread)) do
+    local name = unread[k]
+    limit_of[name] = tonumber(cap) or false
+    if limit_of[name] and busy_of[name] == nil then limited[#limited + 1] = name end
   end
-  for first = 1, #limited, 1000 do
-    local part = {unpack(limited, first, math.min(first + 999, #limited))}
-    local counts = redis.call('HMGET', busy, unpack(part))
-    for k, name in ipairs(part) do busy_of[name] = tonumber(counts[k]) or 0 end
+  for k, count in ipairs(hmget(busy, limited)) do
+    busy_of[limited[k]] = tonumber(count) or 0
   end
 end
 
@@ -510,7 +516,7 @@ local function at_limit(st)
   if st.process_limit and st.held >= st.process_limit then
     return 'process'
   end
-  prefetch(given_names())
+  if not prefetched then prefetch(given_names()) end -- the names built once, not per pick
   local cap = limit(st.name)
   return cap and busy_count(st.name) >= cap and 'global'
 end
