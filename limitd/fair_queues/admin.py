@@ -10,14 +10,9 @@
 
 from __future__ import annotations
 
-import json
-from typing import cast
-
 import redis as redis_py
 
-from limitd import keys
 from limitd.client import connection_or_default
-from limitd.connection import set_members
 from limitd.fair_queues import store
 from limitd.fair_queues.store import FairQueueStatus, FairSetting
 
@@ -84,13 +79,10 @@ def fair_queue_status(
 def foreign_fetchers(redis: redis_py.Redis, queue: str) -> list[str]:
     """Identities of live process records that are not limitd's (no ``capsule_id``:
     Ruby Sidekiq) and list ``queue``."""
-    found = []
-    for identity in set_members(redis, keys.of(redis).PROCESSES):
-        raw = cast("bytes | None", redis.hget(keys.of(redis).process_identity(identity), "info"))
-        try:
-            info = json.loads(raw) if raw else {}
-        except ValueError:
-            continue
-        if isinstance(info, dict) and "capsule_id" not in info and queue in info.get("queues", ()):
-            found.append(identity)
-    return found
+    from limitd.api.processes import Processes  # limitd.api re-exports this module
+
+    return [
+        process.identity
+        for process in Processes(redis)
+        if process.capsule_id is None and queue in process.queues
+    ]
