@@ -140,17 +140,20 @@ def take_all_n(fetch: LimitFetch, count: int) -> list[str]:
 
 def test_weights_give_a_tenant_more_turns(redis: redis_py.Redis) -> None:
     make_fair(QUEUE, weights={"gold": 3}, redis=redis)
-    push(redis, "gold", 60)
-    push(redis, "basic", 60)
-    taken = take_all_n(fetcher(redis), 40)
-    assert Counter(taken) == Counter({"gold": 30, "basic": 10})
+    push(redis, "gold", 100)
+    push(redis, "basic", 100)
+    fetch = fetcher(redis)
+    head_starts = take_all_n(fetch, 40)  # 10 turns each, taken at once, in arrival order
+    assert head_starts == ["gold"] * 30 + ["basic"] * 10
+    assert Counter(take_all_n(fetch, 40)) == Counter({"gold": 30, "basic": 10})
 
 
 def test_weight_set_at_run_time_applies_from_the_next_turn(redis: redis_py.Redis) -> None:
     make_fair(QUEUE, redis=redis)
-    push(redis, "a", 40)
-    push(redis, "b", 40)
+    push(redis, "a", 50)
+    push(redis, "b", 50)
     fetch = fetcher(redis)
+    assert take_all_n(fetch, 20) == ["a"] * 10 + ["b"] * 10, "their head starts"
     assert Counter(take_all_n(fetch, 10)) == Counter({"a": 5, "b": 5})
     set_tenant_weight(QUEUE, "b", 4, redis=redis)
     assert Counter(take_all_n(fetch, 20)) == Counter({"a": 4, "b": 16})
@@ -223,9 +226,11 @@ def test_a_dead_capsules_jobs_go_back_to_the_front_of_their_tenant(
 
 def test_jobs_without_a_tenant_share_one_line(redis: redis_py.Redis) -> None:
     make_fair(QUEUE, redis=redis)
-    push(redis, None, 4)
-    push(redis, "t", 4)
-    assert Counter(take_all_n(fetcher(redis), 4)) == Counter({None: 2, "t": 2})
+    push(redis, None, 2)
+    tagged.perform_async(1)
+    push(redis, "t", 2)
+    # The tenant "" came first: its head start gives its whole (short) line, one tenant.
+    assert take_all_n(fetcher(redis), 5) == [None, None, 1, "t", "t"]
 
 
 @pytest.mark.parametrize(
@@ -269,7 +274,7 @@ def test_making_a_queue_plain_moves_every_job_back_in_turn_order(
     assert fair_queue_status(QUEUE, redis=redis) is None
     waiting = redis.lrange(keys.of(redis).queue(QUEUE), 0, -1)
     order = [json.loads(raw)["jid"] for raw in reversed(waiting)]
-    assert order == ["b-0", "a-1", "a-2", "late-c-0"]
+    assert order == ["a-1", "b-0", "a-2", "late-c-0"]  # a came first: its turn first
     assert not redis.keys("limitd:fair:reports:t:*")
     make_fair(QUEUE, redis=redis)  # and fair again: nothing stranded either way
     assert sorted(take_all(fetch)) == ["a", "a", "b", "c"]
@@ -303,7 +308,7 @@ def test_a_queue_ruby_sidekiq_fetches_cannot_be_made_fair(redis: redis_py.Redis)
 
 
 def test_a_take_costs_the_same_with_10000_tenants_as_with_one(redis: redis_py.Redis) -> None:
-    """Commands Redis runs for three jobs taken and settled one by one, once the
+    """Commands Redis runs for two jobs taken and settled one by one, once the
     arrivals are sorted, with one tenant waiting and with 10,000 (each job taken
     leaves its tenant more to do, in both)."""
 
@@ -320,7 +325,7 @@ def test_a_take_costs_the_same_with_10000_tenants_as_with_one(redis: redis_py.Re
         while redis.llen(keys.of(redis).queue(QUEUE)):  # every arrival sorted
             done = fetch.take(1, done)
         before = sum(int(v["calls"]) for v in redis.info("commandstats").values())
-        for _ in range(3):
+        for _ in range(2):  # neither empties a line (a tenant of 10,000 has 3 jobs)
             done = fetch.take(1, done)
             assert len(done) == 1
         after = sum(int(v["calls"]) for v in redis.info("commandstats").values())
@@ -429,7 +434,7 @@ def test_the_tenant_is_read_from_the_top_level_field_only(redis: redis_py.Redis)
     later = {"class": "X", "args": [], "jid": "l-0", "queue": QUEUE, "fair_tenant": 'q"uote'}
     again = {**nested, "jid": "n-1"}
     redis.lpush(keys.of(redis).queue(QUEUE), *map(json.dumps, (nested, again, later)))
-    assert tenants_of(fetcher(redis).take(1, [])) == [{"fair_tenant": "evil"}]  # "" first
+    assert tenants_of(fetcher(redis).take(1, [])) == ["acme"]  # first to come, first turn
     status = fair_queue_status(QUEUE, redis=redis)
     assert status is not None
     lines = {load.tenant for load in status.largest}
@@ -467,3 +472,75 @@ def test_a_full_fair_queue_comes_back_when_a_slot_frees(redis: redis_py.Redis) -
         assert len(waiter.take(1, [])) == 1
     finally:
         listener.stop()
+
+
+def jids_of(units: list) -> list[str]:
+    return [json.loads(unit.job)["jid"] for unit in units]
+
+
+def test_a_tenant_alone_gives_a_whole_take_in_one_pop(redis: redis_py.Redis) -> None:
+    """Its next turns precede anyone else's, so ten jobs cost what one does, in order."""
+    make_fair(QUEUE, redis=redis)
+    push(redis, "solo", 40)
+    fetch = fetcher(redis)
+    fetch.settle(fetch.take(1, []))  # the arrivals sorted into the line
+
+    def commands_to_take(want: int) -> tuple[int, list[str]]:
+        before = redis.info("commandstats")
+        units = fetch.take(want, [])
+        after = redis.info("commandstats")
+        fetch.settle(units)
+        pops = int(after.get("cmdstat_rpop", {}).get("calls", 0)) - int(
+            before.get("cmdstat_rpop", {}).get("calls", 0)
+        )
+        return pops, jids_of(units)
+
+    one_pops, one = commands_to_take(1)
+    ten_pops, ten = commands_to_take(10)
+    assert one == ["solo-1"]
+    assert ten == [f"solo-{i}" for i in range(2, 12)]
+    assert ten_pops == one_pops, "one RPOP of the line for ten jobs"
+
+
+def test_jobs_popped_ahead_but_not_taken_go_back_in_order(redis: redis_py.Redis) -> None:
+    """A queue limit of 3 stops a take of 10 after 3: the 7 popped ahead of their turns
+    return to the front of the line, and the next take goes on where this one stopped."""
+    from limitd.queues import limits as queue_limits
+
+    make_fair(QUEUE, redis=redis)
+    queue_limits.set_limit(redis, QUEUE, 3)
+    push(redis, "solo", 10)
+    push(redis, "other", 1)
+    fetch = fetcher(redis)
+    first = fetch.take(10, [])
+    assert jids_of(first) == ["solo-0", "solo-1", "solo-2"]  # its head start, 10 popped
+    status = fair_queue_status(QUEUE, redis=redis)
+    assert status is not None and status.jobs_waiting == 8
+    assert Queue(QUEUE, redis=redis).size() == 8
+    fetch.settle(first)
+    second = fetch.take(10, [])
+    assert jids_of(second) == ["solo-3", "solo-4", "solo-5"]
+    fetch.settle(second)
+    rest: list[str] = []
+    while units := fetch.take(10, []):
+        fetch.settle(units)
+        rest += jids_of(units)
+    assert rest == [f"solo-{i}" for i in range(6, 10)] + ["other-0"]
+
+
+def test_a_newly_active_tenant_gets_a_head_start_then_joins_the_rounds(
+    redis: redis_py.Redis,
+) -> None:
+    """Short bursts are done in one go, in the order they came (not by name); a tenant
+    that stays busy gets its head start once, then one turn per round."""
+    make_fair(QUEUE, redis=redis)
+    push(redis, "flood", 300)
+    fetch = fetcher(redis)
+    assert set(take_all_n(fetch, 20)) == {"flood"}
+    for tenant in ("zeta", "alpha", "mid"):
+        push(redis, tenant, 3)
+    push(redis, "steady", 30)
+    taken = take_all_n(fetch, 9 + 10)
+    assert taken == ["zeta"] * 3 + ["alpha"] * 3 + ["mid"] * 3 + ["steady"] * 10
+    push(redis, "steady", 5)  # its line never emptied: no second head start
+    assert Counter(take_all_n(fetch, 20)) == Counter({"flood": 10, "steady": 10})

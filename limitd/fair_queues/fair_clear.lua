@@ -14,6 +14,6 @@ for _, tenant in ipairs(redis.call('ZRANGE', fk.backlog, 0, -1)) do
   dropped = dropped + redis.call('LLEN', fk.line .. tenant)
   redis.call('DEL', fk.line .. tenant)
 end
-redis.call('DEL', fk.turns, fk.backlog)
+redis.call('DEL', fk.turns, fk.backlog, fk.head)
 redis.call('HDEL', fk.state, 'jobs')
 return dropped

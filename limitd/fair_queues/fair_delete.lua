@@ -18,5 +18,6 @@ redis.call('HINCRBY', fk.state, 'jobs', -1)
 if tonumber(redis.call('ZINCRBY', fk.backlog, -1, tenant)) <= 0 then
   redis.call('ZREM', fk.backlog, tenant)
   redis.call('ZREM', fk.turns, tenant)
+  redis.call('HDEL', fk.head, tenant)
 end
 return 1

@@ -44,6 +44,6 @@ for round = rounds, 1, -1 do
   end
 end
 for _, tenant in ipairs(tenants) do redis.call('DEL', fk.line .. tenant) end
-redis.call('DEL', fk.turns, fk.backlog, fk.state) -- the weights stay, for a next time
+redis.call('DEL', fk.turns, fk.backlog, fk.state, fk.head) -- the weights stay, for a next time
 redis.call('HSET', KEYS[2], ARGV[1], 'off')
 return moved

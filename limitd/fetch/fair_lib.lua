@@ -19,21 +19,32 @@
 --              with a tenant limit b:<tenant> (jobs running) and r:<sha1 of the job>
 --              (the tenant of a running job)
 --   B:weights  hash tenant -> turns per round (absent: 1)
+--   B:head     hash tenant -> jobs left of the head start it got on becoming active
 --   B:t:<tenant>  list, the tenant's line: newest at the left, next at the right
 -- These names are built here, from B and the tenant: which tenants come next is only
 -- known inside the script, from B:turns. B itself is passed by the caller.
 --
 -- Cost: sorting reads each arrival's JSON once (cjson) and moves the arrivals of one
 -- tenant with one LPUSH; taking a job is a ZRANGE, an RPOP and a ZINCRBY and ZADD of
--- its tenant, whatever the number of tenants (O(log n) each); the clock and the jobs
+-- its tenant, whatever the number of tenants (O(log n) each), and a tenant whose next
+-- turns come before anyone else's gives them in one RPOP; the clock and the jobs
 -- count are written once per call (fair_flush). Without a tenant limit nothing is kept
 -- per running job, so acknowledging one costs nothing more than in a plain queue.
 
 local FAIR_TENANT_MAX = 1024 -- bytes; the client refuses longer, the sort shares ""
+-- A tenant that becomes active (its line was empty) takes up to this many turns' jobs
+-- (times its weight) before anyone's next turn, then joins the rounds: a tenant with a short burst is done in one
+-- go instead of waiting one round per job, while a tenant with a long backlog gets no
+-- more than any other once its head start is spent.
+local FAIR_HEAD_START = 10
+-- New tenants' first turns are spaced this much apart in virtual time, so that those
+-- that became active at the same clock go in the order they came (not by name).
+local FAIR_ENTRY_GAP = 1 / 1048576
 
 local function fair_keys(base, limit)
   return {turns = base .. ':turns', backlog = base .. ':backlog', state = base .. ':state',
-          weights = base .. ':weights', line = base .. ':t:', limit = limit,
+          weights = base .. ':weights', head = base .. ':head', line = base .. ':t:',
+          limit = limit,
           jobs_delta = 0}
 end
 
@@ -82,15 +93,29 @@ local function fair_has_room(fk, tenant)
     or (tonumber(redis.call('HGET', fk.state, 'b:' .. tenant)) or 0) < fk.limit
 end
 
+-- The virtual time of a newly active tenant's first turn: now, after those that became
+-- active before it at the same clock.
+local function fair_entry_turn(fk)
+  if fk.entered == nil then
+    fk.entered = tonumber(redis.call('HGET', fk.state, 'entered')) or 0
+  end
+  fk.entered = math.max(fair_clock(fk), fk.entered) + FAIR_ENTRY_GAP
+  fk.entered_moved = true
+  return fk.entered
+end
+
 -- Put jobs of one tenant in its line, at the back (new ones, oldest first) or the
 -- front (one given back unfinished); a tenant whose line was empty gets a turn now,
--- if it has room.
+-- if it has room, and its head start.
 local function fair_enter(fk, tenant, jobs, front)
   local length = redis.call(front and 'RPUSH' or 'LPUSH', fk.line .. tenant, unpack(jobs))
   redis.call('ZINCRBY', fk.backlog, #jobs, tenant)
   fk.jobs_delta = fk.jobs_delta + #jobs
-  if length == #jobs and fair_has_room(fk, tenant) then
-    redis.call('ZADD', fk.turns, 'NX', fair_clock(fk), tenant)
+  if length == #jobs then
+    redis.call('HSET', fk.head, tenant, math.ceil(FAIR_HEAD_START * fair_weight(fk, tenant)))
+    if fair_has_room(fk, tenant) then
+      redis.call('ZADD', fk.turns, 'NX', fair_entry_turn(fk), tenant)
+    end
   end
 end
 
@@ -141,28 +166,100 @@ local function fair_sort(fk, queue_key, count)
   end
 end
 
--- The next job by turns, and its tenant; nil when no tenant has a turn.
-local function fair_pop(fk)
+-- How many turns in a row the head tenant (next turn at ``at``, one turn per ``step``)
+-- has before the next tenant's turn at ``after`` (nil: no other tenant): at least 1.
+local function fair_run_length(at, step, after, most)
+  if after == nil then return most end
+  return math.max(1, math.min(most, math.ceil((after - at) / step)))
+end
+
+-- Take ``count`` jobs from the line of ``tenant``, whose turn is at ``at`` (one turn per
+-- ``step``): the line, its backlog, its head start (``head`` jobs left: those are taken
+-- without moving its turn, and its turn moves one step when it is spent) and its next
+-- turn move as ``count`` single turns would. Returns the jobs, oldest first (fewer if
+-- the line was shorter: cleared meanwhile).
+local function fair_take(fk, tenant, at, step, head, count)
+  local jobs = redis.call('RPOP', fk.line .. tenant, count)
+  if not jobs then return {} end
+  fk.jobs_delta = fk.jobs_delta - #jobs
+  if tonumber(redis.call('ZINCRBY', fk.backlog, -#jobs, tenant)) <= 0 then
+    redis.call('ZREM', fk.backlog, tenant)
+    redis.call('ZREM', fk.turns, tenant)
+    if head > 0 then redis.call('HDEL', fk.head, tenant) end
+  elseif head > #jobs then
+    redis.call('HSET', fk.head, tenant, head - #jobs)
+  elseif head > 0 then
+    redis.call('HDEL', fk.head, tenant)
+    redis.call('ZADD', fk.turns, at + step, tenant)
+  else
+    redis.call('ZADD', fk.turns, at + #jobs * step, tenant)
+  end
+  return jobs
+end
+
+-- The next job by turns, and its tenant; nil when no tenant has a turn. ``most``: how
+-- many more jobs the caller may want in this call. A tenant in its head start keeps its
+-- turn while the head start lasts. Several jobs of the head tenant are taken in one
+-- RPOP when they all come before any other tenant's turn (its head start, a tenant
+-- alone, one with a large weight), and handed out one per call from ``fk.run``;
+-- fair_flush puts back those the caller did not want. With a tenant limit one job at a
+-- time: each must be counted against its tenant as it is taken.
+local function fair_pop(fk, most)
+  local run = fk.run
+  if run and run.given < #run.jobs then
+    run.given = run.given + 1
+    fk.clock, fk.clock_moved = run.at + (run.head > 0 and 0 or (run.given - 1) * run.step), true
+    return run.jobs[run.given], run.tenant
+  end
+  fk.run = nil
+  most = fk.limit and 1 or most or 1
   for _ = 1, 100 do
-    local turn = redis.call('ZRANGE', fk.turns, 0, 0, 'WITHSCORES')
+    local turn = redis.call('ZRANGE', fk.turns, 0, 1, 'WITHSCORES')
     if #turn == 0 then return nil end
-    local tenant, at = turn[1], tonumber(turn[2])
-    local job = redis.call('RPOP', fk.line .. tenant)
-    if job then
+    local tenant, at, after = turn[1], tonumber(turn[2]), tonumber(turn[4])
+    local step = 1 / fair_weight(fk, tenant)
+    local head, count = tonumber(redis.call('HGET', fk.head, tenant)) or 0, nil
+    if head > 0 and after == nil then -- alone: a head start gives it nothing more
+      redis.call('HDEL', fk.head, tenant)
+      head = 0
+    end
+    if head > 0 then
+      count = math.min(head, most)
+    else
+      count = fair_run_length(at, step, after, most)
+    end
+    local jobs = fair_take(fk, tenant, at, step, head, count)
+    if #jobs > 0 then
       fk.clock, fk.clock_moved = at, true
-      fk.jobs_delta = fk.jobs_delta - 1
-      if tonumber(redis.call('ZINCRBY', fk.backlog, -1, tenant)) <= 0 then
-        redis.call('ZREM', fk.backlog, tenant)
-        redis.call('ZREM', fk.turns, tenant)
-      else
-        redis.call('ZADD', fk.turns, at + 1 / fair_weight(fk, tenant), tenant)
+      if #jobs > 1 then
+        fk.run = {tenant = tenant, at = at, step = step, head = head, jobs = jobs, given = 1}
       end
-      return job, tenant
+      return jobs[1], tenant
     end
     redis.call('ZREM', fk.turns, tenant) -- a turn without a line (cleared meanwhile)
     redis.call('ZREM', fk.backlog, tenant)
+    redis.call('HDEL', fk.head, tenant)
   end
   return nil
+end
+
+-- Jobs taken ahead by fair_pop that the caller did not want go back to the front of
+-- their tenant's line, with the turn and head start they would have had.
+local function fair_give_back(fk)
+  local run = fk.run
+  fk.run = nil
+  if not run or run.given >= #run.jobs then return end
+  local back = {}
+  for i = #run.jobs, run.given + 1, -1 do back[#back + 1] = run.jobs[i] end
+  redis.call('RPUSH', fk.line .. run.tenant, unpack(back))
+  redis.call('ZINCRBY', fk.backlog, #back, run.tenant)
+  fk.jobs_delta = fk.jobs_delta + #back
+  if run.head > 0 then -- still in its head start, at its turn
+    redis.call('HSET', fk.head, run.tenant, run.head - run.given)
+    redis.call('ZADD', fk.turns, run.at, run.tenant)
+  else
+    redis.call('ZADD', fk.turns, run.at + run.given * run.step, run.tenant)
+  end
 end
 
 -- A job taken from its line runs: with a tenant limit, count it against its tenant
@@ -176,6 +273,7 @@ end
 
 -- Write what this call changed of the clock and the jobs count, once.
 local function fair_flush(fk)
+  fair_give_back(fk)
   if fk.jobs_delta ~= 0 then
     redis.call('HINCRBY', fk.state, 'jobs', fk.jobs_delta)
     fk.jobs_delta = 0
@@ -183,6 +281,10 @@ local function fair_flush(fk)
   if fk.clock_moved then
     redis.call('HSET', fk.state, 'clock', fk.clock)
     fk.clock_moved = false
+  end
+  if fk.entered_moved then
+    redis.call('HSET', fk.state, 'entered', fk.entered)
+    fk.entered_moved = false
   end
 end
 

@@ -584,8 +584,9 @@ end
 
 -- A fair queue's job is popped as it is picked, by turns (fair_lib.lua); a pick that
 -- finds no tenant with a turn is undone, and the queue gives nothing more this call.
-local function pop_fair(st, job_charges)
-  local job, tenant = fair_pop(st.fair)
+-- ``most``: the jobs this call may still take (a tenant alone gives them in one RPOP).
+local function pop_fair(st, job_charges, most)
+  local job, tenant = fair_pop(st.fair, most)
   if job == nil then
     st.left, st.taken, st.held = 0, st.taken - 1, st.held - 1
     if busy_of[st.name] ~= nil then busy_of[st.name] = busy_of[st.name] - 1 end
@@ -609,7 +610,7 @@ while #picks < want and deferred < MAX_DEFERRED do
   local kept = true
   if st.fair or any_recovered() then
     local job
-    if st.fair then job = pop_fair(st, job_charges) else job = pop_checked(st, job_charges) end
+    if st.fair then job = pop_fair(st, job_charges, want - #picks) else job = pop_checked(st, job_charges) end
     kept = job ~= nil
     if kept then
       jobs_of[st] = jobs_of[st] or {}
