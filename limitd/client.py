@@ -193,14 +193,26 @@ def check_all(payloads: Iterable[Payload], strict_args: str) -> None:
 def bulk_chunks(
     item: Payload, args_list: Sequence[list[Any]], batch_size: int, spec: JobSpec | None
 ) -> Iterator[list[Payload]]:
-    """The payloads of a bulk push, normalized, ``batch_size`` at a time."""
+    """The payloads of a bulk push, normalized, ``batch_size`` at a time. What all the
+    jobs share is normalized once; each job gets its own args and jid (unless the item
+    names one) and the chunk's ``created_at``."""
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
+    shared = normalize({**item, "args": []}, spec)
+    own_jid = "jid" not in item
     for start in range(0, len(args_list), batch_size):
-        yield [
-            normalize({**item, "args": args}, spec)
-            for args in args_list[start : start + batch_size]
-        ]
+        shared["created_at"] = clock.now() if "created_at" not in item else item["created_at"]
+        chunk = []
+        for args in args_list[start : start + batch_size]:
+            if not isinstance(args, list):
+                raise ValueError(
+                    f"job {shared['class']}: 'args' must be a list, got {type(args).__name__}"
+                )
+            payload = {**shared, "args": args}
+            if own_jid:
+                payload["jid"] = new_jid()
+            chunk.append(payload)
+        yield chunk
 
 
 def _keep(payload: Payload) -> Payload:

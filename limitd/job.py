@@ -131,7 +131,10 @@ class Enqueuer(Generic[P]):
         inner list is one job's positional arguments, unchecked by type checkers."""
         item = self._item([])
         return self._get_client().push_bulk(
-            item, [list(a) for a in args_list], batch_size=batch_size, spec=self._spec
+            item,
+            [a if type(a) is list else list(a) for a in args_list],
+            batch_size=batch_size,
+            spec=self._spec,
         )
 
     def _push(self, args: list[Any], at: float | None) -> str | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-import secrets
+import os
 import warnings
 from typing import Any
 
@@ -33,8 +33,9 @@ class UnsafeArgument(TypeError):
 
 
 def new_jid() -> str:
-    """A random job id in Sidekiq's format: 12 random bytes as 24 hex characters."""
-    return secrets.token_hex(12)
+    """A random job id in Sidekiq's format: 12 random bytes as 24 hex characters (from the
+    OS's CSPRNG, as ``secrets.token_hex`` is, without its two extra calls per job)."""
+    return os.urandom(12).hex()
 
 
 def to_seconds(value: Any) -> float | None:
@@ -49,9 +50,14 @@ def to_seconds(value: Any) -> float | None:
     return None
 
 
+# Built once: json.dumps with any keyword builds a new encoder on every call, and this
+# runs for every job pushed.
+_COMPACT_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
+
 def dumps(payload: Payload) -> str:
     """Compact JSON, as Sidekiq writes it."""
-    return json.dumps(payload, separators=(",", ":"), allow_nan=False)
+    return _COMPACT_ENCODER.encode(payload)
 
 
 def _reject_constant(name: str) -> Any:
@@ -106,6 +112,9 @@ def _describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:200]
 
 
+_SCALARS = frozenset({str, int, bool, type(None)})
+
+
 def find_unsafe(value: Any, path: str = "args") -> tuple[str, Any] | None:
     """The first value under ``value`` that does not survive a JSON round trip, with its
     path (``args[1]['when']``), or None. Tuples, sets, datetimes, objects, non-string
@@ -132,8 +141,8 @@ def find_unsafe(value: Any, path: str = "args") -> tuple[str, Any] | None:
 
 def check_args(job_name: str, args: list[Any], mode: str = "raise") -> None:
     """Enforce the strict-arguments policy (``raise``, ``warn`` or ``off``)."""
-    if mode == "off":
-        return
+    if mode == "off" or (type(args) is list and all(type(arg) in _SCALARS for arg in args)):
+        return  # the common case, checked without a call per argument
     found = find_unsafe(args)
     if found is None:
         return

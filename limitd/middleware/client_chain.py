@@ -151,23 +151,34 @@ class ClientChain(Chain):
     ) -> Payload | None:
         """Run ``payload`` through every middleware, then ``push`` it."""
         steps = self._steps_now(redis)
+        count = len(steps)
 
+        # Entries that only look at the payload (most, for most jobs) are walked in a
+        # loop; the chain nests (a frame per entry) only where an entry must see what
+        # the rest did: a callable middleware, or one that reserved something to undo.
         def step(index: int, current: Payload) -> Payload | None:
-            if index == len(steps):
-                return push(current)
-            this = steps[index]
-            call_next = functools.partial(step, index + 1)
-            if this.wrapped is not None:
-                return this.wrapped.middleware(spec, current, redis, call_next)
-            entry = this.typed
-            if this.pushes:
-                work = entry.push_work(spec, current)
-                if work is not None and not entry.admit(spec, current, run_work(redis, work)[0]):
-                    return None
-            undo = entry.undo_work(spec, current) if this.undoes else None
-            if undo is None:
-                return call_next(current)
-            return call_next_or_undo(call_next, current, lambda: run_work(redis, undo))
+            while index < count:
+                this = steps[index]
+                index += 1
+                if this.wrapped is not None:
+                    return this.wrapped.middleware(
+                        spec, current, redis, functools.partial(step, index)
+                    )
+                entry = this.typed
+                if this.pushes:
+                    work = entry.push_work(spec, current)
+                    if work is not None and not entry.admit(
+                        spec, current, run_work(redis, work)[0]
+                    ):
+                        return None
+                undo = entry.undo_work(spec, current) if this.undoes else None
+                if undo is not None:
+                    return call_next_or_undo(
+                        functools.partial(step, index),
+                        current,
+                        functools.partial(run_work, redis, undo),
+                    )
+            return push(current)
 
         return step(0, payload)
 
@@ -183,25 +194,31 @@ class ClientChain(Chain):
         """:meth:`invoke` on the running loop (``sync_redis``: for callable middleware
         without ``acall``, run on a worker thread)."""
         steps = self._steps_now(redis)
+        count = len(steps)
 
-        async def step(index: int, current: Payload) -> Payload | None:
-            if index == len(steps):
-                return await push(current)
-            this = steps[index]
-            call_next = functools.partial(step, index + 1)
-            if this.wrapped is not None:
-                return await this.wrapped.ainvoke(spec, current, redis, call_next, sync_redis)
-            entry = this.typed
-            if this.pushes:
-                work = entry.push_work(spec, current)
-                if work is not None and not entry.admit(
-                    spec, current, (await arun_work(redis, work))[0]
-                ):
-                    return None
-            undo = entry.undo_work(spec, current) if this.undoes else None
-            if undo is None:
-                return await call_next(current)
-            return await acall_next_or_undo(call_next, current, lambda: arun_work(redis, undo))
+        async def step(index: int, current: Payload) -> Payload | None:  # as in invoke
+            while index < count:
+                this = steps[index]
+                index += 1
+                if this.wrapped is not None:
+                    return await this.wrapped.ainvoke(
+                        spec, current, redis, functools.partial(step, index), sync_redis
+                    )
+                entry = this.typed
+                if this.pushes:
+                    work = entry.push_work(spec, current)
+                    if work is not None and not entry.admit(
+                        spec, current, (await arun_work(redis, work))[0]
+                    ):
+                        return None
+                undo = entry.undo_work(spec, current) if this.undoes else None
+                if undo is not None:
+                    return await acall_next_or_undo(
+                        functools.partial(step, index),
+                        current,
+                        functools.partial(arun_work, redis, undo),
+                    )
+            return await push(current)
 
         return await step(0, payload)
 
