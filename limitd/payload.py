@@ -8,11 +8,12 @@ kept untouched, so features (and Ruby Sidekiq) can add their own.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import warnings
 from typing import Any
+
+from limitd import codec
 
 Payload = dict[str, Any]
 
@@ -50,29 +51,15 @@ def to_seconds(value: Any) -> float | None:
     return None
 
 
-# Built once: json.dumps with any keyword builds a new encoder on every call, and this
-# runs for every job pushed.
-_COMPACT_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
-
-
 def dumps(payload: Payload) -> str:
-    """Compact JSON, as Sidekiq writes it."""
-    return _COMPACT_ENCODER.encode(payload)
+    """Compact JSON, as Sidekiq writes it (see ``limitd.codec``)."""
+    return codec.encode(payload)
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-# Built once: json.loads with any keyword builds a new decoder on every call, and this
-# runs for every job fetched.
-_STRICT_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
-
-
-def _decode(text: str) -> Payload:
+def _decode(raw: bytes | str) -> Payload:
     """A JSON object, strictly: NaN and Infinity are refused (Sidekiq's JSON refuses them,
     and a payload holding one could never be written back for a retry)."""
-    data = _STRICT_DECODER.decode(text)
+    data = codec.decode(raw)
     if not isinstance(data, dict):
         raise MalformedPayload(f"payload is a JSON {type(data).__name__}, not an object")
     return data
@@ -81,8 +68,7 @@ def _decode(text: str) -> Payload:
 def parse(raw: bytes | str) -> Payload:
     """Decode a payload fetched from Redis, or say precisely why it cannot be run."""
     try:
-        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
-        data = _decode(text)
+        data = _decode(raw)
     except MalformedPayload:
         raise
     except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError included
