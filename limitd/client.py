@@ -22,7 +22,9 @@ import redis as redis_py
 
 from limitd import clock, keys, plugins
 from limitd.connection import pipeline, replication, retry_on_failover
+from limitd.connection.cluster import is_cluster
 from limitd.connection.pinned import pinned
+from limitd.connection.wire import pack_command, send_packed_all
 from limitd.locate import Location, app_location, connect_to
 from limitd.middleware.client_chain import ClientChain, was_written
 from limitd.middleware.defaults import default_client_chain
@@ -138,14 +140,29 @@ class Client:
         return payload
 
     def _write(self, payloads: list[Payload]) -> None:
+        wait = replication.of(self.redis)
+        if wait is None and self._direct:
+            commands = write_commands(payloads, keys.of(self.redis))
+            send_packed_all(self.redis, [pack_command(*command) for command in commands])
+            return
         pipe = pipeline(self.redis)
         queue_write(pipe, payloads)
-        wait = replication.of(self.redis)
         if wait is not None:
             pipe.wait(wait.replicas, wait.timeout_ms)
         replies = pipe.execute()
         if wait is not None:
             check_replicated(replies, wait, payloads)
+
+    @functools.cached_property
+    def _direct(self) -> bool:
+        """Whether pushes may be written as packed commands on a connection from the
+        client's pool (a standalone ``redis.Redis``), not through a redis-py pipeline."""
+        client = self.redis
+        return (
+            isinstance(client, redis_py.Redis)
+            and isinstance(client.connection_pool, redis_py.ConnectionPool)
+            and not is_cluster(client)
+        )
 
 
 def check_replicated(
@@ -159,9 +176,18 @@ def check_replicated(
 
 
 def queue_write(pipe: Any, payloads: list[Payload]) -> None:
-    """Queue the write of ``payloads`` on ``pipe``, a sync or an asyncio pipeline (their
-    command methods queue without I/O alike): scheduled jobs in one ZADD and one PUBLISH
-    of the earliest time, immediate ones as SADD + LPUSH + PUBLISH per queue. Stamps
+    """Queue the write of ``payloads`` (see :func:`write_commands`) on ``pipe``, a sync or
+    an asyncio pipeline (their command methods queue without I/O alike)."""
+    for command in write_commands(payloads, keys.of(pipe)):
+        if command[0] == "PUBLISH":  # by its method: a cluster pipeline publishes after
+            pipe.publish(*command[1:])
+        else:
+            pipe.execute_command(*command)
+
+
+def write_commands(payloads: list[Payload], layout: keys.KeyLayout) -> list[tuple[Any, ...]]:
+    """The commands that write ``payloads``: scheduled jobs in one ZADD and one PUBLISH of
+    the earliest time, immediate ones as SADD + LPUSH + PUBLISH per queue. Stamps
     ``enqueued_at`` on the immediate payloads."""
     now = clock.now()
     scheduled: dict[str, float] = {}
@@ -174,14 +200,16 @@ def queue_write(pipe: Any, payloads: list[Payload]) -> None:
         else:
             payload["enqueued_at"] = now
             immediate.setdefault(payload["queue"], []).append(dumps(payload))
-    k = keys.of(pipe)
+    commands: list[tuple[Any, ...]] = []
     if scheduled:
-        pipe.zadd(k.SCHEDULE, scheduled)
-        pipe.publish(keys.DUE_CHANNEL, repr(min(scheduled.values())))
+        pairs = [part for body, at in scheduled.items() for part in (at, body)]
+        commands.append(("ZADD", layout.SCHEDULE, *pairs))
+        commands.append(("PUBLISH", keys.DUE_CHANNEL, repr(min(scheduled.values()))))
     for queue, bodies in immediate.items():
-        pipe.sadd(k.QUEUES, queue)
-        pipe.lpush(k.queue(queue), *bodies)
-        pipe.publish(keys.WAKE_CHANNEL, queue)  # idle capsules start it at once
+        commands.append(("SADD", layout.QUEUES, queue))
+        commands.append(("LPUSH", layout.queue(queue), *bodies))
+        commands.append(("PUBLISH", keys.WAKE_CHANNEL, queue))  # idle capsules start it
+    return commands
 
 
 def check_all(payloads: Iterable[Payload], strict_args: str) -> None:

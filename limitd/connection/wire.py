@@ -10,7 +10,7 @@ from typing import Any, cast
 
 import hiredis
 import redis
-from redis.exceptions import ConnectionError, TimeoutError
+from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 
 from limitd import keys
 from limitd.connection import cluster, sentinel
@@ -107,3 +107,42 @@ def _exchange(connection: Any, command: bytes) -> Any:
     except (ConnectionError, TimeoutError, OSError):
         connection.disconnect()
         raise
+
+
+def send_packed_all(client: redis.Redis, commands: list[bytes]) -> list[Any]:
+    """Several packed commands in one write and their replies, in order, over a
+    connection borrowed from ``client``'s pool: a pipeline without redis-py's command
+    stack and reply callbacks (replies come as Redis sent them), which cost a single push
+    more than its round trip. Retried on a connection error by the client's retry policy,
+    as redis-py retries a pipeline. An error reply is raised once every reply is read,
+    so the connection stays in step."""
+    pool = client.connection_pool
+    connection = pool.get_connection()
+    try:
+        return cast(
+            "list[Any]",
+            connection.retry.call_with_retry(
+                lambda: _exchange_all(connection, commands), lambda _error: None
+            ),
+        )
+    finally:
+        pool.release(connection)
+
+
+def _exchange_all(connection: Any, commands: list[bytes]) -> list[Any]:
+    replies: list[Any] = []
+    error: ResponseError | None = None
+    try:
+        connection.send_packed_command(commands, check_health=False)
+        for _ in commands:
+            try:
+                replies.append(connection.read_response())
+            except ResponseError as reply:
+                error = error or reply
+                replies.append(reply)
+    except (ConnectionError, TimeoutError, OSError):
+        connection.disconnect()  # half the replies may be in it: never reuse it
+        raise
+    if error is not None:
+        raise error
+    return replies
