@@ -15,6 +15,7 @@ drains them:
 
 - ``limitd-async``: ``limitd start``, ``processes: 1``, ``async_concurrency: 1000`` (jobs
   on the loop at once), ``concurrency: 10`` processor threads fetching for it;
+  ``limitd-async-10000`` the same with ``async_concurrency: 10000``;
 - ``limitd-sync-10`` and ``limitd-sync-100``: ``limitd start``, ``processes: 1``, the same
   work as sync jobs on 10 and 100 threads;
 - ``arq`` (``max_jobs=1000``) and ``saq`` (``concurrency=1000``), one worker process each,
@@ -70,6 +71,7 @@ from systems.base import APPS_DIR, PEERS_BIN, PROJECT_BIN, Context, System  # no
 
 WAIT_SECONDS = limitd_io_app.WAIT_SECONDS
 ASYNC_SLOTS = 1000
+MANY_SLOTS = 10_000  # the lane at scale: its ceiling is 100,000 jobs/s
 ASYNC_PROCESSORS = 10  # limitd-async's processor threads, fetching for the loop
 BULK = 1000  # limitd jobs per LPUSH when enqueueing
 TARGET_RATE = 5000.0  # jobs/s limitd-async should reach
@@ -174,6 +176,16 @@ def all_systems() -> list[IoSystem]:
             ),
             slots=ASYNC_SLOTS,
             workers=limitd_workers(ASYNC_PROCESSORS, ASYNC_SLOTS),
+            enqueue=limitd_enqueue(limitd_io_app.wait_io),
+        ),
+        IoSystem(
+            name=f"limitd-async-{MANY_SLOTS}",
+            settings=(
+                f"limitd start, 1 process, async_concurrency {MANY_SLOTS}, "
+                f"concurrency {ASYNC_PROCESSORS} (processor threads fetching)"
+            ),
+            slots=MANY_SLOTS,
+            workers=limitd_workers(ASYNC_PROCESSORS, MANY_SLOTS),
             enqueue=limitd_enqueue(limitd_io_app.wait_io),
         ),
         *(
