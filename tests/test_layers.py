@@ -31,6 +31,7 @@ FOLDERS: dict[str, Layer] = {
     "limitd.connection": (BOTTOM, ""),
     "limitd.keys": (BOTTOM, ""),
     "limitd.payload": (BOTTOM, ""),
+    "limitd.codec": (BOTTOM, ""),  # the payload's JSON
     "limitd.clock": (BOTTOM, ""),
     "limitd.handoff": (BOTTOM, ""),
     "limitd.options": (BOTTOM, ""),
