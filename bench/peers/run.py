@@ -161,8 +161,9 @@ def run_all(systems: list[System], server: RedisServer, args: argparse.Namespace
                     continue
                 label = f"run {run}/{args.runs} {outcome.system.name:<15}"
                 try:
+                    before = machine.cpu_ticks()
                     line = one_run(outcome, server, db, Path(tmp), args.deadline)
-                    print(f"{label} {line}", flush=True)
+                    print(f"{label} {line}; {machine.steal_and_load(before)}", flush=True)
                 except RunFailed as exc:
                     outcome.error = f"run {run}: {exc}"
                     print(f"{label} ERROR {exc} (skipped from now on)", flush=True)
