@@ -207,3 +207,47 @@ def test_under_limitd_start_each_processor_thread_keeps_one_connection(
     connections = [redis.smembers(f"connections:{where}") for where in threads]
     assert all(len(ids) == 1 for ids in connections), "one connection per thread, kept"
     assert len(set.union(*connections)) == len(threads), "none shared between threads"
+
+
+def test_a_server_that_stops_answering_times_out_in_the_kernel(tmp_path: Path) -> None:
+    """The socket is blocking with SO_RCVTIMEO (no poll before each receive), and a
+    server that stops answering (SIGSTOP) still fails the command after socket_timeout,
+    the connection dropped."""
+    import signal
+    import socket
+    import struct
+    import time
+
+    server = RedisServer(data_dir=str(tmp_path))
+    server.start()
+    try:
+        base = redis_py.Redis(port=server.port, socket_timeout=0.3, retry=Retry(NoBackoff(), 0))
+        client = pinned(base)
+        assert client.incr("before") == 1
+        sock = client._local.own.connection._sock  # type: ignore[attr-defined]
+        assert sock.gettimeout() is None
+        timeout = struct.unpack("ll", sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, 16))
+        assert timeout == (0, 300_000)
+        assert server.process is not None
+        server.process.send_signal(signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            with pytest.raises(redis_py.ConnectionError):
+                client.incr("while-stopped")
+            assert time.monotonic() - started < 5.0
+            assert client._local.own.connection._sock is None, "dropped"  # type: ignore[attr-defined]
+        finally:
+            server.process.send_signal(signal.SIGCONT)
+        assert client.incr("after") == 1
+    finally:
+        server.stop()
+
+
+def test_an_idle_check_hands_the_timeout_back_to_the_kernel(redis: redis_py.Redis) -> None:
+    client = pinned(redis_py.Redis(**_address(redis), socket_timeout=5))  # type: ignore[arg-type]
+    assert isinstance(client, PinnedRedis)
+    client.ping()
+    client.idle_check_seconds = 0.0  # the next command looks at the socket first
+    assert client.incr("looked-at") == 1
+    sock = client._local.own.connection._sock  # type: ignore[attr-defined]
+    assert sock.gettimeout() is None, "can_read gave it a Python timeout; taken back"

@@ -66,6 +66,7 @@ class PinnedRedis(redis_py.Redis):
         local, now = self._local, time.monotonic()
         if now - local.used > self.idle_check_seconds:
             _drop_if_closed(own.connection)
+            own.looked_at()
         local.used = now
         # ready() inside the retry: a Sentinel-managed connection finds the new primary
         # only in its connect() (see OwnConnection); _exchange drops a failed connection.

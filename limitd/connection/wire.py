@@ -4,6 +4,8 @@ neither redis-py's command packing nor its pool checkout."""
 
 from __future__ import annotations
 
+import socket
+import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, cast
@@ -30,6 +32,24 @@ def pack_command(*parts: object) -> bytes:
         return cast(bytes, hiredis.pack_command(cast(Any, plain)))
 
 
+def kernel_timeouts(sock: Any, seconds: float | None) -> Any:
+    """Make a plain TCP or Unix socket blocking, with its timeout kept by the kernel
+    (SO_RCVTIMEO, SO_SNDTIMEO) instead of by Python. Python polls a socket that has a
+    timeout before every send and receive, and each of those system calls hands the GIL
+    over: on a busy capsule that doubled the GIL's trips between threads per Redis call.
+    A receive that times out raises OSError (EAGAIN), which redis-py reports as a
+    ConnectionError: the connection is dropped, as after a timeout. Other sockets (TLS)
+    are left as they are. Returns ``sock``."""
+    if type(sock) is not socket.socket or not seconds:
+        return sock
+    whole = int(seconds)
+    timeval = struct.pack("ll", whole, int((seconds - whole) * 1_000_000))
+    sock.settimeout(None)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+    return sock
+
+
 def own_connection(client: redis.Redis) -> Conn:
     """An :class:`OwnConnection` for ``client``; a cluster client itself (it routes each
     call to its shard, over its own pools)."""
@@ -49,12 +69,22 @@ class OwnConnection:
         # A Sentinel-managed connection learns the primary's address only in connect():
         # redis-py's implicit connect on send skips that and dials localhost:6379.
         self.sentinel = sentinel.is_sentinel_client(client)
+        self._tuned: Any = None  # the socket kernel_timeouts last set up
 
     def ready(self) -> Any:
-        """The connection, connected to the right server (see ``sentinel``)."""
-        if self.sentinel:
-            self.connection.connect()  # returns at once when already connected
-        return self.connection
+        """The connection, connected to the right server (see ``sentinel``), its socket
+        timing out in the kernel (see ``kernel_timeouts``)."""
+        connection = self.connection
+        if self.sentinel or connection._sock is None:
+            connection.connect()  # returns at once when already connected
+        if connection._sock is not self._tuned:
+            self._tuned = kernel_timeouts(connection._sock, connection.socket_timeout)
+        return connection
+
+    def looked_at(self) -> None:
+        """redis-py gave the socket its Python timeout back (``can_read`` does): the
+        next ``ready`` hands its timeout to the kernel again."""
+        self._tuned = None
 
     def close(self) -> None:
         self.connection.disconnect()
