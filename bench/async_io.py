@@ -168,25 +168,18 @@ def saq_workers(ctx: Context) -> list[list[str]]:
 
 def all_systems() -> list[IoSystem]:
     return [
-        IoSystem(
-            name=REFERENCE,
-            settings=(
-                f"limitd start, 1 process, async_concurrency {ASYNC_SLOTS}, "
-                f"concurrency {ASYNC_PROCESSORS} (processor threads fetching)"
-            ),
-            slots=ASYNC_SLOTS,
-            workers=limitd_workers(ASYNC_PROCESSORS, ASYNC_SLOTS),
-            enqueue=limitd_enqueue(limitd_io_app.wait_io),
-        ),
-        IoSystem(
-            name=f"limitd-async-{MANY_SLOTS}",
-            settings=(
-                f"limitd start, 1 process, async_concurrency {MANY_SLOTS}, "
-                f"concurrency {ASYNC_PROCESSORS} (processor threads fetching)"
-            ),
-            slots=MANY_SLOTS,
-            workers=limitd_workers(ASYNC_PROCESSORS, MANY_SLOTS),
-            enqueue=limitd_enqueue(limitd_io_app.wait_io),
+        *(
+            IoSystem(
+                name=REFERENCE if slots == ASYNC_SLOTS else f"limitd-async-{slots}",
+                settings=(
+                    f"limitd start, 1 process, async_concurrency {slots}, "
+                    f"concurrency {ASYNC_PROCESSORS} (processor threads fetching)"
+                ),
+                slots=slots,
+                workers=limitd_workers(ASYNC_PROCESSORS, slots),
+                enqueue=limitd_enqueue(limitd_io_app.wait_io),
+            )
+            for slots in (ASYNC_SLOTS, MANY_SLOTS)
         ),
         *(
             IoSystem(
