@@ -33,9 +33,9 @@
 
 local FAIR_TENANT_MAX = 1024 -- bytes; the client refuses longer, the sort shares ""
 -- A tenant that becomes active (its line was empty) takes up to this many turns' jobs
--- (times its weight) before anyone's next turn, then joins the rounds: a tenant with a short burst is done in one
--- go instead of waiting one round per job, while a tenant with a long backlog gets no
--- more than any other once its head start is spent.
+-- (times its weight) before anyone's next turn, then joins the rounds: a short burst is
+-- done in one go instead of one job per round, while a tenant with a long backlog gets
+-- no more than any other once its head start is spent.
 local FAIR_HEAD_START = 10
 -- New tenants' first turns are spaced this much apart in virtual time, so that those
 -- that became active at the same clock go in the order they came (not by name).
@@ -44,8 +44,7 @@ local FAIR_ENTRY_GAP = 1 / 1048576
 local function fair_keys(base, limit)
   return {turns = base .. ':turns', backlog = base .. ':backlog', state = base .. ':state',
           weights = base .. ':weights', head = base .. ':head', line = base .. ':t:',
-          limit = limit,
-          jobs_delta = 0}
+          limit = limit, jobs_delta = 0}
 end
 
 -- A queue's fairness as stored in the fair queues' settings hash ("fair", "fair/<tenant
@@ -112,7 +111,8 @@ local function fair_enter(fk, tenant, jobs, front)
   redis.call('ZINCRBY', fk.backlog, #jobs, tenant)
   fk.jobs_delta = fk.jobs_delta + #jobs
   if length == #jobs then
-    redis.call('HSET', fk.head, tenant, math.ceil(FAIR_HEAD_START * fair_weight(fk, tenant)))
+    local head_start = math.ceil(FAIR_HEAD_START * fair_weight(fk, tenant))
+    redis.call('HSET', fk.head, tenant, head_start)
     if fair_has_room(fk, tenant) then
       redis.call('ZADD', fk.turns, 'NX', fair_entry_turn(fk), tenant)
     end
@@ -208,7 +208,8 @@ local function fair_pop(fk, most)
   local run = fk.run
   if run and run.given < #run.jobs then
     run.given = run.given + 1
-    fk.clock, fk.clock_moved = run.at + (run.head > 0 and 0 or (run.given - 1) * run.step), true
+    local turns_in = run.head > 0 and 0 or (run.given - 1) -- a head start keeps its turn
+    fk.clock, fk.clock_moved = run.at + turns_in * run.step, true
     return run.jobs[run.given], run.tenant
   end
   fk.run = nil

@@ -610,7 +610,11 @@ while #picks < want and deferred < MAX_DEFERRED do
   local kept = true
   if st.fair or any_recovered() then
     local job
-    if st.fair then job = pop_fair(st, job_charges, want - #picks) else job = pop_checked(st, job_charges) end
+    if st.fair then
+      job = pop_fair(st, job_charges, want - #picks)
+    else
+      job = pop_checked(st, job_charges)
+    end
     kept = job ~= nil
     if kept then
       jobs_of[st] = jobs_of[st] or {}
