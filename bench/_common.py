@@ -3,11 +3,13 @@ served (INFO commandstats), and timing one capsule draining a known number of jo
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import redis as redis_py
 
@@ -97,3 +99,34 @@ def timed_drain(
     for _ in range(jobs):
         done.acquire()
     return time.perf_counter() - started, command_calls(conn) - calls
+
+
+# The machine: CPU steal and load over a run.
+
+
+def cpu_ticks() -> tuple[int, int]:
+    """(steal, total) ticks of all CPUs so far, from /proc/stat; (0, 0) without it."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = [int(value) for value in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    # user nice system idle iowait irq softirq steal [guest guest_nice, inside user/nice]
+    return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
+
+
+@dataclass(frozen=True)
+class MachineLoad:
+    steal: float  # share of all CPU time stolen by the hypervisor over the run
+    load: float  # 1-minute load average at its end
+
+    def __str__(self) -> str:
+        return f"steal {self.steal:.1%}, load {self.load:.1f}"
+
+
+def machine_load(before: tuple[int, int]) -> MachineLoad:
+    """Steal and load since ``before`` (a ``cpu_ticks()``): every bench prints them per run,
+    so a run far off its quiet figure shows why."""
+    steal, total = cpu_ticks()
+    spent = total - before[1]
+    return MachineLoad((steal - before[0]) / spent if spent > 0 else 0.0, os.getloadavg()[0])

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis as redis_py
-from _common import bench_redis_url
+from _common import bench_redis_url, cpu_ticks, machine_load
 
 BENCH_DIR = Path(__file__).resolve().parent
 APPS_DIR = BENCH_DIR / "peers" / "apps"
@@ -83,28 +83,6 @@ def limitd_child(way: str, jobs: int, url: str) -> None:
     print(json.dumps({"seconds": seconds}))
 
 
-# The machine: CPU steal over a run, and the load average.
-
-
-def cpu_ticks() -> tuple[int, int]:
-    """(steal, total) CPU ticks so far, from /proc/stat's first line; (0, 0) without it.
-    The total is the first eight columns: guest time is already inside user and nice."""
-    try:
-        with open("/proc/stat") as stat:
-            columns = [int(value) for value in stat.readline().split()[1:]]
-    except (OSError, ValueError):
-        return 0, 0
-    steal = columns[7] if len(columns) > 7 else 0
-    return steal, sum(columns[:8])
-
-
-def machine_since(before: tuple[int, int]) -> str:
-    steal, total = cpu_ticks()
-    spent = total - before[1]
-    share = (steal - before[0]) / spent if spent > 0 else 0.0
-    return f"steal {share:.1%}, load {os.getloadavg()[0]:.2f}"
-
-
 # The parent: one measurement in a fresh process, then the rounds.
 
 
@@ -137,7 +115,7 @@ def measure(conn: redis_py.Redis, url: str, system: str, way: str, jobs: int) ->
     conn.flushdb()
     before = cpu_ticks()
     seconds = run_child(child_command(system, way, jobs, url), url)
-    machine = machine_since(before)
+    machine = str(machine_load(before))
     queued = conn.llen(QUEUE_KEY)
     if queued != jobs:
         raise RuntimeError(f"{system} {way}: {QUEUE_KEY} holds {queued} jobs, not {jobs}")

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis as redis_py
-from _common import bench_redis_url, wait_until
+from _common import bench_redis_url, cpu_ticks, machine_load, wait_until
 
 import limitd
 
@@ -139,18 +139,6 @@ def percentile(values: list[float], share: float) -> float:
     return values[min(len(values) - 1, int(len(values) * share))]
 
 
-def cpu_ticks() -> tuple[int, int]:
-    with open("/proc/stat") as stat:
-        fields = [int(v) for v in stat.readline().split()[1:]]
-    return sum(fields), fields[7] if len(fields) > 7 else 0
-
-
-def machine_since(before: tuple[int, int]) -> str:
-    total, steal = cpu_ticks()
-    spent = max(1, total - before[0])
-    return f"steal {100 * (steal - before[1]) / spent:.1f}%, load {os.getloadavg()[0]:.1f}"
-
-
 @contextmanager
 def workers(
     url: str, app_dir: Path, mode: str, args: argparse.Namespace
@@ -215,7 +203,7 @@ def flood_run(
         small_p99=percentile(small, 0.99),
         flood_done=starts.last_start(lambda t: t == "flood") - start,
         total=starts.last_start(lambda t: True) - start,
-        machine=machine_since(before),
+        machine=str(machine_load(before)),
     )
 
 
@@ -338,7 +326,7 @@ def main() -> None:
                     rows.scale.setdefault((mode, repr(shape)), []).append(rate)
                     print(
                         f"round {number} {shape[0]:,} tenants x {shape[1]} {mode:>4}: "
-                        f"{rate:,.0f} jobs/s; {machine_since(before)}",
+                        f"{rate:,.0f} jobs/s; {machine_load(before)}",
                         flush=True,
                     )
     report(rows, args)

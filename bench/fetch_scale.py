@@ -69,7 +69,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import redis as redis_py
-from _common import bench_redis_url, command_counts, redis_cpu_seconds
+from _common import (
+    MachineLoad,
+    bench_redis_url,
+    command_counts,
+    cpu_ticks,
+    machine_load,
+    redis_cpu_seconds,
+)
 
 import limitd
 from limitd import keys
@@ -169,35 +176,6 @@ def enqueue(names: list[str], jobs: int) -> None:
     for name, args_list in zip(names, args_of, strict=True):
         if args_list:
             limitd_app.noop.set(queue=name).perform_bulk(args_list, batch_size=BULK)
-
-
-# The machine: CPU steal and load over a run.
-
-
-def cpu_ticks() -> tuple[int, int]:
-    """(steal, total) ticks of all CPUs so far, from /proc/stat; (0, 0) without it."""
-    try:
-        with open("/proc/stat") as stat:
-            fields = [int(value) for value in stat.readline().split()[1:]]
-    except (OSError, ValueError):
-        return 0, 0
-    # user nice system idle iowait irq softirq steal [guest guest_nice, inside user/nice]
-    return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
-
-
-@dataclass(frozen=True)
-class MachineLoad:
-    steal: float  # share of all CPU time stolen by the hypervisor over the run
-    load: float  # 1-minute load average at its end
-
-    def __str__(self) -> str:
-        return f"steal {self.steal:.1%}, load {self.load:.1f}"
-
-
-def machine_load(before: tuple[int, int]) -> MachineLoad:
-    steal, total = cpu_ticks()
-    spent = total - before[1]
-    return MachineLoad((steal - before[0]) / spent if spent > 0 else 0.0, os.getloadavg()[0])
 
 
 # One drain and one idle run.

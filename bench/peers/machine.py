@@ -17,22 +17,6 @@ from systems.sidekiq_system import version as sidekiq_version
 PEER_PACKAGES = ["celery", "kombu", "rq", "dramatiq", "arq", "huey", "saq", "redis", "hiredis"]
 
 
-def cpu_ticks() -> tuple[int, int]:
-    """All CPU ticks and steal ticks so far (/proc/stat's first eight columns: guest time
-    is already counted in user and nice)."""
-    with open("/proc/stat") as stat:
-        fields = [int(v) for v in stat.readline().split()[1:9]]
-    return sum(fields), fields[7] if len(fields) > 7 else 0
-
-
-def steal_and_load(before: tuple[int, int]) -> str:
-    """The share of CPU time the hypervisor took since ``before`` (a run far off its quiet
-    figure usually shows it here), and the load average."""
-    total, steal = cpu_ticks()
-    spent = max(1, total - before[0])
-    return f"steal {100 * (steal - before[1]) / spent:.1f}%, load {os.getloadavg()[0]:.1f}"
-
-
 def cpu_model() -> str:
     for line in Path("/proc/cpuinfo").read_text().splitlines():
         if line.startswith("model name"):

@@ -36,6 +36,11 @@ from systems.base import PEERS_BIN, PEERS_DIR, Context, System
 
 from limitd.connection.embedded import RedisServer
 
+# The benches' shared helpers (bench/_common.py), beside this folder.
+sys.path.append(str(Path(__file__).resolve().parent.parent))
+
+from _common import cpu_ticks, machine_load
+
 DATABASES = 32  # 0 for the baseline, then one per system
 
 
@@ -161,9 +166,9 @@ def run_all(systems: list[System], server: RedisServer, args: argparse.Namespace
                     continue
                 label = f"run {run}/{args.runs} {outcome.system.name:<15}"
                 try:
-                    before = machine.cpu_ticks()
+                    before = cpu_ticks()
                     line = one_run(outcome, server, db, Path(tmp), args.deadline)
-                    print(f"{label} {line}; {machine.steal_and_load(before)}", flush=True)
+                    print(f"{label} {line}; {machine_load(before)}", flush=True)
                 except RunFailed as exc:
                     outcome.error = f"run {run}: {exc}"
                     print(f"{label} ERROR {exc} (skipped from now on)", flush=True)
