@@ -11,7 +11,7 @@ of that. It is used only where it gives what the standard library would:
   enums and UUIDs that the standard library refuses; a payload holding a float that is
   not finite, or anything orjson does not pass through, is encoded by the standard
   library (which then raises as it always did). orjson writes text as UTF-8 where the
-  standard library escapes it as ``\\uXXXX``: the same JSON to any reader.
+  standard library escapes it (``é`` as ``\\u00e9``): the same JSON to any reader.
 - decoding: orjson reads integers beyond 64 bits as floats, so a text with a run of 19
   or more digits is decoded by the standard library, as is any text orjson refuses
   (NaN, a lone surrogate escape, an overflowing float): that one either reads it as it

@@ -146,17 +146,13 @@ def send_packed_all(client: redis.Redis, commands: list[bytes]) -> list[Any]:
     more than its round trip. Retried on a connection error by the client's retry policy,
     as redis-py retries a pipeline. An error reply is raised once every reply is read,
     so the connection stays in step."""
-    pool = client.connection_pool
-    connection = pool.get_connection()
-    try:
+    with _connection(client) as connection:
         return cast(
             "list[Any]",
             connection.retry.call_with_retry(
                 lambda: _exchange_all(connection, commands), lambda _error: None
             ),
         )
-    finally:
-        pool.release(connection)
 
 
 def _exchange_all(connection: Any, commands: list[bytes]) -> list[Any]:
