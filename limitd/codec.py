@@ -29,7 +29,9 @@ except ImportError:  # the optional extra is not installed
     orjson = None  # type: ignore[assignment]
 
 _COMPACT = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
-_SCALARS = frozenset({str, int, bool, type(None)})
+# The types of JSON's scalars other than floats (which may be NaN), exactly: a subclass
+# (an IntEnum) is not one of them.
+SCALARS = frozenset({str, int, bool, type(None)})
 # A run of 19 digits, found by mapping every digit to 0 and looking for nineteen 0s: a
 # tenth of what a regular expression costs on a payload full of digits (timestamps).
 _DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
@@ -89,10 +91,10 @@ def _plain(value: Any) -> bool:
     elif kind is float:
         return bool(value - value == 0)  # NaN and infinities give NaN
     else:
-        return kind in _SCALARS  # another type (a subclass, a UUID, an enum): for json
+        return kind in SCALARS  # another type (a subclass, a UUID, an enum): for json
     for item in items:
         kind = type(item)
-        if kind in _SCALARS:
+        if kind in SCALARS:
             continue
         if kind is float:
             if item - item != 0:

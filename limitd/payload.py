@@ -98,9 +98,6 @@ def _describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:200]
 
 
-_SCALARS = frozenset({str, int, bool, type(None)})
-
-
 def find_unsafe(value: Any, path: str = "args") -> tuple[str, Any] | None:
     """The first value under ``value`` that does not survive a JSON round trip, with its
     path (``args[1]['when']``), or None. Tuples, sets, datetimes, objects, non-string
@@ -127,7 +124,7 @@ def find_unsafe(value: Any, path: str = "args") -> tuple[str, Any] | None:
 
 def check_args(job_name: str, args: list[Any], mode: str = "raise") -> None:
     """Enforce the strict-arguments policy (``raise``, ``warn`` or ``off``)."""
-    if mode == "off" or (type(args) is list and all(type(arg) in _SCALARS for arg in args)):
+    if mode == "off" or (type(args) is list and all(type(arg) in codec.SCALARS for arg in args)):
         return  # the common case, checked without a call per argument
     found = find_unsafe(args)
     if found is None:
