@@ -262,13 +262,13 @@ class KeyLayout:
 
     def fair_queue(self, queue_name: str) -> str:
         """The base of a fair queue's keys: ``<base>:turns``, ``:backlog``, ``:state``,
-        ``:weights`` and one line per tenant, ``<base>:t:<tenant>``
+        ``:weights``, ``:head`` and one line per tenant, ``<base>:t:<tenant>``
         (limitd/fetch/fair_lib.lua, which builds them from the base alike)."""
         return self.fair_template % queue_name
 
     def fair_part(self, queue_name: str, part: str) -> str:
-        """One of a fair queue's keys: ``part`` is ``turns``, ``backlog``, ``state`` or
-        ``weights`` (see :meth:`fair_queue`)."""
+        """One of a fair queue's keys: ``part`` is ``turns``, ``backlog``, ``state``,
+        ``weights`` or ``head`` (see :meth:`fair_queue`)."""
         return f"{self.fair_queue(queue_name)}:{part}"
 
     def fair_line(self, queue_name: str, tenant: str) -> str:
