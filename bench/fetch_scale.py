@@ -293,12 +293,13 @@ class Row:
 def drain_line(number: int, label: str, run: DrainRun) -> str:
     w = run.window
     part = "steady" if run.drain.steady else "whole (no steady window)"
+    busiest = ", ".join(f"{name} {n:.2f}" for name, n in w.busiest)
     return (
         f"round {number} {label:>20}: {run.jobs:,} jobs, {part} {w.rate:>7,.0f} jobs/s, "
         f"Redis CPU {w.redis_cpu_us_per_job:>5.0f} us/job, worker CPU "
         f"{w.worker_cpu_us_per_job:>5.0f} us/job, {w.commands_per_job:.1f} cmds/job "
-        f"({w.lua_per_job:.2f} Lua); whole drain {run.drain.seconds:.1f} s, first job after "
-        f"{run.drain.first_job:.2f} s; {run.machine}"
+        f"({w.lua_per_job:.2f} Lua; {busiest}); whole drain {run.drain.seconds:.1f} s, "
+        f"first job after {run.drain.first_job:.2f} s; {run.machine}"
     )
 
 

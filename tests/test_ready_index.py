@@ -122,6 +122,54 @@ def test_a_call_costs_the_same_with_10000_queues_as_with_one(redis: redis_py.Red
     assert sum(many.values()) < 100, many
 
 
+def test_a_call_over_many_queues_writes_what_they_share_once(redis: redis_py.Redis) -> None:
+    """A call that settles jobs of eight limited queues and takes one job from each of
+    eight others: one HSET of every busy count it changed (no HINCRBY per queue), one
+    ZREM for the queues it emptied, one EXISTS for the keys no deployment here has, the
+    limits and counts read a few queues at a time (no HGET per queue), and the index not
+    read again while the capsule knows enough of it. The counts stay exact."""
+    listed = names(40)
+    for name in listed:
+        push(redis, name, 1)
+        queue_limits.set_limit(redis, name, 100)
+    fetch = limit_fetch(redis, QueueOrder(listed), "c1")
+    fetch.wake_handlers()
+    first = fetch.take(8, [])
+    assert len(first) == 8
+    before = served(redis)
+    second = fetch.take(8, first)
+    ran = served(redis) - before
+    assert len(second) == 8
+    assert ran["hset"] == 1 and ran["hincrby"] == 0 and ran["hget"] == 0, ran
+    assert ran["zrem"] == 1 and ran["zrange"] == 0 and ran["exists"] == 1, ran
+    assert ran["hmget"] <= 4, ran
+    busy = {k.decode(): int(v) for k, v in redis.hgetall(keys.of(redis).BUSY).items()}
+    assert busy == {name: int(name in {unit.queue for unit in second}) for name in listed[:16]}
+
+
+def test_the_index_is_read_afresh_only_when_the_known_part_runs_low(
+    redis: redis_py.Redis,
+) -> None:
+    """One job per queue, one job per call: each call takes a queue out of the index,
+    and the capsule follows by dropping it rather than reading the index again, which it
+    does once every several calls; the order stays strict."""
+    listed = names(1_000)
+    for name in listed:
+        push(redis, name, 1, publish=False)
+    fetch = limit_fetch(redis, QueueOrder(listed), "c1")
+    fetch.wake_handlers()
+    fetch.settle(fetch.take(1, []))
+    before = served(redis)
+    taken = []
+    for _ in range(100):
+        units = fetch.take(1, [])
+        fetch.settle(units)
+        taken += [unit.queue for unit in units]
+    ran = served(redis) - before
+    assert taken == listed[1:101]
+    assert ran["zrange"] <= 15, ran
+
+
 def test_an_idle_poll_costs_the_same_whatever_the_queue_count(redis: redis_py.Redis) -> None:
     def idle_poll(listed: list[str]) -> Counter[str]:
         fetch = limit_fetch(redis, QueueOrder(listed), f"idle-{len(listed)}")

@@ -19,6 +19,7 @@ import redis as redis_py
 from limitd import keys
 from limitd.api import Processes
 from limitd.connection.embedded import RedisServer
+from limitd.supervisor.titles import capsule_title
 from tests.helpers import children, limitd_start, running, wait_for
 
 APP = textwrap.dedent("""
@@ -336,3 +337,12 @@ def test_term_before_limitd_runs_leaves_nothing(
         assert proc.wait(timeout=1 + 5 + 10) in (0, -signal.SIGTERM)
         wait_for(lambda proc=proc: not session(proc.pid), message="no process left")
         assert redis.scard(keys.of(redis).CAPSULES) == 0
+
+
+def test_a_capsule_of_many_queues_names_the_first_and_counts_the_rest() -> None:
+    """The title is rewritten up to ten times a second: with 10,000 queues it names 20
+    and says how many more, rather than joining them all each time."""
+    many = [f"q{i:05d}" for i in range(10_000)]
+    title = capsule_title("default", "", 3, 10, many)
+    assert title.endswith("queues: " + ", ".join(many[:20]) + " and 9,980 more")
+    assert capsule_title("default", "", 0, 10, many[:20]).endswith(", ".join(many[:20]))

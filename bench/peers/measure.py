@@ -51,6 +51,7 @@ class Window:
     lua_per_job: float  # EVAL/EVALSHA/FCALL calls per job
     redis_cpu_us_per_job: float  # redis-server CPU time (user + sys) per job
     worker_cpu_us_per_job: float  # the workers' CPU time (user + sys) per job
+    busiest: tuple[tuple[str, float], ...] = ()  # the most-served commands, calls per job
 
     @property
     def rate(self) -> float:
@@ -159,6 +160,7 @@ def window(a: Snapshot, b: Snapshot) -> Window | None:
         lua_per_job=lua / done,
         redis_cpu_us_per_job=1e6 * (b.redis_cpu - a.redis_cpu) / done,
         worker_cpu_us_per_job=1e6 * (b.worker_cpu - a.worker_cpu) / done,
+        busiest=tuple((name, n / done) for name, n in served.most_common(6) if n > 0),
     )
 
 

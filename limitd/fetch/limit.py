@@ -59,6 +59,7 @@ ACK, REQUEUE, YIELD = b"ack", b"requeue", b"yield"
 JOB_FIELDS = 4  # each job in a fetch reply: queue, job, crashes, crashes alone
 JOBS_AT = 3  # a reply: settled, room in, the index's part, then the jobs
 MAX_ASKS = 4  # calls one take makes at most while the index holds queues it was not given
+IN_PROGRESS_CHUNK = 1000  # queues whose in-progress lists one round trip reads (heartbeat)
 
 
 class LimitFetch:
@@ -229,8 +230,7 @@ class LimitFetch:
         the two apart. Returns how many jobs were requeued."""
         claimed = Counter((unit.queue, unit.job) for unit in held)
         unclaimed: Counter[tuple[str, bytes]] = Counter()
-        for name in self._held_queues():
-            entries = cast("list[bytes]", self.redis.lrange(self._queue(name)[1], 0, -1))
+        for name, entries in self._in_progress(list(self._held_queues())):
             unclaimed.update((name, job) for job in entries)
         unclaimed -= claimed
         orphans = unclaimed & self._suspects
@@ -292,6 +292,17 @@ class LimitFetch:
         if self.dynamic:
             names += self._dynamic_queues()
         return names
+
+    def _in_progress(self, names: list[str]) -> Iterable[tuple[str, list[bytes]]]:
+        """Each queue's entries in this capsule's in-progress list, read a thousand
+        queues per round trip: a capsule that took from 10,000 queues reads them in ten,
+        not in 10,000."""
+        for first in range(0, len(names), IN_PROGRESS_CHUNK):
+            chunk = names[first : first + IN_PROGRESS_CHUNK]
+            pipe = self.redis.pipeline(transaction=False)
+            for name in chunk:
+                pipe.lrange(self._queue(name)[1], 0, -1)
+            yield from zip(chunk, cast("list[list[bytes]]", pipe.execute()), strict=True)
 
     def _held_queues(self) -> Iterable[str]:
         """The queues this capsule may hold jobs of, as Redis counts them."""

@@ -44,9 +44,11 @@
 -- with the index: ARGV[F + 3] "1" if the queues given are every queue the index holds
 --          (the caller mirrors it), ARGV[F + 4] "0" rate_wait is empty, "1" it is not,
 --          "2" and its first queue may be due, ARGV[F + 5] how many queues to return
---          when the reply reads the index afresh, then h pairs (queue, rank): queues
---          named by wake-ups, added to the index first
--- ARGV[O + m], O = F + 2 + 2h (F + 5 + 2h with the index)  optional: the order in
+--          when the reply reads the index afresh, ARGV[F + 6] how many queues the
+--          caller knows the index holds beyond those given (it is read afresh only
+--          when more than those leave), then h pairs (queue, rank): queues named by
+--          wake-ups, added to the index first
+-- ARGV[O + m], O = F + 2 + 2h (F + 6 + 2h with the index)  optional: the order in
 --          which the m-th job tries the queues, as queue numbers ("2,1,3"; weighted and
 --          random orders differ per job); a job without one tries them in the order
 --          given (with a strict index: the queues in the index's order)
@@ -96,14 +98,16 @@
 -- (LLEN, SISMEMBER, the limits and the busy count), then counted here as jobs are
 -- settled and taken: nothing else can change those keys while the script runs, so the
 -- counts stay exact. The jobs a queue gives in one call move with one RPOP (with a
--- count) and one LPUSH, and its busy count changes once for what was taken and once for
--- what was settled. Only settling scans anything: this capsule's own in-progress list
--- (LREM), whose length is bounded by the capsule's threads. Rate limits add one HGET per
--- queue per call, none at all while no queue has one (one EXISTS per call), and a TIME,
--- a GET and a SET per call for a rate-limited queue, whatever the jobs it gives.
--- Suspects cost nothing while the recoveries hash does not exist (one EXISTS per call
--- that settles or takes a job, none for an idle poll);
--- while it does, each job is popped on its own and looked up (a SHA-1 and an HMGET).
+-- count) and one LPUSH; the busy counts of every queue settled or taken from are read
+-- with one HMGET (a few queues ahead at a time) and written with one HSET, and the
+-- queues the call takes out of the ready index leave it in one ZREM. Only settling
+-- scans anything: this capsule's own in-progress list (LREM from its oldest end),
+-- whose length is bounded by the capsule's threads. The keys most deployments never
+-- create (paused queues, process limits, fair queues, rate limits, suspects) cost one
+-- EXISTS per call together while none exists. Rate limits add one HGET per queue per
+-- call, and a TIME, a GET and a SET per call for a rate-limited queue, whatever the
+-- jobs it gives. While the recoveries hash exists, each job is popped on its own and
+-- looked up (a SHA-1 and an HMGET).
 local limits, process_limits, paused, busy = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local held, capsules, capsule_id, channel = KEYS[5], KEYS[6], ARGV[1], ARGV[2]
 local rate_limits, fair_settings, recoveries = KEYS[7], KEYS[#KEYS - 1], KEYS[#KEYS]
@@ -115,14 +119,29 @@ local MAX_DEFERRED = 200
 local held_field, running_field = 'held:' .. capsule_id, 'running:' .. capsule_id
 local held_suspect = nil -- sha1 of the suspect this capsule holds, or false; read once
 
--- Whether any job has crashes charged: looked up once, and only by a call that settles
--- or takes a job (an idle poll never asks).
-local suspects_known = nil
-local function any_recovered()
-  if suspects_known == nil then
-    suspects_known = redis.call('EXISTS', recoveries) == 1
+-- Whether a key that most deployments leave absent exists (the paused queues, the
+-- process limits, the fair queues, the rate limits, the recovered suspects), asked at
+-- most once a call, and all five in one EXISTS first: while none does, no queue is
+-- paused, limited per process, fair or rate-limited, no job is a suspect, and none is
+-- asked about it. An idle poll asks it once.
+local RARE_KEYS = {paused, process_limits, fair_settings, rate_limits, recoveries}
+local exists_once = nil
+local function exists(key)
+  if exists_once == nil then
+    exists_once = {}
+    if redis.call('EXISTS', unpack(RARE_KEYS)) == 0 then
+      for _, rare in ipairs(RARE_KEYS) do exists_once[rare] = false end
+    end
   end
-  return suspects_known
+  if exists_once[key] == nil then
+    exists_once[key] = redis.call('EXISTS', key) == 1
+  end
+  return exists_once[key]
+end
+
+-- Whether any job has crashes charged: asked only by a call that settles or takes a job.
+local function any_recovered()
+  return exists(recoveries)
 end
 
 local function holds_suspect()
@@ -142,8 +161,9 @@ local function release_suspect(job)
 end
 
 -- A queue's global limit and busy count, by name: read on first use in this call, then
--- kept current here.
-local limit_of, busy_of = {}, {}
+-- kept current here. The busy counts this call changed are written once, at the end
+-- (``save_busy``): one HSET, not an HINCRBY per queue settled and per queue taken from.
+local limit_of, busy_of, busy_changed = {}, {}, {}
 
 local function limit(name)
   if limit_of[name] == nil then
@@ -159,6 +179,15 @@ local function busy_count(name)
   return busy_of[name]
 end
 
+local function set_busy(name, count)
+  busy_of[name] = count
+  busy_changed[name] = true
+end
+
+local function add_busy(name, count)
+  set_busy(name, busy_count(name) + count)
+end
+
 -- HMGET of ``fields`` (any number: unpack takes a few thousand values at most, so a
 -- thousand at a time), the values in the same order.
 local function hmget(key, fields)
@@ -172,43 +201,39 @@ local function hmget(key, fields)
   return values
 end
 
--- The limits of ``names`` (the queues this call was given), and the busy counts of
--- those that have one, read together the first time a limit is needed: two HMGETs per
--- call instead of two HGETs per queue looked at.
-local prefetched = false
+-- The limits and busy counts of ``names`` not read yet, in one HMGET each: the queues
+-- settled, read together, and those the fetch is about to look at, a few ahead at a
+-- time (READ_AHEAD), so that a call reads what it looks at and not every queue it was
+-- given, nor one queue at a time. Every queue's busy count is read, limited or not: a
+-- queue taken from has its count written back.
+local READ_AHEAD = 8
 local function prefetch(names)
-  prefetched = true
-  local unread, limited = {}, {}
+  local unread_limits, unread_busy, seen = {}, {}, {}
   for _, name in ipairs(names) do
-    if limit_of[name] == nil then unread[#unread + 1] = name end
+    if not seen[name] then
+      seen[name] = true
+      if limit_of[name] == nil then unread_limits[#unread_limits + 1] = name end
+      if busy_of[name] == nil then unread_busy[#unread_busy + 1] = name end
+    end
   end
-  for k, cap in ipairs(hmget(limits, unread)) do
-    local name = unread[k]
-    limit_of[name] = tonumber(cap) or false
-    if limit_of[name] and busy_of[name] == nil then limited[#limited + 1] = name end
+  for k, cap in ipairs(hmget(limits, unread_limits)) do
+    limit_of[unread_limits[k]] = tonumber(cap) or false
   end
-  for k, count in ipairs(hmget(busy, limited)) do
-    busy_of[limited[k]] = tonumber(count) or 0
+  for k, count in ipairs(hmget(busy, unread_busy)) do
+    busy_of[unread_busy[k]] = tonumber(count) or 0
   end
 end
 
--- Whether a set or hash that most deployments leave empty exists (the paused queues,
--- the process limits, the fair queues), asked once a call, and all three in one EXISTS
--- first: while none does, no queue is paused, limited per process or fair, and none
--- is asked about it.
-local exists_once = nil
-local function exists(key)
-  if exists_once == nil then
-    exists_once = {}
-    if redis.call('EXISTS', paused, process_limits, fair_settings) == 0 then
-      exists_once[paused], exists_once[process_limits] = false, false
-      exists_once[fair_settings] = false
-    end
+-- Write the busy counts this call changed, in one HSET (a thousand at a time).
+local function save_busy()
+  local pairs_ = {}
+  for name in pairs(busy_changed) do
+    pairs_[#pairs_ + 1] = name
+    pairs_[#pairs_ + 1] = busy_of[name]
   end
-  if exists_once[key] == nil then
-    exists_once[key] = redis.call('EXISTS', key) == 1
+  for first = 1, #pairs_, 1000 do
+    redis.call('HSET', busy, unpack(pairs_, first, math.min(first + 999, #pairs_)))
   end
-  return exists_once[key]
 end
 
 -- A fair queue's keys and tenant limit (see fair_lib.lua), by queue name; false for a
@@ -226,12 +251,8 @@ end
 -- Free ``count`` slots of queue ``name``, whose jobs were settled; returns how many
 -- are left busy.
 local function release(name, count)
-  local left = redis.call('HINCRBY', busy, name, -count)
-  if left < 0 then
-    redis.call('HSET', busy, name, 0)
-    left = 0
-  end
-  busy_of[name] = left
+  local left = math.max(0, busy_count(name) - count)
+  set_busy(name, left)
   return left
 end
 
@@ -251,7 +272,9 @@ end
 -- goes back to the front of its queue now (a yielded one to the end); an acknowledged
 -- one's slot is freed by the caller, with the others of its queue.
 local function settle(in_progress_key, queue_key, job, name, mode)
-  if redis.call('LREM', in_progress_key, 1, job) == 0 then
+  -- From the tail, where the oldest jobs are (each call pushes to the head), which
+  -- finish first most of the time: the scan stops at the first match.
+  if redis.call('LREM', in_progress_key, -1, job) == 0 then
     return 0
   end
   release_suspect(job)
@@ -274,14 +297,11 @@ local function settle(in_progress_key, queue_key, job, name, mode)
 end
 
 -- Rate limits. The hash is looked at once per call, each queue's rate once per call.
-local any_rate, rates, now = nil, {}, nil
+local rates, now = {}, nil
 
 -- A queue's rate as the GCRA uses it (microseconds), or false when it has none.
 local function rate_of(name)
-  if any_rate == nil then
-    any_rate = redis.call('EXISTS', rate_limits) == 1
-  end
-  if not any_rate then return false end
+  if not exists(rate_limits) then return false end
   if rates[name] == nil then
     local count, seconds = string.match(
       redis.call('HGET', rate_limits, name) or '', '^(%d+)/([%d.]+)$')
@@ -349,6 +369,13 @@ end
 
 local settles, want, queues = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 fair_at = 8 + 2 * settles + 2 * queues
+
+if settles > 0 then
+  local names = {}
+  for j = 1, settles do names[j] = ARGV[7 + 2 * j] end
+  prefetch(names)
+end
+
 local settled, acked, acked_names, queue_key_of = 0, {}, {}, {}
 for j = 1, settles do
   local name, queue_key = ARGV[7 + 2 * j], KEYS[7 + 2 * j]
@@ -376,17 +403,17 @@ local spec_at = fair_at + 1 -- ARGV[spec_at]: "", "strict" or "sample"
 local index_mode = ARGV[spec_at] ~= '' and ARGV[spec_at] or nil
 local hints = tonumber(ARGV[spec_at + 1]) or 0
 local ready, rate_wait = nil, nil
-local complete, refill_size = false, 0
+local complete, refill_size, spare = false, 0, 0
 local unlisted, grew, rate_touched = {}, false, false
 if index_mode then
   ready, rate_wait = KEYS[#KEYS - 3], KEYS[#KEYS - 2]
   complete = ARGV[spec_at + 2] == '1'
-  refill_size = tonumber(ARGV[spec_at + 4])
+  refill_size, spare = tonumber(ARGV[spec_at + 4]), tonumber(ARGV[spec_at + 5])
   for first = 1, hints, 1000 do
     local ranked = {}
     for k = first, math.min(first + 999, hints) do
+      ranked[#ranked + 1] = ARGV[spec_at + 5 + 2 * k]
       ranked[#ranked + 1] = ARGV[spec_at + 4 + 2 * k]
-      ranked[#ranked + 1] = ARGV[spec_at + 3 + 2 * k]
     end
     redis.call('ZADD', ready, unpack(ranked))
   end
@@ -412,10 +439,17 @@ end
 -- Take a queue out of the index while no capsule may take from it: empty or paused
 -- (a push or a resume publishes, and the wake-up hints it back), full (the ack that
 -- frees a slot publishes) or waiting for its rate (kept in ``rate_wait`` until
--- ``free_at``, microseconds, then put back by a call of this capsule).
+-- ``free_at``, microseconds, then put back by a call of this capsule). They leave the
+-- index together, in one ZREM at the end of the call (``remove_unlisted``): a call
+-- over many queues of a job or two each empties several.
 local function unlist_name(name)
-  redis.call('ZREM', ready, name)
   unlisted[#unlisted + 1] = name
+end
+
+local function remove_unlisted()
+  for first = 1, #unlisted, 1000 do
+    redis.call('ZREM', ready, unpack(unlisted, first, math.min(first + 999, #unlisted)))
+  end
 end
 
 local function unlist(st)
@@ -438,13 +472,7 @@ end
 local natural = {}
 for i = 1, queues do natural[i] = i end
 
-local function given_names()
-  local names = {}
-  for i = 1, queues do names[i] = ARGV[6 + 2 * settles + 2 * i] end
-  return names
-end
-
-local orders_at = spec_at + (index_mode and 4 or 1) + 2 * hints -- ARGV[orders_at + m]
+local orders_at = spec_at + (index_mode and 5 or 1) + 2 * hints -- ARGV[orders_at + m]
 local function order_of(m)
   local given = ARGV[orders_at + m]
   if not given then return natural end
@@ -507,7 +535,18 @@ local function queue_state(i)
   return st
 end
 
-local function at_limit(st)
+-- The counts of queue ``st`` (``order[at]``), read with those of the next few queues of
+-- ``order`` (the ones this call looks at next) unless known already.
+local function read_ahead(st, order, at)
+  if limit_of[st.name] ~= nil and busy_of[st.name] ~= nil then return end
+  local names = {}
+  for k = at, math.min(at + READ_AHEAD - 1, #order) do
+    names[#names + 1] = ARGV[6 + 2 * settles + 2 * order[k]]
+  end
+  prefetch(names)
+end
+
+local function at_limit(st, order, at)
   if st.held == nil then
     st.process_limit = exists(process_limits)
       and tonumber(redis.call('HGET', process_limits, st.name)) or false
@@ -516,7 +555,7 @@ local function at_limit(st)
   if st.process_limit and st.held >= st.process_limit then
     return 'process'
   end
-  if not prefetched then prefetch(given_names()) end -- the names built once, not per pick
+  read_ahead(st, order, at)
   local cap = limit(st.name)
   return cap and busy_count(st.name) >= cap and 'global'
 end
@@ -526,15 +565,15 @@ end
 -- when a blocking queue holds the rest back, or nil when no queue has a job to give.
 -- The job itself moves later, with the others taken from that queue.
 local function take_one(order)
-  for _, i in ipairs(order) do
+  for at, i in ipairs(order) do
     local st = queue_state(i)
     if st.open and st.left > 0 then
-      local held_by, rate, tat, free_at = at_limit(st), nil, nil, nil
+      local held_by, rate, tat, free_at = at_limit(st, order, at), nil, nil, nil
       local free = not held_by
       if free then free, rate, tat, free_at = rate_allows(st.name, st.rate_key) end
       if free then
         st.left, st.taken, st.held = st.left - 1, st.taken + 1, st.held + 1
-        if busy_of[st.name] ~= nil then busy_of[st.name] = busy_of[st.name] + 1 end
+        add_busy(st.name, 1)
         return st, rate, tat
       elseif st.blocking then
         -- A blocking queue with work waiting for a slot: lower queues must not jump ahead.
@@ -566,7 +605,7 @@ local function check_suspect(st, job, job_charges)
   if crashes > 0 and holds_suspect() then
     redis.call('LPUSH', st.queue_key, job)
     st.taken, st.held, st.deferred = st.taken - 1, st.held - 1, true
-    if busy_of[st.name] ~= nil then busy_of[st.name] = busy_of[st.name] - 1 end
+    add_busy(st.name, -1)
     deferred = deferred + 1
     return nil
   end
@@ -589,7 +628,7 @@ local function pop_fair(st, job_charges, most)
   local job, tenant = fair_pop(st.fair, most)
   if job == nil then
     st.left, st.taken, st.held = 0, st.taken - 1, st.held - 1
-    if busy_of[st.name] ~= nil then busy_of[st.name] = busy_of[st.name] - 1 end
+    add_busy(st.name, -1)
     return nil
   end
   if any_recovered() then
@@ -636,7 +675,6 @@ for i = 1, queues do
   if st ~= nil and st.taken > 0 then
     jobs_of[st] = jobs_of[st] or redis.call('RPOP', st.queue_key, st.taken)
     redis.call('LPUSH', st.in_progress_key, unpack(jobs_of[st]))
-    redis.call('HINCRBY', busy, st.name, st.taken)
     holding[#holding + 1] = st.name
   end
 end
@@ -644,6 +682,7 @@ if #holding > 0 then
   redis.call('SADD', held, unpack(holding))
   redis.call('SADD', capsules, capsule_id)
 end
+save_busy()
 
 -- The index's part of the reply: {stale, refilled, rate in, names...}. ``stale``: this
 -- call took fewer jobs than wanted and the index may hold queues it was not given, or
@@ -658,9 +697,12 @@ local function index_reply()
       unlist(st)
     end
   end
+  remove_unlisted()
   local short = #picks < want
   local names = unlisted
-  local refilled = grew or (not complete and (#unlisted > 0 or short))
+  -- While the queues the caller knows beyond those it gave outnumber those that left,
+  -- it follows by removing them; when they run out, it reads a new window.
+  local refilled = grew or (not complete and (#unlisted > spare or short))
   if refilled and index_mode == 'strict' then
     names = redis.call('ZRANGE', ready, 0, refill_size - 1)
   elseif refilled then

@@ -50,7 +50,7 @@ from limitd.queues.order import QueueOrder
 DYNAMIC_RANK = 1_000_000_000
 # Queues a call is given beyond the jobs it wants: room for the queues it will skip
 # (at this capsule's process limit) or find drained by another capsule since.
-SLACK = 16
+SLACK = 4
 MAX_SLACK = 4096
 # A weighted or random order is drawn, per job, among this many queues at least: all of
 # those with work while there are no more, a random sample of them beyond.
@@ -58,6 +58,10 @@ MIN_SAMPLE = 32
 # What a capsule keeps of its index between calls, at most: the first queues by rank
 # (or a random few), so that following it costs the same with 10,000 queues with work.
 MAX_KNOWN = 256
+# A call that reads the index afresh reads this many times the queues it was given, so
+# that the calls after it follow the index by what they take out, without reading it,
+# until fewer than a call's worth are left.
+REFILL_FACTOR = 4
 CHECK_CHUNK = 1000  # queues per pipeline when re-checking them
 NO_HINTS: dict[str, int] = {}  # shared, never written: a call without hints
 SWEEP_PER_SECOND = 50
@@ -76,10 +80,18 @@ class CallPlan:
     complete: bool  # the queues given are all the index holds
     rate_state: int  # queues set aside for their rate: 0 none, 1 some, 2 maybe due
     size: int  # how many queues to return when the reply reads the index afresh
+    spare: int  # queues known to be in the index beyond those given
 
     def args(self, mode: bytes) -> list[Any]:
         """The script's ARGV for the index (after the queues; see its header)."""
-        args: list[Any] = [mode, len(self.hints), int(self.complete), self.rate_state, self.size]
+        args: list[Any] = [
+            mode,
+            len(self.hints),
+            int(self.complete),
+            self.rate_state,
+            self.size,
+            self.spare,
+        ]
         for name, rank in self.hints.items():
             args += [name, rank]
         return args
@@ -189,22 +201,24 @@ class ReadyIndex:
         added = self._add_hints(hints) if hints else hints
         if len(self._known) > MAX_KNOWN:
             self._trim()
-        size = want + self.slack
+        given = want + self.slack
         if self._sorted is None:  # kept until what is known changes
             self._sorted = sorted(self._known, key=self._key)
         known = self._sorted
         if self.sampled:
-            size = max(size, MIN_SAMPLE)
-            if len(known) > size:
-                known = self._rng.sample(known, size)
+            given = max(given, MIN_SAMPLE)
+            if len(known) > given:
+                known = self._rng.sample(known, given)
             listed = [name for name in known if name in self.ranks]
             found = [name for name in known if name not in self.ranks]
             orders = [self.order.order_of(listed) + found for _ in range(want)]
         else:
-            known = known[:size]
+            known = known[:given]
             orders = [known]
         complete = self._complete and len(known) == len(self._known)
-        return CallPlan(orders, added, complete, self._rate_state(), size)
+        size = min(given * REFILL_FACTOR, MAX_KNOWN)
+        spare = len(self._known) - len(known)
+        return CallPlan(orders, added, complete, self._rate_state(), size, spare)
 
     def _rate_state(self) -> int:
         """0: no queue is set aside for its rate; 1: some are; 2: and one may be due."""

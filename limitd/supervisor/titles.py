@@ -16,6 +16,7 @@ import setproctitle
 
 MIN_INTERVAL = 0.1
 REFRESH = 5.0
+TITLE_QUEUES = 20  # queue names a capsule's title shows at most
 
 
 def set_title(title: str) -> None:
@@ -33,8 +34,16 @@ def capsule_title(
     state = " quiet" if quiet else ""
     return (
         f"limitd capsule {name}{_tag(tag)} [{busy} of {concurrency} busy]{state} "
-        f"queues: {', '.join(queues)}"
+        f"queues: {_queue_list(queues)}"
     )
+
+
+def _queue_list(queues: Sequence[str]) -> str:
+    """The first few queues and how many more: a capsule of 10,000 queues would
+    otherwise join them all up to ten times a second for a title ps cuts short."""
+    if len(queues) <= TITLE_QUEUES:
+        return ", ".join(queues)
+    return f"{', '.join(queues[:TITLE_QUEUES])} and {len(queues) - TITLE_QUEUES:,} more"
 
 
 def _tag(tag: str) -> str:
