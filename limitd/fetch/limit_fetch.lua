@@ -370,11 +370,14 @@ end
 local settles, want, queues = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 fair_at = 8 + 2 * settles + 2 * queues
 
-if settles > 0 then
-  local names = {}
-  for j = 1, settles do names[j] = ARGV[7 + 2 * j] end
-  prefetch(names)
+-- Jobs settled from several queues: their counts are read together (from one queue,
+-- one HGET each is cheaper than building the lists).
+local settled_names, several = {}, false
+for j = 1, settles do
+  settled_names[j] = ARGV[7 + 2 * j]
+  several = several or settled_names[j] ~= settled_names[1]
 end
+if several then prefetch(settled_names) end
 
 local settled, acked, acked_names, queue_key_of = 0, {}, {}, {}
 for j = 1, settles do
