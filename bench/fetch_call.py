@@ -1,0 +1,182 @@
+"""What one limit-fetch call costs Redis, without capsules around it (issue 32).
+
+    .venv/bin/python bench/fetch_call.py [--queues 1,10000] [--jobs 20000] [--want 5]
+        [--rounds 5] [--compare OTHER_CHECKOUT] [--redis URL]
+
+Two fetches (two capsules' worth, one thread) share N limited queues holding --jobs
+jobs spread evenly, and take turns: each call settles the jobs its previous call took
+and takes up to --want more, until the queues are empty, as two busy capsules'
+dispatchers do. Reported per queue count: the script's Redis time per call (INFO
+commandstats, EVALSHA usec) and per job, the commands it runs inside per job, and
+redis-server's CPU per job (user + sys). No worker threads and no network wait blur
+them, so a change to ``limit_fetch.lua`` shows here when a full drain
+(bench/fetch_scale.py) is too noisy to tell.
+
+``--compare DIR`` runs the same measure with the limitd package of another checkout (a
+``git worktree`` of an older commit, say) in alternate rounds, and prints the ratio per
+round and its median: each measure runs in its own process with ``PYTHONPATH=DIR``.
+Without --redis it starts a private redis-server; with --redis it FLUSHALLs that one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import redis as redis_py
+
+HERE = Path(__file__).resolve()
+ROOT = HERE.parent.parent
+
+
+def fill(conn: redis_py.Redis, names: list[str], jobs: int) -> None:
+    from limitd import keys
+    from limitd.queues import limits
+
+    k = keys.of(conn)
+    per_queue = max(1, jobs // len(names))
+    pipe = conn.pipeline(transaction=False)
+    for name in names:
+        payloads = [
+            json.dumps({"class": "Noop", "args": [i], "queue": name, "jid": f"{name}-{i}"})
+            for i in range(per_queue)
+        ]
+        pipe.sadd(k.QUEUES, name)
+        pipe.lpush(k.queue(name), *payloads)
+    pipe.execute()
+    for name in names:
+        limits.set_limit(conn, name, 1_000)
+
+
+def measure_one(url: str, count: int, jobs: int, want: int) -> dict[str, float]:
+    """In this process, with whatever ``limitd`` it imports: one drain by two fetches."""
+    from limitd.fetch.factory import limit_fetch
+    from limitd.queues.order import QueueOrder
+
+    conn = redis_py.Redis.from_url(url)
+    conn.flushall()
+    names = [f"q{i:05d}" for i in range(count)]
+    fill(conn, names, jobs)
+    fetches = [limit_fetch(conn, QueueOrder(names), f"bench-{n}") for n in range(2)]
+    for fetch in fetches:
+        fetch.wake_handlers()  # as a capsule does: one re-check of every queue first
+    held: list[list] = [[], []]
+    conn.config_resetstat()
+    cpu = conn.info("cpu")
+    done = 0
+    while True:
+        took = False
+        for n, fetch in enumerate(fetches):
+            units = fetch.take(want, held[n])
+            done += len(held[n])
+            held[n] = units
+            took = took or bool(units)
+        if not took:
+            break
+    after = conn.info("cpu")
+    stats = conn.info("commandstats")
+    script = stats["cmdstat_evalsha"]
+    inner = sum(
+        value["calls"]
+        for name, value in stats.items()
+        if name not in ("cmdstat_evalsha", "cmdstat_info", "cmdstat_config")
+    )
+    used = sum(float(after[f]) - float(cpu[f]) for f in ("used_cpu_user", "used_cpu_sys"))
+    return {
+        "jobs": done,
+        "calls": script["calls"],
+        "us_per_call": script["usec"] / script["calls"],
+        "us_per_job": script["usec"] / done,
+        "commands_per_job": inner / done,
+        "redis_cpu_us_per_job": 1e6 * used / done,
+    }
+
+
+def run_in(root: Path, url: str, count: int, args: argparse.Namespace) -> dict[str, float]:
+    """``measure_one`` in a fresh process importing limitd from ``root``."""
+    env = dict(os.environ, PYTHONPATH=str(root))
+    command = [sys.executable, str(HERE), "--one", str(count), "--url", url]
+    command += ["--jobs", str(args.jobs), "--want", str(args.want)]
+    out = subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def line(label: str, figures: dict[str, float]) -> str:
+    return (
+        f"{label}: {figures['us_per_call']:6.0f} us/call, {figures['us_per_job']:5.1f} us/job "
+        f"in the script, {figures['commands_per_job']:.2f} commands/job inside, Redis CPU "
+        f"{figures['redis_cpu_us_per_job']:5.1f} us/job ({figures['calls']:.0f} calls)"
+    )
+
+
+def compare(url: str, args: argparse.Namespace) -> None:
+    roots = {"this": ROOT}
+    if args.compare:
+        roots["other"] = Path(args.compare).resolve()
+    for count in args.queues:
+        per_root: dict[str, list[dict[str, float]]] = {label: [] for label in roots}
+        for number in range(1, args.rounds + 1):
+            labels = list(roots) if number % 2 else list(roots)[::-1]  # swap who goes first
+            for label in labels:
+                figures = run_in(roots[label], url, count, args)
+                per_root[label].append(figures)
+                print(line(f"{count:>6} queues, round {number}, {label:>5}", figures), flush=True)
+        for label, runs in per_root.items():
+            median = statistics.median(run["us_per_call"] for run in runs)
+            cpu = statistics.median(run["redis_cpu_us_per_job"] for run in runs)
+            print(
+                f"{count:>6} queues, {label}: median {median:.0f} us/call, "
+                f"Redis CPU {cpu:.1f} us/job"
+            )
+        if args.compare:
+            ratios = [
+                this["us_per_call"] / other["us_per_call"]
+                for this, other in zip(per_root["this"], per_root["other"], strict=True)
+            ]
+            print(
+                f"{count:>6} queues: this / other per call, by round "
+                f"{', '.join(f'{r:.2f}' for r in ratios)}; median {statistics.median(ratios):.2f}"
+            )
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument(
+        "--queues",
+        type=lambda text: [int(part) for part in text.split(",")],
+        default=[1, 10_000],
+        help="queue counts (1,10000)",
+    )
+    parser.add_argument("--jobs", type=int, default=20_000, help="jobs per measure (20000)")
+    parser.add_argument("--want", type=int, default=5, help="jobs a call takes at most (5)")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds per queue count (5)")
+    parser.add_argument("--compare", help="another checkout's root, run in alternate rounds")
+    parser.add_argument("--redis", help="Redis URL (default: a private redis-server)")
+    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # a child's measure
+    parser.add_argument("--url", help=argparse.SUPPRESS)
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    if args.one is not None:
+        print(json.dumps(measure_one(args.url, args.one, args.jobs, args.want)))
+        return
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(HERE.parent))
+    from _common import bench_redis_url
+
+    started = time.perf_counter()
+    with bench_redis_url(args.redis) as url:
+        compare(url, args)
+    print(f"whole run: {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
