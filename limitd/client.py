@@ -119,8 +119,12 @@ class Client:
         replicas did not confirm in time (``NotReplicated``) was written: nothing is given
         back."""
         try:
+            steps = self.middleware.for_chunk(spec, chunk[0], self.redis) if chunk else []
             self.middleware.prepare_bulk(spec, chunk, self.redis)
-            kept = [self.middleware.invoke(spec, payload, self.redis, _keep) for payload in chunk]
+            kept = [
+                self.middleware.invoke(spec, payload, self.redis, _keep, steps)
+                for payload in chunk
+            ]
             self.raw_push(payload for payload in kept if payload)
         except BaseException as error:
             if not was_written(error):  # pushed all the same: the reservations stand

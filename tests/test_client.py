@@ -12,6 +12,7 @@ import limitd
 from limitd import keys, plugins
 from limitd.connection.embedded import RedisServer
 from limitd.middleware import ClientChain
+from limitd.middleware.base import ClientMiddleware
 from tests.failover_proxy import FailoverProxy
 
 
@@ -135,6 +136,35 @@ def test_bulk_runs_middleware_per_job(client: limitd.Client, redis: redis_py.Red
     assert all(jids[i] for i in (0, 1, 3, 4))
     assert redis.llen(keys.of(redis).queue("odd")) == 2
     assert redis.llen(keys.of(redis).queue("default")) == 2
+
+
+class AskedPerJob(ClientMiddleware):
+    """Counts the jobs it is asked about; concerned only with jobs of one queue."""
+
+    def __init__(self, queue: str) -> None:
+        self.queue, self.asked = queue, 0
+
+    def concerns(self, spec: object, payload: dict) -> bool:  # type: ignore[override]
+        return payload.get("queue") == self.queue
+
+    def push_work(self, spec: object, payload: dict) -> None:  # type: ignore[override]
+        self.asked += 1
+        payload["seen"] = True
+
+
+def test_bulk_asks_a_middleware_only_about_chunks_it_concerns(
+    client: limitd.Client, redis: redis_py.Redis
+) -> None:
+    """A bulk push judges ``concerns`` once per chunk: jobs of another kind pass the
+    middleware by without a call each; jobs it concerns are still asked one by one."""
+    asked = AskedPerJob("audited")
+    client.middleware.add(asked)
+    ping.perform_bulk([[1], [2], [3]], batch_size=2)
+    assert asked.asked == 0
+    ping.set(queue="audited").perform_bulk([[1], [2], [3]], batch_size=2)
+    assert asked.asked == 3
+    written = [json.loads(job) for job in redis.lrange(keys.of(redis).queue("audited"), 0, -1)]
+    assert [job.get("seen") for job in written] == [True, True, True]
 
 
 def test_strict_args_modes(redis: redis_py.Redis) -> None:

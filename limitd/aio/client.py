@@ -150,10 +150,11 @@ class AsyncClient:
         kept; if anything raises, middleware give back what they reserved for the chunk."""
         redis = self.redis
         try:
+            steps = self.middleware.for_chunk(spec, chunk[0], redis) if chunk else []
             await self.middleware.aprepare_bulk(spec, chunk, redis, self._sync_redis)
             kept = [
                 await self.middleware.ainvoke(
-                    spec, payload, redis, _keep, sync_redis=self._sync_redis
+                    spec, payload, redis, _keep, sync_redis=self._sync_redis, steps=steps
                 )
                 for payload in chunk
             ]

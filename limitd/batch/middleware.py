@@ -65,6 +65,10 @@ class BatchMembership(ClientMiddleware):
         bid, jids = self._chunk(payloads)
         return [remove_jobs_call(self.keys, bid, jids)] if bid and jids else []
 
+    def concerns(self, spec: JobSpec | None, payload: Payload) -> bool:
+        """Only pushes made inside a batch's ``jobs()`` block."""
+        return building_bid() is not None
+
     def push_work(self, spec: JobSpec | None, payload: Payload) -> ScriptCall | None:
         """A job of the batch being built is registered in it before its push."""
         bid = self._join(payload)

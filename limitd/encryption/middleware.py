@@ -63,6 +63,9 @@ class SealArgs(ClientMiddleware):
     def __init__(self, keys: KeySource) -> None:
         self.keys = keys
 
+    def concerns(self, spec: JobSpec | None, payload: Payload) -> bool:
+        return bool(payload.get("encrypt"))
+
     def push_work(self, spec: JobSpec | None, payload: Payload) -> Work | None:
         """No Redis work: the payload is changed in place, the last step before the write."""
         if payload.get("encrypt") and not is_sealed(payload):

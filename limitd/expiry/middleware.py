@@ -51,6 +51,9 @@ class ExpiryStamp(ClientMiddleware):
     A payload that has one already (pushed again by a tool, or by a Ruby client with
     Sidekiq Pro) keeps it."""
 
+    def concerns(self, spec: JobSpec | None, payload: Payload) -> bool:
+        return payload.get(OPTION) is not None
+
     def push_work(self, spec: JobSpec | None, payload: Payload) -> None:
         expires_in = payload.get(OPTION)
         if expires_in is None or DEADLINE in payload:

@@ -25,6 +25,10 @@ FIELD = "fair_tenant"
 class FairTenantField(ClientMiddleware):
     """Client middleware: resolve, check and stamp ``fair_tenant`` (see the module)."""
 
+    def concerns(self, spec: JobSpec | None, payload: Payload) -> bool:
+        """Jobs that name a tenant, or whose class resolves one from its args."""
+        return FIELD in payload or (spec is not None and spec.hooks.get("tenant") is not None)
+
     def push_work(self, spec: JobSpec | None, payload: Payload) -> None:
         tenant = payload.get(FIELD)
         if tenant is None:

@@ -150,6 +150,9 @@ class FairTenant(ClientMiddleware):
     def for_layout(self, layout: keys.KeyLayout) -> FairTenant:
         return self if layout is self.keys else FairTenant(self.settings, layout)
 
+    def concerns(self, spec: JobSpec | None, payload: Payload) -> bool:
+        return "fair_tenant_queues" in payload
+
     def push_work(self, spec: JobSpec | None, payload: Payload) -> ScriptCall | None:
         """The call that counts this job and picks its queue (None: most jobs, which
         have no rules, and jobs whose bulk chunk decided already, or without tenant)."""

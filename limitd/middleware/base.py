@@ -47,6 +47,12 @@ class ClientMiddleware:
     halt the push on the reply (``admit``), and give the reservation back when the push
     does not happen (``undo_work``)."""
 
+    def concerns(self, spec: JobSpec | None, payload: Payload) -> bool:
+        """False: nothing for this middleware to do for jobs like ``payload`` (the same
+        class and options; its args and jid may differ), so a bulk push leaves it out
+        for a whole chunk instead of asking each job. Decide by class and options only."""
+        return True
+
     def push_work(self, spec: JobSpec | None, payload: Payload) -> Work | None:
         """Redis work to make before this job goes on (None: nothing to ask)."""
         return None

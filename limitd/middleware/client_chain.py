@@ -146,11 +146,30 @@ class ClientChain(Chain):
     def _entries_now(self, redis: Any) -> list[ClientEntry]:
         return [step.entry for step in self._steps_now(redis)]
 
+    def for_chunk(self, spec: JobSpec | None, sample: Payload, redis: Any) -> list[PushStep]:
+        """The entries a bulk chunk's jobs pass, judged once by one of them (``sample``:
+        they share class and options): those whose ``concerns`` is False are left out.
+        A chunk of jobs that use no feature then passes no middleware at all."""
+        return [
+            step
+            for step in self._steps_now(redis)
+            if step.wrapped is not None or step.typed.concerns(spec, sample)
+        ]
+
     def invoke(
-        self, spec: JobSpec | None, payload: Payload, redis: RedisClient, push: PushNext
+        self,
+        spec: JobSpec | None,
+        payload: Payload,
+        redis: RedisClient,
+        push: PushNext,
+        steps: list[PushStep] | None = None,
     ) -> Payload | None:
-        """Run ``payload`` through every middleware, then ``push`` it."""
-        steps = self._steps_now(redis)
+        """Run ``payload`` through every middleware (or ``steps``, from
+        :meth:`for_chunk`), then ``push`` it."""
+        if steps is None:
+            steps = self._steps_now(redis)
+        elif not steps:
+            return push(payload)
         count = len(steps)
 
         # Entries that only look at the payload (most, for most jobs) are walked in a
@@ -190,10 +209,14 @@ class ClientChain(Chain):
         push: AsyncPushNext,
         *,
         sync_redis: SyncRedis,
+        steps: list[PushStep] | None = None,
     ) -> Payload | None:
         """:meth:`invoke` on the running loop (``sync_redis``: for callable middleware
         without ``acall``, run on a worker thread)."""
-        steps = self._steps_now(redis)
+        if steps is None:
+            steps = self._steps_now(redis)
+        elif not steps:
+            return await push(payload)
         count = len(steps)
 
         async def step(index: int, current: Payload) -> Payload | None:  # as in invoke

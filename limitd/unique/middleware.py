@@ -118,6 +118,9 @@ class UniqueJobs(ClientMiddleware):
     def for_layout(self, layout: keys.KeyLayout) -> UniqueJobs:
         return self if layout is self.keys else UniqueJobs(layout)
 
+    def concerns(self, spec: JobSpec | None, payload: Payload) -> bool:
+        return bool(payload.get("unique_for"))
+
     def push_work(self, spec: JobSpec | None, payload: Payload) -> ScriptCall | None:
         """The script call that takes ``payload``'s lock (or counts it as skipped)."""
         if not payload.get("unique_for"):
