@@ -10,14 +10,17 @@ from collections import Counter
 
 import pytest
 import redis as redis_py
+from freezegun import freeze_time
 
 from limitd import keys
 from limitd.fetch import liveness
 from limitd.fetch.factory import limit_fetch
-from limitd.fetch.limit import LimitFetch
+from limitd.fetch.limit import ORPHAN_SECONDS, LimitFetch
 from limitd.queues import limits as queue_limits
 from limitd.queues.limits import LimitSettings
 from limitd.queues.order import QueueOrder
+
+START = "2026-11-28 09:00:00"
 
 
 def take_one(fetch, done=None, **options):  # type: ignore[no-untyped-def]
@@ -306,18 +309,41 @@ def test_jobs_fetched_but_never_received_are_recovered(redis: redis_py.Redis) ->
     """A fetch whose reply was lost leaves a job in progress that no thread runs: it is
     requeued once it has been unclaimed on two heartbeats, and a held job never is."""
     jobs = push(redis, "q", 2)
-    fetch = fetcher(redis, ["q"])
-    held = take_one(fetch)
-    lost = take_one(fetch)  # pretend this reply never arrived
-    assert held is not None
-    assert lost is not None
-    assert fetch.recover_orphans([held]) == 0, "first sighting: maybe a fetch in flight"
-    assert fetch.recover_orphans([held]) == 1
-    assert redis.lrange(keys.of(redis).queue("q"), 0, -1) == [jobs[1]]
-    assert queue_limits.busy(redis, "q") == 1
-    assert fetch.recover_orphans([held]) == 0
-    assert fetch.recover_orphans([held]) == 0
+    with freeze_time(START) as frozen:
+        fetch = fetcher(redis, ["q"])
+        held = take_one(fetch)
+        lost = take_one(fetch)  # pretend this reply never arrived
+        assert held is not None
+        assert lost is not None
+        frozen.tick(ORPHAN_SECONDS)
+        assert fetch.recover_orphans([held]) == 0, "first sighting: maybe a fetch in flight"
+        frozen.tick(ORPHAN_SECONDS)
+        assert fetch.recover_orphans([held]) == 1
+        assert redis.lrange(keys.of(redis).queue("q"), 0, -1) == [jobs[1]]
+        assert queue_limits.busy(redis, "q") == 1
+        for _ in range(2):
+            frozen.tick(ORPHAN_SECONDS)
+            assert fetch.recover_orphans([held]) == 0
     assert redis.lrange(keys.of(redis).in_progress("c1", "q"), 0, -1) == [jobs[0]]
+
+
+def test_an_early_beat_requeues_nothing_a_settlement_in_flight_holds(
+    redis: redis_py.Redis,
+) -> None:
+    """A capsule told to quiet beats at once, milliseconds after its last beat: a job
+    whose settlement was in flight at both (finished, no thread holds it, still in the
+    in-progress list) is not taken for an orphan; only the same sighting seconds apart
+    would be."""
+    push(redis, "q", 1)
+    with freeze_time(START) as frozen:
+        fetch = fetcher(redis, ["q"])
+        assert take_one(fetch) is not None  # finished; its settlement not yet run
+        frozen.tick(ORPHAN_SECONDS)
+        assert fetch.recover_orphans([]) == 0  # the regular beat: a first sighting
+        frozen.tick(0.005)
+        assert fetch.recover_orphans([]) == 0  # the early beat: too soon to tell
+        frozen.tick(ORPHAN_SECONDS)
+        assert fetch.recover_orphans([]) == 1  # still there seconds later: an orphan
 
 
 def test_two_hundred_queues_in_one_fetch(redis: redis_py.Redis) -> None:

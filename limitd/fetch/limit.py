@@ -59,6 +59,9 @@ ACK, REQUEUE, YIELD = b"ack", b"requeue", b"yield"
 JOB_FIELDS = 4  # each job in a fetch reply: queue, job, crashes, crashes alone
 JOBS_AT = 3  # a reply: settled, room in, the index's part, then the jobs
 MAX_ASKS = 4  # calls one take makes at most while the index holds queues it was not given
+# An in-progress entry no thread holds is requeued once it has been so this long: a
+# fetch's reply or a settlement in flight is never that late.
+ORPHAN_SECONDS = 2.0
 IN_PROGRESS_CHUNK = 1000  # queues whose in-progress lists one round trip reads (heartbeat)
 
 
@@ -107,6 +110,7 @@ class LimitFetch:
         self._extra_refreshed = float("-inf")
         self._lock = threading.Lock()
         self._suspects: Counter[tuple[str, bytes]] = Counter()
+        self._suspected_at = clock.monotonic()
         # WAIT after every call that takes or settles jobs (see limitd.replication).
         self._wait = replication.of(redis)
         self._wait_command: tuple[bytes, ...] = ()
@@ -222,19 +226,25 @@ class LimitFetch:
 
     def recover_orphans(self, held: Iterable[UnitOfWork]) -> int:
         """Requeue in-progress entries that no thread of this capsule holds, once they
-        have been unclaimed on two consecutive calls (heartbeats).
+        have been unclaimed on two calls (heartbeats) ORPHAN_SECONDS apart at least.
 
         An entry is orphaned when Redis ran a fetch whose reply never arrived (the
         connection broke, Redis restarted): the job is counted busy but nobody runs it.
-        A fetch in flight is claimed within milliseconds, so waiting one heartbeat tells
-        the two apart. Returns how many jobs were requeued."""
+        A fetch or a settlement in flight is claimed (or gone) within milliseconds, so
+        waiting tells the two apart; but a beat asked for early (a capsule told to quiet
+        beats at once) can follow the last one by milliseconds, so the wait is counted in
+        seconds, not in beats. Returns how many jobs were requeued."""
         claimed = Counter((unit.queue, unit.job) for unit in held)
         unclaimed: Counter[tuple[str, bytes]] = Counter()
         for name, entries in self._in_progress(list(self._held_queues())):
             unclaimed.update((name, job) for job in entries)
         unclaimed -= claimed
+        now = clock.monotonic()
+        if now - self._suspected_at < ORPHAN_SECONDS:
+            self._suspects &= unclaimed  # those claimed since are cleared; none is new
+            return 0
         orphans = unclaimed & self._suspects
-        self._suspects = unclaimed - orphans
+        self._suspects, self._suspected_at = unclaimed - orphans, now
         requeued = sum(
             self.requeue(LimitUnitOfWork(name, job, self))
             for (name, job), count in orphans.items()
