@@ -21,7 +21,7 @@ from tests.helpers import LimitdProcesses, wait_for
 
 SUPERVISORS = 3
 QUEUE = keys.STANDALONE.queue("default")  # the supervisors run on a standalone Redis
-TICKS = 60
+TICKS = 20
 
 APP = textwrap.dedent("""
     import limitd
