@@ -18,7 +18,13 @@ from limitd.connection.connect import (
     unreachable,
 )
 from limitd.connection.failover import is_failover_error, retry_on_failover
-from limitd.connection.pipelines import apipeline, decode_name, pipeline, set_members
+from limitd.connection.pipelines import (
+    apipeline,
+    decode_name,
+    each_pipelined,
+    pipeline,
+    set_members,
+)
 from limitd.connection.scripts import (
     LuaScript,
     MergedCall,
@@ -50,6 +56,7 @@ __all__ = [
     "client_of",
     "connect",
     "decode_name",
+    "each_pipelined",
     "is_failover_error",
     "loop_twin",
     "masked",

@@ -36,6 +36,7 @@ from limitd import clock, keys
 from limitd.connection import (
     Conn,
     LuaScript,
+    each_pipelined,
     pack_command,
     replication,
     send_calls_then,
@@ -62,7 +63,6 @@ MAX_ASKS = 4  # calls one take makes at most while the index holds queues it was
 # An in-progress entry no thread holds is requeued once it has been so this long: a
 # fetch's reply or a settlement in flight is never that late.
 ORPHAN_SECONDS = 2.0
-IN_PROGRESS_CHUNK = 1000  # queues whose in-progress lists one round trip reads (heartbeat)
 
 
 class LimitFetch:
@@ -236,7 +236,12 @@ class LimitFetch:
         seconds, not in beats. Returns how many jobs were requeued."""
         claimed = Counter((unit.queue, unit.job) for unit in held)
         unclaimed: Counter[tuple[str, bytes]] = Counter()
-        for name, entries in self._in_progress(list(self._held_queues())):
+        lists = each_pipelined(
+            self.redis,
+            list(self._held_queues()),
+            lambda pipe, name: pipe.lrange(self._queue(name)[1], 0, -1),
+        )
+        for name, entries in lists:  # a thousand queues per round trip
             unclaimed.update((name, job) for job in entries)
         unclaimed -= claimed
         now = clock.monotonic()
@@ -302,17 +307,6 @@ class LimitFetch:
         if self.dynamic:
             names += self._dynamic_queues()
         return names
-
-    def _in_progress(self, names: list[str]) -> Iterable[tuple[str, list[bytes]]]:
-        """Each queue's entries in this capsule's in-progress list, read a thousand
-        queues per round trip: a capsule that took from 10,000 queues reads them in ten,
-        not in 10,000."""
-        for first in range(0, len(names), IN_PROGRESS_CHUNK):
-            chunk = names[first : first + IN_PROGRESS_CHUNK]
-            pipe = self.redis.pipeline(transaction=False)
-            for name in chunk:
-                pipe.lrange(self._queue(name)[1], 0, -1)
-            yield from zip(chunk, cast("list[list[bytes]]", pipe.execute()), strict=True)
 
     def _held_queues(self) -> Iterable[str]:
         """The queues this capsule may hold jobs of, as Redis counts them."""

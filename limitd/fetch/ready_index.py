@@ -43,6 +43,7 @@ from typing import Any, cast
 import redis as redis_py
 
 from limitd import clock, keys
+from limitd.connection import each_pipelined
 from limitd.queues.order import QueueOrder
 
 # A dynamic capsule's queues that its config does not list come after those it does,
@@ -62,7 +63,6 @@ MAX_KNOWN = 256
 # that the calls after it follow the index by what they take out, without reading it,
 # until fewer than a call's worth are left.
 REFILL_FACTOR = 4
-CHECK_CHUNK = 1000  # queues per pipeline when re-checking them
 NO_HINTS: dict[str, int] = {}  # shared, never written: a call without hints
 SWEEP_PER_SECOND = 50
 # The sweep runs before a call at most this often: an idle capsule sweeps at each poll
@@ -335,12 +335,10 @@ class ReadyIndex:
         """Hint every queue of ``names`` that holds jobs: its list, or for a fair queue
         its tenants' turns (one EXISTS of both per queue, pipelined)."""
         k = keys.of(redis)
-        names = list(names)
-        for first in range(0, len(names), CHECK_CHUNK):
-            chunk = names[first : first + CHECK_CHUNK]
-            pipe = redis.pipeline(transaction=False)
-            for name in chunk:
-                pipe.exists(k.queue(name), k.fair_part(name, "turns"))
-            for name, length in zip(chunk, pipe.execute(), strict=True):
-                if length:
-                    self.hint(name)
+
+        def ask(pipe: Any, name: str) -> None:
+            pipe.exists(k.queue(name), k.fair_part(name, "turns"))
+
+        for name, found in each_pipelined(redis, list(names), ask):
+            if found:
+                self.hint(name)
