@@ -47,6 +47,7 @@ from _common import bench_redis_url, wait_until
 
 import limitd
 
+ASYNC_APPS_DIR = Path(__file__).resolve().parent / "async_apps"  # reporter.py
 QUEUE = "bench_mem"
 APP_MODULE = "bench_mem_app"
 STARTED_KEY = "bench:mem:started"
@@ -59,45 +60,22 @@ BULK = 1000
 APP = textwrap.dedent(f"""
     import asyncio
     import os
-    import threading
-    import time
 
     import limitd
+    from reporter import Reporter
 
     HOLD_SECONDS = float(os.environ["BENCH_HOLD_SECONDS"])
     REPORT_EVERY = 0.01
 
-    _lock = threading.Lock()
-    _counts = {{"started": 0, "done": 0}}
-    _reporter_pid = 0
-
-
-    def count(what):
-        with _lock:
-            _counts[what] += 1
-        if _reporter_pid != os.getpid():
-            _start_reporter()
-
-
-    def _start_reporter():
-        global _reporter_pid
-        with _lock:
-            if _reporter_pid == os.getpid():
-                return
-            _reporter_pid = os.getpid()
-        threading.Thread(target=_report, name="bench-mem-counts", daemon=True).start()
-
-
-    def _report():
-        conn = limitd.redis_client()
-        reported = {{}}
-        while True:
-            time.sleep(REPORT_EVERY)
-            with _lock:
-                current = dict(_counts)
-            if current != reported:
-                conn.mset({{"{STARTED_KEY}": current["started"], "{DONE_KEY}": current["done"]}})
-                reported = current
+    count = Reporter(
+        limitd.redis_client,
+        lambda conn, now, _: conn.mset(
+            {{"{STARTED_KEY}": now["started"], "{DONE_KEY}": now["done"]}}
+        ),
+        REPORT_EVERY,
+        "started",
+        "done",
+    ).count
 
 
     @limitd.job(name="bench.Hold", queue="{QUEUE}")
@@ -211,6 +189,7 @@ def workers(url: str, app_dir: Path, args: argparse.Namespace) -> Iterator[subpr
         CONFIG.format(url=url, module=APP_MODULE, queue=QUEUE, threads=PROCESSORS, slots=args.slots)
     )
     env = {**os.environ, "LIMITD_REDIS_URL": url, "BENCH_HOLD_SECONDS": str(args.hold)}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ASYNC_APPS_DIR), env.get("PYTHONPATH")]))
     command = [sys.executable, "-m", "limitd.cli", "start", str(conf)]
     proc = subprocess.Popen(command, cwd=app_dir, env=env, stdout=subprocess.DEVNULL)
     try:
@@ -316,7 +295,7 @@ def main() -> None:
     ):
         app_dir = Path(tmp)
         (app_dir / f"{APP_MODULE}.py").write_text(APP)
-        sys.path.insert(0, str(app_dir))
+        sys.path[:0] = [str(app_dir), str(ASYNC_APPS_DIR)]  # the app imports reporter
         os.environ["BENCH_HOLD_SECONDS"] = str(args.hold)  # the app reads it on import
         conn = redis_py.Redis.from_url(url)
         limitd.set_default_client(limitd.Client(conn))

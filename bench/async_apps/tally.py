@@ -11,18 +11,20 @@
 from __future__ import annotations
 
 import os
-import threading
-import time
 
 import redis
 from bench_counter import COUNTER_KEY, redis_url
+from reporter import Reporter
 
 WORK = os.environ.get("BENCH_WORK", "wait")
 REPORT_EVERY = 0.005  # seconds; the driver reads the counter every 10 ms
 
-_lock = threading.Lock()
-_done = 0
-_reporter_pid = 0
+_reporter = Reporter(
+    lambda: redis.Redis.from_url(redis_url()),
+    lambda client, now, before: client.incrby(COUNTER_KEY, now["done"] - before["done"]),
+    REPORT_EVERY,
+    "done",
+)
 
 
 def incr_in_job() -> bool:
@@ -32,29 +34,4 @@ def incr_in_job() -> bool:
 
 def done() -> None:
     """One more job finished in this process; thread-safe, and costs the job no I/O."""
-    global _done
-    with _lock:
-        _done += 1
-    if _reporter_pid != os.getpid():
-        _start_reporter()
-
-
-def _start_reporter() -> None:
-    """One reporter per process, started by its first job (after any fork)."""
-    global _reporter_pid
-    with _lock:
-        if _reporter_pid == os.getpid():
-            return
-        _reporter_pid = os.getpid()
-    threading.Thread(target=_report, name="bench-tally", daemon=True).start()
-
-
-def _report() -> None:
-    client = redis.Redis.from_url(redis_url())
-    reported = 0
-    while True:
-        time.sleep(REPORT_EVERY)
-        current = _done
-        if current != reported:
-            client.incrby(COUNTER_KEY, current - reported)
-            reported = current
+    _reporter.count("done")
