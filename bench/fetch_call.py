@@ -56,6 +56,8 @@ def fill(conn: redis_py.Redis, names: list[str], jobs: int) -> None:
 
 def measure_one(url: str, count: int, jobs: int, want: int) -> dict[str, float]:
     """In this process, with whatever ``limitd`` it imports: one drain by two fetches."""
+    from _common import command_counts, redis_cpu_seconds
+
     from limitd.fetch.factory import limit_fetch
     from limitd.queues.order import QueueOrder
 
@@ -68,7 +70,7 @@ def measure_one(url: str, count: int, jobs: int, want: int) -> dict[str, float]:
         fetch.wake_handlers()  # as a capsule does: one re-check of every queue first
     held: list[list] = [[], []]
     conn.config_resetstat()
-    cpu = conn.info("cpu")
+    cpu = redis_cpu_seconds(conn)
     done = 0
     while True:
         took = False
@@ -79,15 +81,10 @@ def measure_one(url: str, count: int, jobs: int, want: int) -> dict[str, float]:
             took = took or bool(units)
         if not took:
             break
-    after = conn.info("cpu")
-    stats = conn.info("commandstats")
-    script = stats["cmdstat_evalsha"]
-    inner = sum(
-        value["calls"]
-        for name, value in stats.items()
-        if name not in ("cmdstat_evalsha", "cmdstat_info", "cmdstat_config")
-    )
-    used = sum(float(after[f]) - float(cpu[f]) for f in ("used_cpu_user", "used_cpu_sys"))
+    used = redis_cpu_seconds(conn) - cpu
+    script = conn.info("commandstats")["cmdstat_evalsha"]
+    served = command_counts(conn)
+    inner = sum(served.values()) - served["evalsha"] - served["config"]
     return {
         "jobs": done,
         "calls": script["calls"],
