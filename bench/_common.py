@@ -4,12 +4,16 @@ served (INFO commandstats), and timing one capsule draining a known number of jo
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import redis as redis_py
 
@@ -130,3 +134,56 @@ def machine_load(before: tuple[int, int]) -> MachineLoad:
     steal, total = cpu_ticks()
     spent = total - before[1]
     return MachineLoad((steal - before[0]) / spent if spent > 0 else 0.0, os.getloadavg()[0])
+
+
+# ``limitd start`` as a benchmark runs it.
+
+
+@contextmanager
+def limitd_started(conf: Path, env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
+    """``limitd start conf`` (this interpreter's limitd, in the config's folder), stopped
+    with TERM at the end; a capsule that outlives its supervisor is killed."""
+    command = [sys.executable, "-m", "limitd.cli", "start", str(conf)]
+    proc = subprocess.Popen(command, cwd=conf.parent, env=env, stdout=subprocess.DEVNULL)
+    try:
+        yield proc
+    finally:
+        stop_limitd(proc)
+
+
+def stop_limitd(proc: subprocess.Popen[bytes]) -> None:
+    """TERM the supervisor and wait for it and its children; KILL what outlives 60 s."""
+    capsules = children(proc.pid) if proc.poll() is None else []
+    proc.terminate()
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        print("limitd start ignored TERM for 60 s: killed", file=sys.stderr)
+        proc.kill()
+        proc.wait()
+    for pid in capsules:
+        if Path(f"/proc/{pid}").exists():
+            print(f"capsule {pid} outlived its supervisor: killed", file=sys.stderr)
+            os.kill(pid, signal.SIGKILL)
+
+
+def children(pid: int) -> list[int]:
+    """``pid``'s child processes, from /proc/<pid>/task/*/children."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            found += [int(child) for child in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return found
+
+
+def wait_subscribed(conn: redis_py.Redis, proc: subprocess.Popen[bytes], capsules: int) -> None:
+    """Until ``capsules`` capsules listen for wake-ups (so they fetch pushes at once)."""
+
+    def listening() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"limitd start exited with {proc.returncode}")
+        return dict(conn.pubsub_numsub("limitd:wake")).get(b"limitd:wake", 0) >= capsules
+
+    wait_until(listening, 60, "the capsules' wake-up subscriptions")

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -43,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis as redis_py
-from _common import bench_redis_url, wait_until
+from _common import bench_redis_url, children, limitd_started, wait_subscribed, wait_until
 
 import limitd
 
@@ -142,17 +141,6 @@ def command_line(pid: int) -> str:
     return raw.replace(b"\0", b" ").decode(errors="replace")
 
 
-def children(pid: int) -> list[int]:
-    """``pid``'s child processes, from /proc/<pid>/task/*/children."""
-    found: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            found += [int(child) for child in (task / "children").read_text().split()]
-        except OSError:
-            continue
-    return found
-
-
 def find_capsule(supervisor: subprocess.Popen[bytes]) -> int:
     """The supervisor's child titled "limitd capsule ..." (setproctitle rewrites the
     command line once the capsule runs)."""
@@ -170,17 +158,6 @@ def find_capsule(supervisor: subprocess.Popen[bytes]) -> int:
     return found[0]
 
 
-def subscribed(conn: redis_py.Redis, supervisor: subprocess.Popen[bytes]) -> None:
-    """The capsule listens for wake-ups, so it fetches pushed jobs at once."""
-
-    def listening() -> bool:
-        if supervisor.poll() is not None:
-            raise RuntimeError(f"limitd start exited with {supervisor.returncode}")
-        return dict(conn.pubsub_numsub("limitd:wake")).get(b"limitd:wake", 0) >= 1
-
-    wait_until(listening, 60, "the capsule's wake-up subscription")
-
-
 @contextmanager
 def workers(url: str, app_dir: Path, args: argparse.Namespace) -> Iterator[subprocess.Popen[bytes]]:
     """``limitd start`` on the run's config, stopped with TERM at the end."""
@@ -190,28 +167,8 @@ def workers(url: str, app_dir: Path, args: argparse.Namespace) -> Iterator[subpr
     )
     env = {**os.environ, "LIMITD_REDIS_URL": url, "BENCH_HOLD_SECONDS": str(args.hold)}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ASYNC_APPS_DIR), env.get("PYTHONPATH")]))
-    command = [sys.executable, "-m", "limitd.cli", "start", str(conf)]
-    proc = subprocess.Popen(command, cwd=app_dir, env=env, stdout=subprocess.DEVNULL)
-    try:
+    with limitd_started(conf, env) as proc:
         yield proc
-    finally:
-        stop(proc)
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """TERM the supervisor and wait for it and its children; KILL what outlives 60 s."""
-    capsules = children(proc.pid) if proc.poll() is None else []
-    proc.terminate()
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        print("limitd start ignored TERM for 60 s: killed", file=sys.stderr)
-        proc.kill()
-        proc.wait()
-    for pid in capsules:
-        if Path(f"/proc/{pid}").exists():
-            print(f"capsule {pid} outlived its supervisor: killed", file=sys.stderr)
-            os.kill(pid, signal.SIGKILL)
 
 
 def sample(capsule: int, supervisor: int) -> Sample:
@@ -300,7 +257,7 @@ def main() -> None:
         conn = redis_py.Redis.from_url(url)
         limitd.set_default_client(limitd.Client(conn))
         with workers(url, app_dir, args) as supervisor:
-            subscribed(conn, supervisor)
+            wait_subscribed(conn, supervisor, 1)
             capsule = find_capsule(supervisor)
             time.sleep(SETTLE_SECONDS)
             idle = sample(capsule, supervisor.pid)

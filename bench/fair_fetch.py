@@ -46,7 +46,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis as redis_py
-from _common import bench_redis_url, cpu_ticks, machine_load, wait_until
+from _common import (
+    bench_redis_url,
+    cpu_ticks,
+    limitd_started,
+    machine_load,
+    wait_subscribed,
+    wait_until,
+)
 
 import limitd
 
@@ -146,25 +153,8 @@ def workers(
     """``limitd start`` in ``mode``'s setup, stopped with TERM at the end."""
     conf = app_dir / f"{mode}.yml"
     conf.write_text(CONFIG.format(processes=args.processes, threads=args.threads) + QUEUES[mode])
-    env = {**os.environ, "LIMITD_REDIS_URL": url}
-    command = [sys.executable, "-m", "limitd.cli", "start", str(conf)]
-    proc = subprocess.Popen(command, cwd=app_dir, env=env, stdout=subprocess.DEVNULL)
-    try:
+    with limitd_started(conf, {**os.environ, "LIMITD_REDIS_URL": url}) as proc:
         yield proc
-    finally:
-        proc.terminate()
-        proc.wait(60)
-
-
-def ready(conn: redis_py.Redis, proc: subprocess.Popen[bytes], processes: int) -> None:
-    """Every capsule subscribed to wake-ups (so it fetches pushes at once)."""
-
-    def subscribed() -> bool:
-        if proc.poll() is not None:
-            raise RuntimeError(f"limitd start exited with {proc.returncode}")
-        return dict(conn.pubsub_numsub("limitd:wake")).get(b"limitd:wake", 0) >= processes
-
-    wait_until(subscribed, 60, "the capsules")
 
 
 def job_class(mode: str) -> type[limitd.Job]:
@@ -190,7 +180,7 @@ def flood_run(
     job = job_class(mode)
     before = cpu_ticks()
     with workers(url, app_dir, mode, args) as proc:
-        ready(conn, proc, args.processes)
+        wait_subscribed(conn, proc, args.processes)
         start = time.time()
         job.perform_bulk([["flood", n] for n in range(args.flood)])
         for tenant in range(tenants):
