@@ -259,9 +259,8 @@ class ReadyIndex:
         asks again at once)."""
         stale, refilled, rate_in = int(reply[0]), int(reply[1]), reply[2]
         names = [name.decode() for name in reply[3:]]
-        if names or refilled:
-            self._sorted = None
         if refilled:
+            self._sorted = None
             self._known = {name: self._rank_or_last(name) for name in names}
             self._complete = len(names) < plan.size
             # A sample: nothing known beyond it; the first queues: all up to the last.
@@ -269,6 +268,11 @@ class ReadyIndex:
         else:
             for name in names:
                 self._known.pop(name, None)
+            if names and self._sorted is not None:
+                # Still by rank without what left: filtered, not sorted again, since a
+                # call over many queues takes some out every time.
+                known = self._known
+                self._sorted = [name for name in self._sorted if name in known]
         if rate_in not in (b"", ""):
             ms = int(rate_in)
             self._rate_due_at = None if ms < 0 else clock.monotonic() + ms / 1000
@@ -289,8 +293,8 @@ class ReadyIndex:
         return (self._rank_or_last(name), name)
 
     def _rank_or_last(self, name: str) -> int:
-        rank = self.rank(name)
-        return DYNAMIC_RANK if rank is None else rank
+        # A queue this capsule does not list ranks last whether it is dynamic or not.
+        return self.ranks.get(name, DYNAMIC_RANK)
 
     # -- re-checks ---------------------------------------------------------------------
 
