@@ -394,9 +394,11 @@ def test_unique_until_executed_frees_the_lock_after_the_async_job_ran(
 def test_unique_until_executing_frees_the_lock_when_the_async_job_starts(
     capsules: Capsules, redis
 ) -> None:
-    capsules.start()
+    # Both pushes before the capsule runs: once it has started the first copy, the lock
+    # is gone and a second push is rightly accepted.
     unique_executing.perform_async(2)
     assert unique_executing.perform_async(2) is None
+    capsules.start()
     wait_for(lambda: meter.now == 1, message="the job running")
     assert lock_of(redis, "async_test.UniqueExecuting", [2]) is None
     assert unique_executing.perform_async(2) is not None  # a new copy while it runs

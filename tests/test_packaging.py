@@ -61,7 +61,7 @@ def test_the_suite_ignores_the_redis_url_a_shell_exports() -> None:
     }
     test = "tests/test_cluster.py::test_the_url_and_the_config_name_the_nodes"
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", test],
         check=False,
         cwd=ROOT,
         env=env,
