@@ -98,8 +98,9 @@
 -- (LLEN, SISMEMBER, the limits and the busy count), then counted here as jobs are
 -- settled and taken: nothing else can change those keys while the script runs, so the
 -- counts stay exact. The jobs a queue gives in one call move with one RPOP (with a
--- count) and one LPUSH; the busy counts of every queue settled or taken from are read
--- with one HMGET (a few queues ahead at a time) and written with one HSET, and the
+-- count) and one LPUSH; the limits and busy counts of the queues settled and of the
+-- first few the call looks at are read together, one HMGET of each hash (then a few
+-- queues ahead at a time, as the fetch goes on), written with one HSET, and the
 -- queues the call takes out of the ready index leave it in one ZREM. Only settling
 -- scans anything: this capsule's own in-progress list (LREM from its oldest end),
 -- whose length is bounded by the capsule's threads. The keys most deployments never
@@ -191,6 +192,8 @@ end
 -- HMGET of ``fields`` (any number: unpack takes a few thousand values at most, so a
 -- thousand at a time), the values in the same order.
 local function hmget(key, fields)
+  if #fields == 0 then return {} end
+  if #fields <= 1000 then return redis.call('HMGET', key, unpack(fields)) end
   local values = {}
   for first = 1, #fields, 1000 do
     local part = {unpack(fields, first, math.min(first + 999, #fields))}
@@ -369,32 +372,6 @@ end
 
 local settles, want, queues = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 fair_at = 8 + 2 * settles + 2 * queues
-
--- Jobs settled from several queues: their counts are read together (from one queue,
--- one HGET each is cheaper than building the lists).
-local settled_names, several = {}, false
-for j = 1, settles do
-  settled_names[j] = ARGV[7 + 2 * j]
-  several = several or settled_names[j] ~= settled_names[1]
-end
-if several then prefetch(settled_names) end
-
-local settled, acked, acked_names, queue_key_of = 0, {}, {}, {}
-for j = 1, settles do
-  local name, queue_key = ARGV[7 + 2 * j], KEYS[7 + 2 * j]
-  local done = settle(KEYS[6 + 2 * j], queue_key, ARGV[6 + 2 * j], name, ARGV[3])
-  settled = settled + done
-  if done == 1 and ARGV[3] == 'ack' then
-    if acked[name] == nil then
-      acked_names[#acked_names + 1] = name
-      queue_key_of[name] = queue_key
-    end
-    acked[name] = (acked[name] or 0) + 1
-  end
-end
-for _, name in ipairs(acked_names) do
-  free_slots(name, queue_key_of[name], acked[name])
-end
 
 -- The ready index (this capsule's; see the header). The caller mirrors it: it passes
 -- the queues it knows the index holds (and hints: queues to add), says whether those are
@@ -640,6 +617,42 @@ local function pop_fair(st, job_charges, most)
   end
   fair_hold(st.fair, job, tenant)
   return job
+end
+
+-- Settle first, so the slots freed are free for the jobs taken next. A call that settles
+-- jobs reads the counts of their queues and of the first queues it will look at
+-- together, in one HMGET of each hash, when they are several queues (of one queue,
+-- one HGET each is cheaper than building the lists): a call over many queues of a job
+-- or two each settles from some and takes from others.
+local counted, several = {}, false
+for j = 1, settles do
+  counted[j] = ARGV[7 + 2 * j]
+  several = several or counted[j] ~= counted[1]
+end
+if settles > 0 and want > 0 then
+  local first = order_of(1)
+  for k = 1, math.min(READ_AHEAD, #first) do
+    counted[#counted + 1] = ARGV[6 + 2 * settles + 2 * first[k]]
+    several = several or counted[#counted] ~= counted[1]
+  end
+end
+if several then prefetch(counted) end
+
+local settled, acked, acked_names, queue_key_of = 0, {}, {}, {}
+for j = 1, settles do
+  local name, queue_key = ARGV[7 + 2 * j], KEYS[7 + 2 * j]
+  local done = settle(KEYS[6 + 2 * j], queue_key, ARGV[6 + 2 * j], name, ARGV[3])
+  settled = settled + done
+  if done == 1 and ARGV[3] == 'ack' then
+    if acked[name] == nil then
+      acked_names[#acked_names + 1] = name
+      queue_key_of[name] = queue_key
+    end
+    acked[name] = (acked[name] or 0) + 1
+  end
+end
+for _, name in ipairs(acked_names) do
+  free_slots(name, queue_key_of[name], acked[name])
 end
 
 -- Each job starts again from the first queue of its order, so a strict order stays
