@@ -193,6 +193,10 @@ class ServerChain(Chain):
     ) -> Any:
         """Run every middleware concerned with this job around ``perform``."""
         entries = self._concerned(payload)
+        if not entries:  # no middleware concerned: nothing to wrap
+            return perform()
+        if not any(entry.wrapped for entry in entries):
+            return _through(entries, spec, payload, queue, perform)
 
         def step(index: int) -> Any:
             if index == len(entries):
@@ -227,6 +231,10 @@ class ServerChain(Chain):
         """:meth:`invoke` for an async job, on the running loop (a callable middleware
         without ``acall`` runs on a worker thread)."""
         entries = self._concerned(payload)
+        if not entries:
+            return await perform()
+        if not any(entry.wrapped for entry in entries):
+            return await _athrough(entries, spec, payload, queue, perform)
 
         async def step(index: int) -> Any:
             if index == len(entries):
@@ -275,6 +283,80 @@ class ServerChain(Chain):
             elif returned:
                 calls.extend(returned)
         return calls
+
+
+def _through(
+    entries: list[ServerEntry],
+    spec: JobSpec,
+    payload: Payload,
+    queue: str,
+    perform: Callable[[], Any],
+) -> Any:
+    """``perform`` inside typed middleware only, in one frame: their ``starting`` hooks
+    outermost first, then ``ended`` innermost first, each seeing the error the ones
+    inside it left, as the nested calls of :meth:`ServerChain.invoke` would, without a
+    frame per middleware. A middleware whose ``starting`` raised is not ended; the
+    ones around it are."""
+    entered: list[ServerMiddleware] = []
+    error: BaseException | None = None
+    result = None
+    try:
+        for entry in entries:
+            middleware: ServerMiddleware = entry.middleware
+            if entry.starts:
+                work = middleware.starting(spec, payload, queue)
+                if work is not None:
+                    run_work(_redis_of(middleware), work)
+            if entry.ends:
+                entered.append(middleware)
+        result = perform()
+    except BaseException as exc:
+        error = exc
+    for middleware in reversed(entered):
+        try:
+            ending = middleware.ended(spec, payload, queue, error)
+            if ending is not None:
+                _end(middleware, ending, error)
+        except BaseException as exc:
+            error = exc
+    if error is not None:
+        raise error
+    return result
+
+
+async def _athrough(
+    entries: list[ServerEntry],
+    spec: JobSpec,
+    payload: Payload,
+    queue: str,
+    perform: Callable[[], Awaitable[Any]],
+) -> Any:
+    """:func:`_through` for an async job, on the running loop."""
+    entered: list[ServerMiddleware] = []
+    error: BaseException | None = None
+    result = None
+    try:
+        for entry in entries:
+            middleware: ServerMiddleware = entry.middleware
+            if entry.starts:
+                work = middleware.starting(spec, payload, queue)
+                if work is not None:
+                    await arun_work(_loop_redis_of(middleware), work)
+            if entry.ends:
+                entered.append(middleware)
+        result = await perform()
+    except BaseException as exc:
+        error = exc
+    for middleware in reversed(entered):
+        try:
+            ending = middleware.ended(spec, payload, queue, error)
+            if ending is not None:
+                await _aend(middleware, ending, error)
+        except BaseException as exc:
+            error = exc
+    if error is not None:
+        raise error
+    return result
 
 
 def _redis_of(middleware: ServerMiddleware) -> RedisClient:

@@ -1,0 +1,124 @@
+"""The server chain runs typed middleware in one frame (``starting`` outermost first,
+then ``ended`` innermost first) and nests calls only around callable middleware: both
+ways must give the same hooks, in the same order, with the same errors."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from limitd.middleware.base import Ending, ServerMiddleware
+from limitd.middleware.chain import ServerChain
+from limitd.spec import JobSpec
+
+PAYLOAD: dict[str, Any] = {"class": "X", "args": [], "queue": "default", "jid": "a" * 24}
+SPEC: JobSpec = None  # type: ignore[assignment]  # the hooks below never read it
+
+
+class Recorder(ServerMiddleware):
+    """Records its hooks; ``fail`` names what it does wrong: "starting" raises there,
+    "replace" ends a failed job with another error, "ended" raises from its hook."""
+
+    def __init__(self, name: str, events: list[str], fail: str = "") -> None:
+        self.name, self.events, self.fail = name, events, fail
+
+    def starting(self, spec: JobSpec, payload: Any, queue: str) -> None:
+        self.events.append(f"start {self.name}")
+        if self.fail == "starting":
+            raise KeyError(self.name)
+
+    def ended(self, spec: JobSpec, payload: Any, queue: str, error: Any) -> Ending | None:
+        self.events.append(f"end {self.name} {type(error).__name__}")
+        if self.fail == "replace" and error is not None:
+            return Ending(error=RuntimeError(f"replaced by {self.name}"))
+        if self.fail == "ended":
+            raise LookupError(self.name)
+        return None
+
+
+class PassThrough:
+    """A callable middleware: its presence makes the chain nest a call per middleware."""
+
+    def __call__(self, spec: Any, payload: Any, queue: str, call_next: Any) -> Any:
+        return call_next()
+
+    async def acall(self, spec: Any, payload: Any, queue: str, call_next: Any) -> Any:
+        return await call_next()
+
+
+SCENARIOS = {
+    # name: (outer's fail, inner's fail, job fails)
+    "success": ("", "", False),
+    "job fails": ("", "", True),
+    "inner replaces the error": ("", "replace", True),
+    "inner starting raises": ("", "starting", False),
+    "outer ended raises": ("ended", "", False),
+    "inner ended raises, outer replaces": ("replace", "ended", False),
+}
+
+
+def outcome(error: BaseException | None) -> str:
+    if error is None:
+        return "returned"
+    cause = type(error.__cause__).__name__ if error.__cause__ else "-"
+    return f"raised {type(error).__name__}({error}) from {cause}"
+
+
+def run(scenario: str, *, nested: bool, on_loop: bool) -> tuple[list[str], str]:
+    outer_fail, inner_fail, job_fails = SCENARIOS[scenario]
+    events: list[str] = []
+    entries: list[Any] = [
+        Recorder("outer", events, outer_fail),
+        Recorder("inner", events, inner_fail),
+    ]
+    if nested:
+        entries.append(PassThrough())
+    chain = ServerChain(entries)
+
+    def perform() -> str:
+        events.append("perform")
+        if job_fails:
+            raise ValueError("job")
+        return "result"
+
+    async def aperform() -> str:
+        return perform()
+
+    try:
+        if on_loop:
+            result = asyncio.run(chain.ainvoke(SPEC, PAYLOAD, "default", aperform))
+        else:
+            result = chain.invoke(SPEC, PAYLOAD, "default", perform)
+    except Exception as error:
+        return events, outcome(error)
+    assert result == "result"
+    return events, outcome(None)
+
+
+@pytest.mark.parametrize("on_loop", [False, True], ids=["thread", "loop"])
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_typed_middleware_run_in_one_frame_as_nested_calls_would(
+    scenario: str, on_loop: bool
+) -> None:
+    assert run(scenario, nested=False, on_loop=on_loop) == run(
+        scenario, nested=True, on_loop=on_loop
+    )
+
+
+@pytest.mark.parametrize("on_loop", [False, True], ids=["thread", "loop"])
+def test_hooks_wrap_the_job_outermost_first(on_loop: bool) -> None:
+    assert run("inner replaces the error", nested=False, on_loop=on_loop) == (
+        ["start outer", "start inner", "perform", "end inner ValueError", "end outer RuntimeError"],
+        "raised RuntimeError(replaced by inner) from ValueError",
+    )
+    # A middleware whose own starting raised is not ended; the one around it is.
+    assert run("inner starting raises", nested=False, on_loop=on_loop) == (
+        ["start outer", "start inner", "end outer KeyError"],
+        "raised KeyError('inner') from -",
+    )
+    assert run("inner ended raises, outer replaces", nested=False, on_loop=on_loop) == (
+        ["start outer", "start inner", "perform", "end inner NoneType", "end outer LookupError"],
+        "raised RuntimeError(replaced by outer) from LookupError",
+    )
