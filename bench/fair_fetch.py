@@ -18,7 +18,11 @@ then ``--small`` (tenants x jobs) small tenants enqueue theirs, one perform_bulk
 Each job records when it started (RPUSH of tenant, enqueued_at, start); the wait of a
 job is its start minus its enqueued_at. Reported: the small tenants' p50 and p99 wait,
 when the flooding tenant's last job started, and the whole drain (first enqueue to last
-start).
+start). Two more columns tell unfairness from throughput: how long the small tenants'
+pushes took (a client middleware that costs more per push spreads their arrivals, and
+the workers then keep up with them), and how many of the flood's jobs started while a
+small tenant had a job waiting (from the first small enqueue to the last small start):
+a fair fetch starts next to none, whatever the wait the drain rate imposes.
 
 Scale (``--scale``, tenants x jobs each; the first shape, one tenant, is the reference):
 the jobs are enqueued first, then the workers start; the steady drain (10% to 90% of
@@ -120,6 +124,13 @@ class Starts:
     def last_start(self, keep: Callable[[str], bool]) -> float:
         return max(started for tenant, _, started in self.rows if keep(tenant))
 
+    def flood_ahead(self) -> int:
+        """Flood jobs started between the first small enqueue and the last small start."""
+        small = [(enqueued, started) for t, enqueued, started in self.rows if t != "flood"]
+        first = min(enqueued for enqueued, _ in small)
+        last = max(started for _, started in small)
+        return sum(1 for t, _, started in self.rows if t == "flood" and first <= started <= last)
+
     def steady_rate(self) -> float:
         """Jobs per second between the 10% and the 90% start."""
         times = sorted(started for _, _, started in self.rows)
@@ -134,6 +145,8 @@ class FloodRun:
     flood_done: float  # seconds from the first enqueue to the flood's last start
     total: float  # seconds from the first enqueue to the last start
     machine: str
+    small_push: float = 0.0  # seconds the small tenants' pushes took
+    flood_ahead: int = 0  # flood jobs started while a small tenant's job waited
 
 
 @dataclass
@@ -183,8 +196,10 @@ def flood_run(
         wait_subscribed(conn, proc, args.processes)
         start = time.time()
         job.perform_bulk([["flood", n] for n in range(args.flood)])
+        small_from = time.time()
         for tenant in range(tenants):
             job.perform_bulk([[f"small{tenant:04d}", n] for n in range(each)])
+        small_push = time.time() - small_from
         wait_until(lambda: conn.llen(STARTS) >= total, args.deadline, f"{total} jobs")
     starts = read_starts(conn)
     small = starts.waits(lambda t: t.startswith("small"))
@@ -194,6 +209,8 @@ def flood_run(
         flood_done=starts.last_start(lambda t: t == "flood") - start,
         total=starts.last_start(lambda t: True) - start,
         machine=str(machine_load(before)),
+        small_push=small_push,
+        flood_ahead=starts.flood_ahead(),
     )
 
 
@@ -242,8 +259,11 @@ def report(rows: Rows, args: argparse.Namespace) -> None:
         f"{each} each; limitd start {args.processes} x {args.threads}; medians of "
         f"{args.rounds} rounds\n"
     )
-    print("| mode | small tenants' p50 wait | p99 wait | flood's last start | whole drain |")
-    print("|---|---:|---:|---:|---:|")
+    print(
+        "| mode | small tenants' p50 wait | p99 wait | flood's last start | whole drain "
+        "| small pushes took | flood jobs started meanwhile |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for mode in MODES:
         runs = rows.flood.get(mode, [])
         if not runs:
@@ -255,7 +275,8 @@ def report(rows: Rows, args: argparse.Namespace) -> None:
         print(
             f"| {mode} | {med(lambda r: r.small_p50) * 1000:,.0f} ms | "
             f"{med(lambda r: r.small_p99) * 1000:,.0f} ms | {med(lambda r: r.flood_done):.2f} s | "
-            f"{med(lambda r: r.total):.2f} s |"
+            f"{med(lambda r: r.total):.2f} s | {med(lambda r: r.small_push) * 1000:,.0f} ms | "
+            f"{med(lambda r: r.flood_ahead):,.0f} |"
         )
     fifo = rows.flood.get("fifo")
     for mode in ("rerouting", "fair"):
@@ -305,7 +326,8 @@ def main() -> None:
                 print(
                     f"round {number} flood {mode:>9}: small p50 {run.small_p50 * 1000:,.0f} ms, "
                     f"p99 {run.small_p99 * 1000:,.0f} ms; flood done {run.flood_done:.2f} s, "
-                    f"all {run.total:.2f} s; {run.machine}",
+                    f"all {run.total:.2f} s; small pushes {run.small_push * 1000:,.0f} ms, "
+                    f"flood started meanwhile {run.flood_ahead:,}; {run.machine}",
                     flush=True,
                 )
             for shape in args.shapes:
