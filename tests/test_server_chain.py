@@ -56,6 +56,7 @@ SCENARIOS = {
     "inner starting raises": ("", "starting", False),
     "outer ended raises": ("ended", "", False),
     "inner ended raises, outer replaces": ("replace", "ended", False),
+    "job fails, inner ended raises": ("", "ended", True),
 }
 
 
@@ -63,7 +64,8 @@ def outcome(error: BaseException | None) -> str:
     if error is None:
         return "returned"
     cause = type(error.__cause__).__name__ if error.__cause__ else "-"
-    return f"raised {type(error).__name__}({error}) from {cause}"
+    context = type(error.__context__).__name__ if error.__context__ else "-"
+    return f"raised {type(error).__name__}({error}) from {cause} during {context}"
 
 
 def run(scenario: str, *, nested: bool, on_loop: bool) -> tuple[list[str], str]:
@@ -111,14 +113,19 @@ def test_typed_middleware_run_in_one_frame_as_nested_calls_would(
 def test_hooks_wrap_the_job_outermost_first(on_loop: bool) -> None:
     assert run("inner replaces the error", nested=False, on_loop=on_loop) == (
         ["start outer", "start inner", "perform", "end inner ValueError", "end outer RuntimeError"],
-        "raised RuntimeError(replaced by inner) from ValueError",
+        "raised RuntimeError(replaced by inner) from ValueError during ValueError",
     )
     # A middleware whose own starting raised is not ended; the one around it is.
     assert run("inner starting raises", nested=False, on_loop=on_loop) == (
         ["start outer", "start inner", "end outer KeyError"],
-        "raised KeyError('inner') from -",
+        "raised KeyError('inner') from - during -",
+    )
+    # A hook that raises while the job's error is out is chained to it.
+    assert run("job fails, inner ended raises", nested=False, on_loop=on_loop) == (
+        ["start outer", "start inner", "perform", "end inner ValueError", "end outer LookupError"],
+        "raised LookupError(inner) from - during ValueError",
     )
     assert run("inner ended raises, outer replaces", nested=False, on_loop=on_loop) == (
         ["start outer", "start inner", "perform", "end inner NoneType", "end outer LookupError"],
-        "raised RuntimeError(replaced by outer) from LookupError",
+        "raised RuntimeError(replaced by outer) from LookupError during LookupError",
     )

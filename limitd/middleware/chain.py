@@ -318,7 +318,7 @@ def _through(
             if ending is not None:
                 _end(middleware, ending, error)
         except BaseException as exc:
-            error = exc
+            error = _replaced(error, exc)
     if error is not None:
         raise error
     return result
@@ -353,10 +353,18 @@ async def _athrough(
             if ending is not None:
                 await _aend(middleware, ending, error)
         except BaseException as exc:
-            error = exc
+            error = _replaced(error, exc)
     if error is not None:
         raise error
     return result
+
+
+def _replaced(error: BaseException | None, raised: BaseException) -> BaseException:
+    """What an ``ended`` hook raised, chained to the error it was handling as an
+    ``except`` block would have chained it (the nested calls ran it in one)."""
+    if error is not None and raised is not error and raised.__context__ is None:
+        raised.__context__ = error
+    return raised
 
 
 def _redis_of(middleware: ServerMiddleware) -> RedisClient:
