@@ -51,6 +51,16 @@ class SentinelGroup:
         return f"{sentinel.SCHEME}{hosts}/{SERVICE}/0"
 
     def start(self) -> None:
+        """Start every member and wait until each sentinel sees all the others; on a
+        failure, stop what started (a test that fails here leaks no process into the
+        next one, where pytest would report it still running)."""
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
         self.primary.start()
         for replica in self.replicas:
             replica.start()
@@ -59,8 +69,23 @@ class SentinelGroup:
             timeout=15,
             message="replicas linked to the primary",
         )
-        quorum = len(self.sentinel_ports) // 2 + 1
+        for index in range(len(self.sentinel_ports)):
+            self._start_sentinel(index)
         for port in self.sentinel_ports:
+            # Sentinels find each other by their hello messages, every 2 s: a loaded
+            # machine (the suite runs in two workers beside other work) can take a while.
+            wait_for(
+                lambda port=port: self._sees_all(port),
+                timeout=30,
+                message=f"sentinel {port} sees the primary, its replicas and the other sentinels",
+            )
+
+    def _start_sentinel(self, index: int, attempts: int = 3) -> None:
+        """Sentinel ``index`` on its port; another port if that one was taken between
+        choosing it and binding it (another worker's server may have got it first)."""
+        quorum = len(self.sentinel_ports) // 2 + 1
+        for _ in range(attempts):
+            port = self.sentinel_ports[index]
             conf = self.base / f"sentinel-{port}.conf"
             conf.write_text(
                 f"port {port}\nbind 127.0.0.1\ndir {self.base}\n"
@@ -69,20 +94,33 @@ class SentinelGroup:
                 f"sentinel failover-timeout {SERVICE} 10000\n"
                 f"sentinel parallel-syncs {SERVICE} {len(self.replicas)}\n"
             )
-            self._sentinels.append(
-                subprocess.Popen(
-                    [find_redis_server(), str(conf), "--sentinel"],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
+            proc = subprocess.Popen(
+                [find_redis_server(), str(conf), "--sentinel"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
             )
-        for port in self.sentinel_ports:
+            self._sentinels.append(proc)
             wait_for(
-                lambda port=port: self._sees_all(port),
+                lambda proc=proc, port=port: proc.poll() is not None or self._is_sentinel(port),
                 timeout=15,
-                message=f"sentinel {port} sees the primary, its replicas and the other sentinels",
+                message=f"sentinel on port {port} answering",
             )
+            if proc.poll() is None:
+                return
+            self._sentinels.remove(proc)
+            self.sentinel_ports[index] = free_port()
+        raise AssertionError(f"no sentinel started after {attempts} ports")
+
+    @staticmethod
+    def _is_sentinel(port: int) -> bool:
+        probe = redis_py.Redis(port=port, socket_timeout=1)
+        try:
+            return bool(probe.info("server").get("redis_mode") == "sentinel")
+        except redis_py.RedisError:
+            return False
+        finally:
+            probe.close()
 
     def primary_port(self) -> int:
         """The primary's port as the sentinels now say."""
@@ -98,6 +136,7 @@ class SentinelGroup:
             proc.terminate()
         for proc in self._sentinels:
             proc.wait(10)
+        self._sentinels.clear()
         for server in [self.primary, *self.replicas]:
             server.stop()
 
