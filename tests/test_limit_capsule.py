@@ -181,9 +181,9 @@ def test_an_idle_capsule_starts_a_pushed_job_without_polling(redis: redis_py.Red
             message="idle capsule: every processor waiting, the dispatcher on the gate",
         )
         short.perform_async(1)
-        wait_for(lambda: meter.done == [1], timeout=5, message="job started by wake-up")
+        wait_for(lambda: meter.done == [1], timeout=15, message="job started by wake-up")
         short.perform_bulk([[i] for i in range(2, 30)])
-        wait_for(lambda: len(meter.done) == 29, timeout=5, message="a burst")
+        wait_for(lambda: len(meter.done) == 29, timeout=15, message="a burst")
     finally:
         stop_all(capsules)
     assert meter.peak > 1, "a burst wakes more than one thread"
@@ -199,7 +199,7 @@ def test_a_freed_slot_wakes_waiting_capsules(redis: redis_py.Redis) -> None:
         held.perform_bulk([[1], [2]])
         wait_for(lambda: meter.running == 1, message="first job holding the only slot")
         meter.gate.set()
-        wait_for(lambda: len(meter.done) == 2, timeout=5, message="second job after the ack")
+        wait_for(lambda: len(meter.done) == 2, timeout=15, message="second job after the ack")
     finally:
         stop_all(capsules)
 

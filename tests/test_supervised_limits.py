@@ -222,6 +222,6 @@ def test_children_do_not_outlive_a_killed_supervisor(
     def gone() -> bool:
         return not any(running(pid) for pid in pids)
 
-    wait_for(gone, timeout=2, message="children to exit")
+    wait_for(gone, timeout=10, message="children to exit")
     assert redis.llen(keys.of(redis).queue("limited")) == 4, "their jobs were requeued"
     assert queue_limits.busy(redis, "limited") == 0
