@@ -15,7 +15,7 @@ from freezegun import freeze_time
 from limitd import keys
 from limitd.fetch import liveness
 from limitd.fetch.factory import limit_fetch
-from limitd.fetch.limit import ORPHAN_SECONDS, LimitFetch
+from limitd.fetch.limit import FORGET_DRAINED, ORPHAN_SECONDS, LimitFetch
 from limitd.queues import limits as queue_limits
 from limitd.queues.limits import LimitSettings
 from limitd.queues.order import QueueOrder
@@ -344,6 +344,48 @@ def test_an_early_beat_requeues_nothing_a_settlement_in_flight_holds(
         assert fetch.recover_orphans([]) == 0  # the early beat: too soon to tell
         frozen.tick(ORPHAN_SECONDS)
         assert fetch.recover_orphans([]) == 1  # still there seconds later: an orphan
+
+
+def test_the_orphan_scan_forgets_the_queues_a_capsule_drained(redis: redis_py.Redis) -> None:
+    """The set of queues a capsule holds jobs from keeps those it runs jobs of: a beat
+    takes out the queues whose in-progress list is empty, so that over thousands of
+    queues the next scan reads a few lists, not every queue the capsule ever took from.
+    A queue taken from again is back in the set, and the reaper still finds its job."""
+    k = keys.of(redis)
+    if k.cluster:
+        pytest.skip("in a cluster each queue has its own set, holding that queue at most")
+    names = [f"q{i:02d}" for i in range(50)]
+    for name in names:
+        push(redis, name, 2)
+    fetch = fetcher(redis, names)
+    assert len(take_settling(fetch)) == 100  # each settled with the next call
+    held = k.capsule_queues("c1")
+    assert redis.scard(held) == 50
+    push(redis, "q49", 1, tag="running")
+    running = take_one(fetch)
+    assert running is not None
+    assert fetch.recover_orphans([running]) == 0
+    assert redis.smembers(held) == {b"q49"}, "only the queue whose job still runs"
+    push(redis, "q07", 1, tag="again")
+    again = take_one(fetch)
+    assert again is not None and again.queue == "q07"
+    assert {name.decode() for name in redis.smembers(held)} == {"q07", "q49"}
+    assert liveness.reap(redis, "c1") == 2
+    assert redis.llen(k.queue("q07")) == 1 and redis.llen(k.queue("q49")) == 1
+
+
+def test_a_queue_pushed_to_after_the_scan_stays_held(redis: redis_py.Redis) -> None:
+    """The scan saw the list empty, a fetch then took a job into it: the forget, one
+    script, sees the entry and keeps the queue, so the job is not lost to a reaper."""
+    k = keys.of(redis)
+    if k.cluster:
+        pytest.skip("in a cluster each queue has its own set, holding that queue at most")
+    held, listed = k.capsule_queues("c1"), k.in_progress("c1", "q")
+    redis.sadd(held, "q", "gone")
+    redis.lpush(listed, b"a job taken since")
+    forget = [held, listed, k.in_progress("c1", "gone")]
+    assert FORGET_DRAINED(redis, forget, ["q", "gone"]) == 1
+    assert redis.smembers(held) == {b"q"}
 
 
 def test_two_hundred_queues_in_one_fetch(redis: redis_py.Redis) -> None:

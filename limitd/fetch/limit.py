@@ -54,6 +54,8 @@ from limitd.queues.order import QueueOrder
 log = logging.getLogger("limitd.fetch")
 
 LIMIT_FETCH = LuaScript(__package__ or "limitd.fetch", "limit_fetch.lua", ("fair_lib.lua",))
+FORGET_DRAINED = LuaScript(__package__ or "limitd.fetch", "forget_drained.lua")
+FORGET_PER_CALL = 1000  # drained queues a forget_drained call takes out of the set
 DYNAMIC_REFRESH_SECONDS = 5.0
 SHORTFALL_LOG_EVERY = 60.0
 ACK, REQUEUE, YIELD = b"ack", b"requeue", b"yield"
@@ -241,8 +243,12 @@ class LimitFetch:
             list(self._held_queues()),
             lambda pipe, name: pipe.lrange(self._queue(name)[1], 0, -1),
         )
+        drained = []
         for name, entries in lists:  # a thousand queues per round trip
             unclaimed.update((name, job) for job in entries)
+            if not entries:
+                drained.append(name)
+        self._forget_drained(drained)
         unclaimed -= claimed
         now = clock.monotonic()
         if now - self._suspected_at < ORPHAN_SECONDS:
@@ -311,6 +317,18 @@ class LimitFetch:
     def _held_queues(self) -> Iterable[str]:
         """The queues this capsule may hold jobs of, as Redis counts them."""
         return set_members(self.redis, self.keys.capsule_queues(self.capsule_id))
+
+    def _forget_drained(self, names: list[str]) -> None:
+        """Take the queues whose in-progress list the orphan scan found empty out of the
+        held set (``forget_drained.lua``), so the next scan reads the queues this capsule
+        runs jobs of, not every queue it ever took one from: at 10,000 queues the scan
+        of all of them took a third of a capsule's GIL at each beat. The fetch adds a
+        queue back when it takes from it again."""
+        held = self.keys.capsule_queues(self.capsule_id)
+        for first in range(0, len(names), FORGET_PER_CALL):
+            part = names[first : first + FORGET_PER_CALL]
+            in_progress = [self._queue(name)[1] for name in part]
+            FORGET_DRAINED(self.redis, [held, *in_progress], part)
 
     def _call(
         self,

@@ -51,6 +51,10 @@ class ShardedLimitFetch(LimitFetch):
         """Each shard has its own count of our queues: ask our queues directly."""
         return self.queue_names()
 
+    def _forget_drained(self, names: list[str]) -> None:
+        """Nothing to forget: each queue's set of ours holds that queue at most, and the
+        orphan scan asks the queues we list, however many we took from."""
+
     def _call(
         self,
         settle: Sequence[UnitOfWork],
