@@ -89,6 +89,9 @@ class ProcessRecord:
     ) -> None:
         self.identity = identity
         self.info = {**info, "identity": identity, "started_at": clock.now()}
+        # Fixed for the life of the process, and it names every queue: encoded once,
+        # not at every refresh (at 40,000 queues that was 7% of a busy capsule's GIL).
+        self._info_json = json.dumps(self.info)
         self.work = work
         self.ttl = max(MIN_RECORD_TTL, int(ttl))
         self.quiet = False
@@ -103,7 +106,7 @@ class ProcessRecord:
         pipe.hset(
             self.identity,
             mapping={
-                "info": json.dumps(self.info),
+                "info": self._info_json,
                 "busy": len(work),
                 "beat": clock.now(),
                 "quiet": "true" if self.quiet else "false",
