@@ -31,9 +31,10 @@ call, as before issue 32), or both, alternated within each round (the default).
    the window; the heavier heartbeat runs at start and then every 15 s, so a window
    that ends less than 15 s after the start (the default one) leaves it out. It checks
    that the configured limits are still in Redis (a few keys; it rewrites them only
-   after Redis lost them) and, with the index, sweeps index_sweep (50) queues a second
-   since the last one for pushes that publish no wake-up: 50 LLENs per capsule per
-   second at 50 queues or more, whatever the count beyond.
+   after Redis lost them). With the index, each idle poll also sweeps index_sweep (50)
+   queues a second since the last sweep for pushes that publish no wake-up, in one
+   EXISTS of all their keys while they are empty: one command a poll, whatever the
+   queue count.
 
 Queue counts are alternated within each round (1, 10, 100, ..., 1, 10, 100, ...)
 because the machine is noisy; with --rounds > 1 the table gives medians (min-max for the
@@ -438,7 +439,7 @@ def report(rows: list[Row], args: argparse.Namespace) -> None:
         "out. Idle: commands run inside the Lua poll counted (scan: an LLEN per queue), "
         "Redis CPU as a share of one core; the heartbeat (at start, then every 15 s) is "
         "left out of an idle window that ends within 15 s of the start: with the index its "
-        "sweep adds min(queues, 50) LLENs per capsule per second."
+        "sweep adds one EXISTS per idle poll (of up to 50 queues a second)."
     )
     if any(row.capped for row in rows):
         print(

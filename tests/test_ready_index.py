@@ -303,6 +303,27 @@ def test_a_push_that_does_not_publish_is_found_by_the_sweep(redis: redis_py.Redi
     assert seconds == 4, "q00321 is in the fourth hundred"
 
 
+def test_an_idle_sweep_is_one_command_whatever_it_covers(redis: redis_py.Redis) -> None:
+    """With every queue empty, a sweep asks all the queues it covers in one EXISTS, so
+    an idle capsule's commands per second do not grow with its queue count; a part
+    where something exists is then asked queue by queue (the tests above)."""
+
+    def idle_sweep(count: int, per_second: float) -> Counter[str]:
+        with freeze_time("2026-11-28 12:00:00") as frozen:
+            fetch = limit_fetch(
+                redis, QueueOrder(names(count)), f"idle-{count}", sweep_per_second=per_second
+            )
+            fetch.wake_handlers()
+            assert fetch.take(1, []) == []  # the first call re-checks every queue
+            frozen.tick(1.0)  # a second's worth of sweep is due before the next call
+            before = served(redis)
+            assert fetch.take(1, []) == []
+            return served(redis) - before
+
+    expected = Counter({"evalsha": 1, "exists": 1})
+    assert idle_sweep(20, 50) == idle_sweep(10_000, 50) == idle_sweep(400, 300) == expected
+
+
 def test_a_few_queues_are_all_swept_at_every_idle_poll(redis: redis_py.Redis) -> None:
     """20 queues at 50 a second: every poll (0.4 s or more apart) re-checks them all,
     so a client that does not publish waits no longer than before the index."""

@@ -26,7 +26,9 @@ all atomic), so the index only has to be a *superset* of the queues with work an
   *sweep*, which re-checks the next few listed queues before a call (at most every
   ``SWEEP_EVERY`` seconds: at each idle poll), ``sweep_per_second`` of them per second
   and capsule, so its cost does not grow with the queue count but its period does (a
-  capsule of 20 queues re-checks them all at every poll, as before the index).
+  capsule of 20 queues re-checks them all at every poll, as before the index). While
+  they are empty, the queues a sweep covers are asked in one EXISTS of all their keys:
+  an idle capsule sends the same few commands a second whatever it lists.
 
 Standalone Redis and Sentinel only: in a cluster the fetch is one call per queue on its
 own shard (``limitd.fetch.sharded``), and no one key could index queues of every shard.
@@ -65,6 +67,8 @@ MAX_KNOWN = 256
 REFILL_FACTOR = 4
 NO_HINTS: dict[str, int] = {}  # shared, never written: a call without hints
 SWEEP_PER_SECOND = 50
+# Queues a re-check asks in one EXISTS before asking them one by one (two keys each).
+CHECK_AT_ONCE = 500
 # The sweep runs before a call at most this often: an idle capsule sweeps at each poll
 # (0.4 to 0.5 s), a busy one costs one pipelined round trip more every half second.
 SWEEP_EVERY = 0.4
@@ -337,12 +341,24 @@ class ReadyIndex:
 
     def _check(self, redis: redis_py.Redis, names: Iterable[str]) -> None:
         """Hint every queue of ``names`` that holds jobs: its list, or for a fair queue
-        its tenants' turns (one EXISTS of both per queue, pipelined)."""
+        its tenants' turns. A few hundred queues are asked in one EXISTS of all their
+        keys first, and only a part where some exist is asked queue by queue (pipelined):
+        an idle capsule's sweep is then one command however many queues it covers."""
+        k = keys.of(redis)
+        listed = list(names)
+        for first in range(0, len(listed), CHECK_AT_ONCE):
+            part = listed[first : first + CHECK_AT_ONCE]
+            both = [key for name in part for key in (k.queue(name), k.fair_part(name, "turns"))]
+            if part and redis.exists(*both):
+                self._check_each(redis, part)
+
+    def _check_each(self, redis: redis_py.Redis, names: list[str]) -> None:
+        """Hint each queue of ``names`` that holds jobs (one EXISTS per queue, pipelined)."""
         k = keys.of(redis)
 
         def ask(pipe: Any, name: str) -> None:
             pipe.exists(k.queue(name), k.fair_part(name, "turns"))
 
-        for name, found in each_pipelined(redis, list(names), ask):
+        for name, found in each_pipelined(redis, names, ask):
             if found:
                 self.hint(name)
