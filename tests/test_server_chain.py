@@ -39,7 +39,8 @@ class Recorder(ServerMiddleware):
 
 
 class PassThrough:
-    """A callable middleware: its presence makes the chain nest a call per middleware."""
+    """A callable middleware: between the two typed ones, it splits them into two runs,
+    the inner one called from it, as nested calls."""
 
     def __call__(self, spec: Any, payload: Any, queue: str, call_next: Any) -> Any:
         return call_next()
@@ -76,7 +77,7 @@ def run(scenario: str, *, nested: bool, on_loop: bool) -> tuple[list[str], str]:
         Recorder("inner", events, inner_fail),
     ]
     if nested:
-        entries.append(PassThrough())
+        entries.insert(1, PassThrough())
     chain = ServerChain(entries)
 
     def perform() -> str:
@@ -101,9 +102,7 @@ def run(scenario: str, *, nested: bool, on_loop: bool) -> tuple[list[str], str]:
 
 @pytest.mark.parametrize("on_loop", [False, True], ids=["thread", "loop"])
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_typed_middleware_run_in_one_frame_as_nested_calls_would(
-    scenario: str, on_loop: bool
-) -> None:
+def test_typed_middleware_in_one_frame_as_in_nested_runs(scenario: str, on_loop: bool) -> None:
     assert run(scenario, nested=False, on_loop=on_loop) == run(
         scenario, nested=True, on_loop=on_loop
     )

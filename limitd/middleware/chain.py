@@ -195,29 +195,20 @@ class ServerChain(Chain):
         entries = self._concerned(payload)
         if not entries:  # no middleware concerned: nothing to wrap
             return perform()
-        if not any(entry.wrapped for entry in entries):
+        if not any(entry.wrapped for entry in entries):  # most jobs: one frame for all
             return _through(entries, spec, payload, queue, perform)
 
         def step(index: int) -> Any:
+            """From entry ``index`` in: a callable middleware wraps the rest itself; a
+            run of typed ones goes through in one frame (:func:`_through`)."""
             if index == len(entries):
                 return perform()
             entry = entries[index]
             if entry.wrapped is not None:
                 return entry.middleware(spec, payload, queue, lambda: step(index + 1))
-            middleware: ServerMiddleware = entry.middleware
-            if entry.starts:
-                work = middleware.starting(spec, payload, queue)
-                if work is not None:
-                    run_work(_redis_of(middleware), work)
-            if not entry.ends:
-                return step(index + 1)
-            try:
-                result = step(index + 1)
-            except BaseException as error:
-                _end(middleware, middleware.ended(spec, payload, queue, error), error)
-                raise
-            _end(middleware, middleware.ended(spec, payload, queue, None), None)
-            return result
+            end = _typed_run_end(entries, index)
+            inner = perform if end == len(entries) else lambda: step(end)
+            return _through(entries[index:end], spec, payload, queue, inner)
 
         return step(0)
 
@@ -236,26 +227,18 @@ class ServerChain(Chain):
         if not any(entry.wrapped for entry in entries):
             return await _athrough(entries, spec, payload, queue, perform)
 
-        async def step(index: int) -> Any:
+        def step(index: int) -> Awaitable[Any]:
+            """As in :meth:`invoke`; what is left to await, not a coroutine of its own."""
             if index == len(entries):
-                return await perform()
+                return perform()
             entry = entries[index]
-            if entry.wrapped is not None:
-                return await entry.wrapped.ainvoke(spec, payload, queue, lambda: step(index + 1))
-            middleware: ServerMiddleware = entry.middleware
-            if entry.starts:
-                work = middleware.starting(spec, payload, queue)
-                if work is not None:
-                    await arun_work(_loop_redis_of(middleware), work)
-            if not entry.ends:
-                return await step(index + 1)
-            try:
-                result = await step(index + 1)
-            except BaseException as error:
-                await _aend(middleware, middleware.ended(spec, payload, queue, error), error)
-                raise
-            await _aend(middleware, middleware.ended(spec, payload, queue, None), None)
-            return result
+            if entry.wrapped is not None:  # its call_next must give a coroutine
+                return entry.wrapped.ainvoke(
+                    spec, payload, queue, lambda: _awaited(step(index + 1))
+                )
+            end = _typed_run_end(entries, index)
+            inner = perform if end == len(entries) else lambda: step(end)
+            return _athrough(entries[index:end], spec, payload, queue, inner)
 
         return await step(0)
 
@@ -285,6 +268,21 @@ class ServerChain(Chain):
         return calls
 
 
+async def _awaited(awaitable: Awaitable[Any]) -> Any:
+    """``awaitable`` as a coroutine (what a callable middleware run on a worker thread
+    hands back to the loop must be one)."""
+    return await awaitable
+
+
+def _typed_run_end(entries: list[ServerEntry], index: int) -> int:
+    """Where the run of typed middleware that starts at ``index`` ends: the next
+    callable one, or the end of the chain."""
+    end = index
+    while end < len(entries) and entries[end].wrapped is None:
+        end += 1
+    return end
+
+
 def _through(
     entries: list[ServerEntry],
     spec: JobSpec,
@@ -294,9 +292,8 @@ def _through(
 ) -> Any:
     """``perform`` inside typed middleware only, in one frame: their ``starting`` hooks
     outermost first, then ``ended`` innermost first, each seeing the error the ones
-    inside it left, as the nested calls of :meth:`ServerChain.invoke` would, without a
-    frame per middleware. A middleware whose ``starting`` raised is not ended; the
-    ones around it are."""
+    inside it left, as nested calls would, without a frame per middleware. A
+    middleware whose ``starting`` raised is not ended; the ones around it are."""
     entered: list[ServerMiddleware] = []
     error: BaseException | None = None
     result = None
@@ -378,22 +375,16 @@ def _loop_redis_of(middleware: ServerMiddleware) -> AsyncRedisClient:
     return loop_twin(_redis_of(middleware))  # type: ignore[arg-type]
 
 
-def _end(middleware: ServerMiddleware, ending: Ending | None, error: BaseException | None) -> None:
+def _end(middleware: ServerMiddleware, ending: Ending, error: BaseException | None) -> None:
     """Make an ``ended`` hook's work, then raise the error it ends the job with."""
-    if ending is None:
-        return
     if ending.work is not None:
         run_work(_redis_of(middleware), ending.work)
     if ending.error is not None:
         raise ending.error from error
 
 
-async def _aend(
-    middleware: ServerMiddleware, ending: Ending | None, error: BaseException | None
-) -> None:
+async def _aend(middleware: ServerMiddleware, ending: Ending, error: BaseException | None) -> None:
     """:func:`_end` on the running loop."""
-    if ending is None:
-        return
     if ending.work is not None:
         await arun_work(_loop_redis_of(middleware), ending.work)
     if ending.error is not None:
