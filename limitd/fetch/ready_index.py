@@ -349,7 +349,7 @@ class ReadyIndex:
         for first in range(0, len(listed), CHECK_AT_ONCE):
             part = listed[first : first + CHECK_AT_ONCE]
             both = [key for name in part for key in (k.queue(name), k.fair_part(name, "turns"))]
-            if part and redis.exists(*both):
+            if redis.exists(*both):
                 self._check_each(redis, part)
 
     def _check_each(self, redis: redis_py.Redis, names: list[str]) -> None:
