@@ -502,6 +502,31 @@ def test_a_tenant_alone_gives_a_whole_take_in_one_pop(redis: redis_py.Redis) -> 
     assert ten_pops == one_pops, "one RPOP of the line for ten jobs"
 
 
+def test_a_fair_call_asks_only_the_rare_keys_it_must_and_writes_its_counters_once(
+    redis: redis_py.Redis,
+) -> None:
+    """With fair queues the only rare feature in use, a call that finds the fair
+    settings asks nothing more about paused queues, process limits, rate limits or
+    suspects (the first EXISTS counted one key), and writes the queue's jobs count and
+    clock in one HSET (the busy counts take the other)."""
+    make_fair(QUEUE, redis=redis)
+    push(redis, "solo", 20)
+    fetch = limit_fetch(redis, QueueOrder([QUEUE]), "c1", ready_index=False)
+    fetch.settle(fetch.take(1, []))  # the arrivals sorted into the line
+
+    def calls(stats: dict, name: str) -> int:
+        return int(stats.get(f"cmdstat_{name}", {}).get("calls", 0))
+
+    before = redis.info("commandstats")
+    units = fetch.take(5, [])
+    after = redis.info("commandstats")
+    assert jids_of(units) == [f"solo-{i}" for i in range(1, 6)]
+    ran = {name: calls(after, name) - calls(before, name) for name in ("exists", "hincrby", "hset")}
+    # The rare keys together, the fair settings, the queue's turns and weights.
+    assert ran == {"exists": 4, "hincrby": 0, "hset": 2}, ran
+    assert redis.hget(keys.of(redis).fair_part(QUEUE, "state"), "jobs") == b"14"
+
+
 def test_jobs_popped_ahead_but_not_taken_go_back_in_order(redis: redis_py.Redis) -> None:
     """A queue limit of 3 stops a take of 10 after 3: the 7 popped ahead of their turns
     return to the front of the line, and the next take goes on where this one stopped."""

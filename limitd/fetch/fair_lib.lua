@@ -75,10 +75,25 @@ local function fair_tenant_of(job)
   return ''
 end
 
+-- The queue's counters in B:state (the jobs in all lines, the clock, the last entry
+-- turn), read together on first use in a call: a call that sorts and takes reads them
+-- with one HMGET, and fair_flush writes them back with one HSET.
+local function fair_load(fk)
+  if fk.jobs ~= nil then return end
+  local found = redis.call('HMGET', fk.state, 'jobs', 'clock', 'entered')
+  fk.jobs = tonumber(found[1]) or 0
+  if fk.clock == nil then fk.clock = tonumber(found[2]) or 0 end
+  if fk.entered == nil then fk.entered = tonumber(found[3]) or 0 end
+end
+
+-- The jobs in the queue's lines, this call's moves included.
+local function fair_jobs(fk)
+  fair_load(fk)
+  return fk.jobs + fk.jobs_delta
+end
+
 local function fair_clock(fk)
-  if fk.clock == nil then
-    fk.clock = tonumber(redis.call('HGET', fk.state, 'clock')) or 0
-  end
+  if fk.clock == nil then fair_load(fk) end
   return fk.clock
 end
 
@@ -95,9 +110,7 @@ end
 -- The virtual time of a newly active tenant's first turn: now, after those that became
 -- active before it at the same clock.
 local function fair_entry_turn(fk)
-  if fk.entered == nil then
-    fk.entered = tonumber(redis.call('HGET', fk.state, 'entered')) or 0
-  end
+  if fk.entered == nil then fair_load(fk) end
   fk.entered = math.max(fair_clock(fk), fk.entered) + FAIR_ENTRY_GAP
   fk.entered_moved = true
   return fk.entered
@@ -272,21 +285,27 @@ local function fair_hold(fk, job, tenant)
   if running >= fk.limit then redis.call('ZREM', fk.turns, tenant) end
 end
 
--- Write what this call changed of the clock and the jobs count, once.
+-- Write what this call changed of the counters, once: one HSET (the jobs count as read
+-- plus this call's moves; an HINCRBY when the call never read it).
 local function fair_flush(fk)
   fair_give_back(fk)
-  if fk.jobs_delta ~= 0 then
+  local fields = {}
+  if fk.jobs_delta ~= 0 and fk.jobs ~= nil then
+    fk.jobs = fk.jobs + fk.jobs_delta
+    fields[#fields + 1], fields[#fields + 2] = 'jobs', fk.jobs
+  elseif fk.jobs_delta ~= 0 then
     redis.call('HINCRBY', fk.state, 'jobs', fk.jobs_delta)
-    fk.jobs_delta = 0
   end
+  fk.jobs_delta = 0
   if fk.clock_moved then
-    redis.call('HSET', fk.state, 'clock', fk.clock)
+    fields[#fields + 1], fields[#fields + 2] = 'clock', fk.clock
     fk.clock_moved = false
   end
   if fk.entered_moved then
-    redis.call('HSET', fk.state, 'entered', fk.entered)
+    fields[#fields + 1], fields[#fields + 2] = 'entered', fk.entered
     fk.entered_moved = false
   end
+  if #fields > 0 then redis.call('HSET', fk.state, unpack(fields)) end
 end
 
 -- Whether a fair queue has a job a turn could give now.

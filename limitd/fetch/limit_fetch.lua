@@ -124,18 +124,24 @@ local held_suspect = nil -- sha1 of the suspect this capsule holds, or false; re
 -- process limits, the fair queues, the rate limits, the recovered suspects), asked at
 -- most once a call, and all five in one EXISTS first: while none does, no queue is
 -- paused, limited per process, fair or rate-limited, no job is a suspect, and none is
--- asked about it. An idle poll asks it once.
+-- asked about it. An idle poll asks it once. When some exist, the count says how many
+-- are still to be found, so a deployment that uses one of them (fair queues, say) asks
+-- only until it has found that one, not all five.
 local RARE_KEYS = {paused, process_limits, fair_settings, rate_limits, recoveries}
-local exists_once = nil
+local exists_once, rare_unknown, rare_unfound = nil, #RARE_KEYS, 0
 local function exists(key)
   if exists_once == nil then
     exists_once = {}
-    if redis.call('EXISTS', unpack(RARE_KEYS)) == 0 then
-      for _, rare in ipairs(RARE_KEYS) do exists_once[rare] = false end
-    end
+    rare_unfound = redis.call('EXISTS', unpack(RARE_KEYS))
   end
   if exists_once[key] == nil then
-    exists_once[key] = redis.call('EXISTS', key) == 1
+    if rare_unfound == 0 or rare_unfound == rare_unknown then
+      exists_once[key] = rare_unfound > 0 -- none left to find, or every one left exists
+    else
+      exists_once[key] = redis.call('EXISTS', key) == 1
+    end
+    rare_unknown = rare_unknown - 1
+    if exists_once[key] then rare_unfound = rare_unfound - 1 end
   end
   return exists_once[key]
 end
@@ -497,7 +503,7 @@ local function queue_state(i)
       fair_sort(fair, KEYS[5 + at], math.min(left, MAX_SORTED))
       unsorted = left - math.min(left, MAX_SORTED)
       left = fair_waiting(fair)
-        and math.max(1, (tonumber(redis.call('HGET', fair.state, 'jobs')) or 0) + fair.jobs_delta)
+        and math.max(1, fair_jobs(fair))
         or 0
     end
     if left == 0 and unsorted == 0 then
