@@ -51,12 +51,11 @@ APP = textwrap.dedent("""
     import time
 
     import limitd
-    from limitd.client import default_client
 
     @limitd.job(name="bench.Lateness", queue="sched", retry=False)
     def lateness(at):
         started = time.time()
-        default_client().redis.rpush("bench:lateness", repr(started - at))
+        limitd.redis_client().rpush("bench:lateness", repr(started - at))
 """)
 CONFIG = textwrap.dedent("""
     require: [bench_scheduled_app]
