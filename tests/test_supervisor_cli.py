@@ -80,6 +80,32 @@ def test_two_capsules_make_the_expected_process_tree(
     wait_for(lambda: "[1 of 3 busy]" in title(worker), message="title follows the work")
 
 
+def policies(pid: int) -> set[int]:
+    """The kernel scheduling policy of every thread of ``pid``."""
+    return {os.sched_getscheduler(int(tid)) for tid in os.listdir(f"/proc/{pid}/task")}
+
+
+def test_capsule_processes_run_under_the_configured_cpu_scheduling(
+    app_dir: Path, supervisor: Callable[..., subprocess.Popen[bytes]], redis: redis_py.Redis
+) -> None:
+    """Every thread of a capsule process runs under SCHED_BATCH by default (they are
+    started after the policy is set, and inherit it); a capsule set to ``normal`` and
+    the supervisor itself keep the kernel's default."""
+    (app_dir / "mixed.yml").write_text(
+        TWO_CAPSULES.replace("    processes: 2\n", "    processes: 2\n    cpu_scheduling: normal\n")
+    )
+    proc = supervisor("mixed.yml")
+    wait_for(lambda: redis.scard(keys.of(redis).CAPSULES) == 3, message="three capsule processes")
+    pids = children(proc.pid)
+    # The supervisor registers a child before the child has set its own title.
+    wait_for(lambda: all("capsule" in title(pid) for pid in pids), message="child titles")
+    by_capsule: dict[str, set[int]] = {"default": set(), "side": set()}
+    for pid in pids:
+        by_capsule["side" if "capsule side" in title(pid) else "default"] |= policies(pid)
+    assert by_capsule == {"default": {os.SCHED_BATCH}, "side": {os.SCHED_OTHER}}
+    assert policies(proc.pid) == {os.SCHED_OTHER}
+
+
 def test_term_requeues_a_long_job_and_leaves_no_child(
     supervisor: Callable[..., subprocess.Popen[bytes]], redis: redis_py.Redis
 ) -> None:
@@ -143,6 +169,7 @@ def test_tstp_quiets_every_child_and_ttin_dumps_stacks(
         ("queues: [work]\nconcurrency: many\n", "concurrency", "integer"),
         ("queues: [work]\nconcurrency: -2\n", "concurrency", ">= 1"),
         ("queues: [work]\nlimits: {other: 2}\n", "limits.other", "not in this capsule"),
+        ("queues: [work]\ncpu_scheduling: fast\n", "cpu_scheduling", "['batch', 'normal']"),
         (
             "capsules:\n  mail:\n    queues: [mail]\n    processes: 0\n",
             "capsules.mail.processes",

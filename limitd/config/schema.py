@@ -18,7 +18,8 @@ of its own.
   ``process_limits``, ``rate_limits``, ``blocking``, ``dynamic``, ``processes`` and
   ``max_memory_mb`` are its own too (defaults otherwise, never the top-level values).
   It inherits ``timeout``, ``heartbeat_period``, ``poll_range``, ``fetch``,
-  ``scheduled_poll``, ``tag`` and ``dead`` (key by key) from the top level unless it
+  ``scheduled_poll``, ``ready_index``, ``index_sweep``, ``cpu_scheduling``, ``tag``
+  and ``dead`` (key by key) from the top level unless it
   sets them. Its ``require`` *adds* modules to the top-level
   list: the supervisor imports those before forking, so they cannot be taken away.
 - ``LIMITD_REDIS_URL`` in the environment overrides ``redis.url``, and
@@ -38,6 +39,7 @@ from typing import Any
 
 from limitd.config.files import KeyPath, interpolate, merge_files
 from limitd.config.settings import (
+    CPU_SCHEDULINGS,
     FETCHES,
     SCHEDULED_POLLS,
     CapsuleConfig,
@@ -81,6 +83,7 @@ SHARED_KEYS = (
     "scheduled_poll",
     "ready_index",
     "index_sweep",
+    "cpu_scheduling",
     "max_recoveries",
 )
 CAPSULE_KEYS = frozenset(OWN_KEYS + SHARED_KEYS)
@@ -128,6 +131,7 @@ class Shared:
     scheduled_poll: str = _DEFAULTS.scheduled_poll
     ready_index: bool = _DEFAULTS.ready_index
     index_sweep: float = _DEFAULTS.index_sweep
+    cpu_scheduling: str = _DEFAULTS.cpu_scheduling
 
 
 def load_config(paths: Sequence[str | Path], env: Mapping[str, str] | None = None) -> Config:
@@ -181,6 +185,7 @@ def read_shared(section: Section, base: Shared) -> Shared:
         scheduled_poll=section.choice("scheduled_poll", SCHEDULED_POLLS, base.scheduled_poll),
         ready_index=section.boolean("ready_index", base.ready_index),
         index_sweep=section.number("index_sweep", base.index_sweep, 0),
+        cpu_scheduling=section.choice("cpu_scheduling", CPU_SCHEDULINGS, base.cpu_scheduling),
         tag=section.string("tag", base.tag),
         dead=read_dead(section.section("dead"), base.dead),
         max_recoveries=section.integer("max_recoveries", base.max_recoveries, 1),
@@ -359,6 +364,7 @@ def read_capsule(name: str, section: Section, shared: Shared) -> CapsuleSpec:
             scheduled_poll=shared.scheduled_poll,
             ready_index=shared.ready_index,
             index_sweep=shared.index_sweep,
+            cpu_scheduling=shared.cpu_scheduling,
             heartbeat_period=shared.heartbeat_period,
             poll_range=shared.poll_range,
             dead_set=shared.dead,
@@ -486,6 +492,7 @@ def capsule_as_dict(spec: CapsuleSpec) -> dict[str, Any]:
         "scheduled_poll": capsule.scheduled_poll,
         "ready_index": capsule.ready_index,
         "index_sweep": capsule.index_sweep,
+        "cpu_scheduling": capsule.cpu_scheduling,
         "tag": capsule.tag,
         "dead": {
             "max_jobs": capsule.dead_set.max_jobs,

@@ -18,6 +18,7 @@ from limitd.retry import DeadSetPolicy, DeathHandler
 
 FETCHES = ("limit", "basic")
 SCHEDULED_POLLS = ("due", "interval")  # see supervisor/poller.py
+CPU_SCHEDULINGS = ("batch", "normal")  # see supervisor/cpu_scheduling.py
 
 
 @dataclass
@@ -60,6 +61,8 @@ class CapsuleConfig:
     # and re-checks index_sweep listed queues a second for pushes that do not publish.
     ready_index: bool = True
     index_sweep: float = 50.0
+    # The kernel policy of a capsule process's threads (limitd.supervisor.cpu_scheduling).
+    cpu_scheduling: str = "batch"
     capsule_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     # Which of the supervisor's children runs this (0, 1, ...), kept across restarts: a
     # per-process port is the configured one plus this number.
@@ -74,8 +77,7 @@ class CapsuleConfig:
         self._check_async(where)
         if self.timeout < 0:
             raise ValueError(f"{where}: timeout must be >= 0 seconds")
-        if self.fetch not in FETCHES:
-            raise ValueError(f"{where}: fetch must be one of {FETCHES}, got {self.fetch!r}")
+        self._check_choices(where)
         if self.heartbeat_period <= 0:
             raise ValueError(f"{where}: heartbeat_period must be > 0 seconds")
         if isinstance(self.max_recoveries, bool) or not isinstance(self.max_recoveries, int):
@@ -87,12 +89,18 @@ class CapsuleConfig:
         low, high = self.poll_range
         if not 0 < low <= high:
             raise ValueError(f"{where}: poll_range must be two seconds values, 0 < low <= high")
-        if self.scheduled_poll not in SCHEDULED_POLLS:
-            raise ValueError(
-                f"{where}: scheduled_poll must be one of {SCHEDULED_POLLS}, "
-                f"got {self.scheduled_poll!r}"
-            )
         self._check_limits(where)
+
+    def _check_choices(self, where: str) -> None:
+        for key, choices in (
+            ("fetch", FETCHES),
+            ("scheduled_poll", SCHEDULED_POLLS),
+            ("cpu_scheduling", CPU_SCHEDULINGS),
+        ):
+            if getattr(self, key) not in choices:
+                raise ValueError(
+                    f"{where}: {key} must be one of {choices}, got {getattr(self, key)!r}"
+                )
 
     def _check_async(self, where: str) -> None:
         if self.async_concurrency is not None and not _is_count(self.async_concurrency):
