@@ -81,28 +81,40 @@ def test_two_capsules_make_the_expected_process_tree(
 
 
 def policies(pid: int) -> set[int]:
-    """The kernel scheduling policy of every thread of ``pid``."""
-    return {os.sched_getscheduler(int(tid)) for tid in os.listdir(f"/proc/{pid}/task")}
+    """The kernel scheduling policy of every thread of ``pid`` (a short-lived thread
+    that ends while they are read has none to check)."""
+    found = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            found.add(os.sched_getscheduler(int(tid)))
+        except ProcessLookupError:
+            continue
+    return found
 
 
 def test_capsule_processes_run_under_the_configured_cpu_scheduling(
-    app_dir: Path, supervisor: Callable[..., subprocess.Popen[bytes]], redis: redis_py.Redis
+    app_dir: Path, supervisor: Callable[..., subprocess.Popen[bytes]]
 ) -> None:
     """Every thread of a capsule process runs under SCHED_BATCH by default (they are
     started after the policy is set, and inherit it); a capsule set to ``normal`` and
-    the supervisor itself keep the kernel's default."""
+    the supervisor itself keep the kernel's default. Each capsule sets its title once
+    its policy is set, so the policies are read once all three have one."""
     (app_dir / "mixed.yml").write_text(
         TWO_CAPSULES.replace("    processes: 2\n", "    processes: 2\n    cpu_scheduling: normal\n")
     )
     proc = supervisor("mixed.yml")
-    wait_for(lambda: redis.scard(keys.of(redis).CAPSULES) == 3, message="three capsule processes")
+
+    def titled() -> bool:
+        pids = children(proc.pid)
+        return len(pids) == 3 and all("limitd capsule" in title(pid) for pid in pids)
+
+    wait_for(titled, timeout=30, message="three capsule processes with their titles")
     pids = children(proc.pid)
-    # The supervisor registers a child before the child has set its own title.
-    wait_for(lambda: all("capsule" in title(pid) for pid in pids), message="child titles")
     by_capsule: dict[str, set[int]] = {"default": set(), "side": set()}
     for pid in pids:
         by_capsule["side" if "capsule side" in title(pid) else "default"] |= policies(pid)
-    assert by_capsule == {"default": {os.SCHED_BATCH}, "side": {os.SCHED_OTHER}}
+    threads = {pid: (title(pid), sorted(os.listdir(f"/proc/{pid}/task"))) for pid in pids}
+    assert by_capsule == {"default": {os.SCHED_BATCH}, "side": {os.SCHED_OTHER}}, threads
     assert policies(proc.pid) == {os.SCHED_OTHER}
 
 
