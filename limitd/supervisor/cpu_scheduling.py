@@ -11,8 +11,8 @@ the releases).
 ``SCHED_BATCH`` is the same fair-share policy, at the same nice value, without that
 wake-up preemption: the woken thread runs once the waker blocks (its next socket call,
 which releases the GIL) or its time slice ends, or at once on an idle core. On a
-2-core machine it made a 1 x 10 drain of no-op jobs 1.19x faster (93 -> 77 us of
-worker CPU per job) and a 2 x 10 one 1.10x (see docs/benchmarks.md). ``normal``
+2-core machine it made a 1 x 10 drain of no-op jobs 1.17-1.23x faster (92 -> 76 us of
+worker CPU per job) and a 2 x 10 one 1.10-1.28x (see docs/benchmarks.md). ``normal``
 keeps the kernel's default. The policy is set on every thread the capsule process has
 when it starts (its main thread, the parent watchdog), and the threads started after
 inherit it; the supervisor and in-process capsules (tests, an app that runs one) are
