@@ -295,11 +295,13 @@ def drain_line(number: int, label: str, run: DrainRun) -> str:
     w = run.window
     part = "steady" if run.drain.steady else "whole (no steady window)"
     busiest = ", ".join(f"{name} {n:.2f}" for name, n in w.busiest)
+    costliest = ", ".join(f"{name} {us:.1f}" for name, us in w.costliest)
     return (
         f"round {number} {label:>20}: {run.jobs:,} jobs, {part} {w.rate:>7,.0f} jobs/s, "
         f"Redis CPU {w.redis_cpu_us_per_job:>5.0f} us/job, worker CPU "
         f"{w.worker_cpu_us_per_job:>5.0f} us/job, {w.commands_per_job:.1f} cmds/job "
-        f"({w.lua_per_job:.2f} Lua; {busiest}); whole drain {run.drain.seconds:.1f} s, "
+        f"({w.lua_per_job:.2f} Lua; {busiest}); server time per job, us: {costliest}; "
+        f"whole drain {run.drain.seconds:.1f} s, "
         f"first job after {run.drain.first_job:.2f} s; {run.machine}"
     )
 

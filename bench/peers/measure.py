@@ -37,6 +37,7 @@ class Snapshot:
     count: int  # jobs done by then
     polls: int  # GETs of the job counter the driver had sent by then
     commands: Counter[str]  # INFO commandstats calls
+    command_usec: Counter[str]  # INFO commandstats usec: server time per command
     redis_cpu: float  # redis-server CPU seconds (user + sys)
     worker_cpu: float  # CPU seconds of every process of the workers' sessions
 
@@ -52,6 +53,9 @@ class Window:
     redis_cpu_us_per_job: float  # redis-server CPU time (user + sys) per job
     worker_cpu_us_per_job: float  # the workers' CPU time (user + sys) per job
     busiest: tuple[tuple[str, float], ...] = ()  # the most-served commands, calls per job
+    # The commands that took the most server time, us per job. A Lua call's time holds
+    # that of the commands it ran, which are also counted under their own names.
+    costliest: tuple[tuple[str, float], ...] = ()
 
     @property
     def rate(self) -> float:
@@ -75,16 +79,22 @@ def redis_cpu_seconds(conn: redis_py.Redis) -> float:
     return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
+def command_stats(conn: redis_py.Redis) -> tuple[Counter[str], Counter[str]]:
+    """Calls served so far and the server time they took (us), per command (INFO
+    commandstats; the INFO calls left out). The server runs one system at a time, so a
+    difference is that system's work."""
+    calls: Counter[str] = Counter()
+    usec: Counter[str] = Counter()
+    for name, stats in conn.info("commandstats").items():
+        if name != "cmdstat_info":
+            calls[name.removeprefix("cmdstat_")] = int(stats["calls"])
+            usec[name.removeprefix("cmdstat_")] = int(stats["usec"])
+    return calls, usec
+
+
 def command_counts(conn: redis_py.Redis) -> Counter[str]:
-    """Calls served so far per command (INFO commandstats; the INFO calls left out).
-    The server runs one system at a time, so a difference is that system's work."""
-    return Counter(
-        {
-            name.removeprefix("cmdstat_"): int(stats["calls"])
-            for name, stats in conn.info("commandstats").items()
-            if name != "cmdstat_info"
-        }
-    )
+    """Calls served so far per command (see ``command_stats``)."""
+    return command_stats(conn)[0]
 
 
 def system_env(url: str) -> dict[str, str]:
@@ -161,6 +171,11 @@ def window(a: Snapshot, b: Snapshot) -> Window | None:
         redis_cpu_us_per_job=1e6 * (b.redis_cpu - a.redis_cpu) / done,
         worker_cpu_us_per_job=1e6 * (b.worker_cpu - a.worker_cpu) / done,
         busiest=tuple((name, n / done) for name, n in served.most_common(6) if n > 0),
+        costliest=tuple(
+            (name, us / done)
+            for name, us in (b.command_usec - a.command_usec).most_common(8)
+            if us > 0
+        ),
     )
 
 
@@ -172,11 +187,13 @@ def _snapshot(
     count: int,
     polls: int,
 ) -> Snapshot:
+    calls, usec = command_stats(conn)
     return Snapshot(
         seconds=seconds,
         count=count,
         polls=polls,
-        commands=command_counts(conn),
+        commands=calls,
+        command_usec=usec,
         redis_cpu=redis_cpu_seconds(conn),
         worker_cpu=worker_cpu_seconds(procs),
     )

@@ -98,10 +98,12 @@
 -- (LLEN, SISMEMBER, the limits and the busy count), then counted here as jobs are
 -- settled and taken: nothing else can change those keys while the script runs, so the
 -- counts stay exact. The jobs a queue gives in one call move with one RPOP (with a
--- count) and one LPUSH; the limits and busy counts of the queues settled and of the
--- first few the call looks at are read together, one HMGET of each hash (then a few
--- queues ahead at a time, as the fetch goes on), written with one HSET, and the
--- queues the call takes out of the ready index leave it in one ZREM. Only settling
+-- count) and one LPUSH; a queue's limit and busy count are read (one HGET each) when
+-- the call first needs them, the busy counts changed are written with one HSET, and the
+-- queues the call takes out of the ready index leave it in one ZREM. (Reading the
+-- counts of the next few queues in one HMGET cost more: inside a script a command is
+-- cheap next to the Lua that builds its fields and converts its reply, and a read
+-- ahead reads queues the call then finds empty or never reaches.) Only settling
 -- scans anything: this capsule's own in-progress list (LREM from its oldest end),
 -- whose length is bounded by the capsule's threads. The keys most deployments never
 -- create (paused queues, process limits, fair queues, rate limits, suspects) cost one
@@ -193,44 +195,6 @@ end
 
 local function add_busy(name, count)
   set_busy(name, busy_count(name) + count)
-end
-
--- HMGET of ``fields`` (any number: unpack takes a few thousand values at most, so a
--- thousand at a time), the values in the same order.
-local function hmget(key, fields)
-  if #fields == 0 then return {} end
-  if #fields <= 1000 then return redis.call('HMGET', key, unpack(fields)) end
-  local values = {}
-  for first = 1, #fields, 1000 do
-    local part = {unpack(fields, first, math.min(first + 999, #fields))}
-    for _, value in ipairs(redis.call('HMGET', key, unpack(part))) do
-      values[#values + 1] = value
-    end
-  end
-  return values
-end
-
--- The limits and busy counts of ``names`` not read yet, in one HMGET each: the queues
--- settled, read together, and those the fetch is about to look at, a few ahead at a
--- time (READ_AHEAD), so that a call reads what it looks at and not every queue it was
--- given, nor one queue at a time. Every queue's busy count is read, limited or not: a
--- queue taken from has its count written back.
-local READ_AHEAD = 8
-local function prefetch(names)
-  local unread_limits, unread_busy, seen = {}, {}, {}
-  for _, name in ipairs(names) do
-    if not seen[name] then
-      seen[name] = true
-      if limit_of[name] == nil then unread_limits[#unread_limits + 1] = name end
-      if busy_of[name] == nil then unread_busy[#unread_busy + 1] = name end
-    end
-  end
-  for k, cap in ipairs(hmget(limits, unread_limits)) do
-    limit_of[unread_limits[k]] = tonumber(cap) or false
-  end
-  for k, count in ipairs(hmget(busy, unread_busy)) do
-    busy_of[unread_busy[k]] = tonumber(count) or 0
-  end
 end
 
 -- Write the busy counts this call changed, in one HSET (a thousand at a time).
@@ -521,18 +485,7 @@ local function queue_state(i)
   return st
 end
 
--- The counts of queue ``st`` (``order[at]``), read with those of the next few queues of
--- ``order`` (the ones this call looks at next) unless known already.
-local function read_ahead(st, order, at)
-  if limit_of[st.name] ~= nil and busy_of[st.name] ~= nil then return end
-  local names = {}
-  for k = at, math.min(at + READ_AHEAD - 1, #order) do
-    names[#names + 1] = ARGV[6 + 2 * settles + 2 * order[k]]
-  end
-  prefetch(names)
-end
-
-local function at_limit(st, order, at)
+local function at_limit(st)
   if st.held == nil then
     st.process_limit = exists(process_limits)
       and tonumber(redis.call('HGET', process_limits, st.name)) or false
@@ -541,7 +494,6 @@ local function at_limit(st, order, at)
   if st.process_limit and st.held >= st.process_limit then
     return 'process'
   end
-  read_ahead(st, order, at)
   local cap = limit(st.name)
   return cap and busy_count(st.name) >= cap and 'global'
 end
@@ -551,10 +503,10 @@ end
 -- when a blocking queue holds the rest back, or nil when no queue has a job to give.
 -- The job itself moves later, with the others taken from that queue.
 local function take_one(order)
-  for at, i in ipairs(order) do
+  for _, i in ipairs(order) do
     local st = queue_state(i)
     if st.open and st.left > 0 then
-      local held_by, rate, tat, free_at = at_limit(st, order, at), nil, nil, nil
+      local held_by, rate, tat, free_at = at_limit(st), nil, nil, nil
       local free = not held_by
       if free then free, rate, tat, free_at = rate_allows(st.name, st.rate_key) end
       if free then
@@ -625,24 +577,7 @@ local function pop_fair(st, job_charges, most)
   return job
 end
 
--- Settle first, so the slots freed are free for the jobs taken next. A call that settles
--- jobs reads the counts of their queues and of the first queues it will look at
--- together, in one HMGET of each hash, when they are several queues (of one queue,
--- one HGET each is cheaper than building the lists): a call over many queues of a job
--- or two each settles from some and takes from others.
-local counted, several = {}, false
-for j = 1, settles do
-  counted[j] = ARGV[7 + 2 * j]
-  several = several or counted[j] ~= counted[1]
-end
-if settles > 0 and want > 0 then
-  local first = order_of(1)
-  for k = 1, math.min(READ_AHEAD, #first) do
-    counted[#counted + 1] = ARGV[6 + 2 * settles + 2 * first[k]]
-    several = several or counted[#counted] ~= counted[1]
-  end
-end
-if several then prefetch(counted) end
+-- Settle first, so the slots freed are free for the jobs taken next.
 
 local settled, acked, acked_names, queue_key_of = 0, {}, {}, {}
 for j = 1, settles do
