@@ -502,9 +502,16 @@ end
 -- its state (and its rate and arrival time, to move on once the job is kept), "stop"
 -- when a blocking queue holds the rest back, or nil when no queue has a job to give.
 -- The job itself moves later, with the others taken from that queue.
+--
+-- Jobs that share an order (every job, in the given order) start past the queues that
+-- have nothing left for this call (``spent``): none comes back within a call, and over
+-- many shallow queues each job would otherwise walk past every one the call emptied.
+local spent = 0
 local function take_one(order)
-  for _, i in ipairs(order) do
-    local st = queue_state(i)
+  local shared = order == natural
+  for at = shared and spent + 1 or 1, #order do
+    local st = queue_state(order[at])
+    if shared and at == spent + 1 and not (st.open and st.left > 0) then spent = at end
     if st.open and st.left > 0 then
       local held_by, rate, tat, free_at = at_limit(st), nil, nil, nil
       local free = not held_by
