@@ -434,12 +434,16 @@ end
 -- The earliest time (microseconds) a queue skipped for its rate limit may be fetched.
 local room_at = nil
 
--- Whether queue ``name`` may give a job now; with a rate limit, also its rate and
--- arrival time (to move on when a job is taken).
-local function rate_allows(name, rate_key)
-  local rate = rate_of(name)
+-- Whether queue ``st`` may give a job now; with a rate limit, also its rate and
+-- arrival time (to move on when a job is taken). Its rate is looked up once a call.
+local function rate_allows(st)
+  local rate = st.rate
+  if rate == nil then
+    rate = rate_of(st.name)
+    st.rate = rate
+  end
   if not rate then return true end
-  local tat = arrival(rate_key, rate)
+  local tat = arrival(st.rate_key, rate)
   local free_at = tat - rate.tolerance
   if free_at <= clock() then return true, rate, tat end
   room_at = math.min(room_at or free_at, free_at)
@@ -449,7 +453,7 @@ end
 -- Queue i's state in this call: its keys, the jobs left in it, whether it may give any
 -- at all (not empty, not paused), its process limit and this capsule's jobs of it in
 -- progress (read when first needed), and the jobs taken from it so far.
-local state = {}
+local state, looked = {}, {} -- looked: the states that are not EMPTY, in the order met
 local EMPTY = {open = false, left = 0, taken = 0} -- shared by every empty queue
 
 local function queue_state(i)
@@ -461,7 +465,8 @@ local function queue_state(i)
     -- for the empty ones.
     local left = redis.call('LLEN', KEYS[5 + at])
     local name = ARGV[6 + 2 * settles + 2 * i]
-    local fair = fair_of(name)
+    -- (A fair queue may have jobs in its tenants' lines with none among its arrivals.)
+    local fair = (left > 0 or exists(fair_settings)) and fair_of(name)
     local unsorted = 0
     if fair then -- its arrivals into their tenants' lines; what it has is what turns give
       fair_sort(fair, KEYS[5 + at], math.min(left, MAX_SORTED))
@@ -481,6 +486,7 @@ local function queue_state(i)
     st.open = not exists(paused) or redis.call('SISMEMBER', paused, name) == 0
     if not st.open then unlist(st) end
     state[i] = st
+    looked[#looked + 1] = st
   end
   return st
 end
@@ -515,7 +521,7 @@ local function take_one(order)
     if st.open and st.left > 0 then
       local held_by, rate, tat, free_at = at_limit(st), nil, nil, nil
       local free = not held_by
-      if free then free, rate, tat, free_at = rate_allows(st.name, st.rate_key) end
+      if free then free, rate, tat, free_at = rate_allows(st) end
       if free then
         st.left, st.taken, st.held = st.left - 1, st.taken + 1, st.held + 1
         add_busy(st.name, 1)
@@ -634,9 +640,8 @@ end
 -- the in-progress list, as one LMOVE per job would. (Popped one by one above while
 -- suspects may exist.)
 local holding = {}
-for i = 1, queues do
-  local st = state[i]
-  if st ~= nil and st.taken > 0 then
+for _, st in ipairs(looked) do
+  if st.taken > 0 then
     jobs_of[st] = jobs_of[st] or redis.call('RPOP', st.queue_key, st.taken)
     redis.call('LPUSH', st.in_progress_key, unpack(jobs_of[st]))
     holding[#holding + 1] = st.name
@@ -655,11 +660,8 @@ save_busy()
 -- call took out. ``rate in``: when rate_wait changed, the milliseconds until its first
 -- queue may give a job (-1: it is empty), else "".
 local function index_reply()
-  for i = 1, queues do
-    local st = state[i]
-    if st ~= nil and st ~= EMPTY and st.left == 0 and st.unsorted == 0 and not st.deferred then
-      unlist(st)
-    end
+  for _, st in ipairs(looked) do
+    if st.left == 0 and st.unsorted == 0 and not st.deferred then unlist(st) end
   end
   remove_unlisted()
   local short = #picks < want
@@ -690,11 +692,12 @@ for _, fair in pairs(fair_of_name) do
   if fair then fair_flush(fair) end
 end
 
+local NO_CHARGES = {0, 0}
 local taken, given = {settled, 0, index_mode and index_reply() or {}}, {}
 for _, st in ipairs(picks) do
   given[st] = (given[st] or 0) + 1
   local job = jobs_of[st][given[st]]
-  local found = job_charges[job] or {0, 0}
+  local found = job_charges[job] or NO_CHARGES
   taken[#taken + 1] = st.name
   taken[#taken + 1] = job
   taken[#taken + 1] = found[1]
