@@ -20,7 +20,8 @@ call, as before issue 32), or both, alternated within each round (the default).
    one Redis INCR (bench/peers/apps/limitd_app.py). The drain is timed by
    bench/peers/measure.py: the job counter is read every 10 ms and the figures are
    taken over the steady window, 10% to 90% of the jobs (start-up and tail left out):
-   jobs/s, redis-server CPU per job (INFO cpu, user + sys), the CPU of every process
+   jobs/s, redis-server CPU per job (INFO cpu, user + sys; the table also gives it as a
+   multiple of the first queue count's), the CPU of every process
    of the ``limitd start`` session per job, and Redis commands per job (those run inside
    the Lua fetch included), with the Lua calls (fetch calls) per job.
 2. Idle: the same config started again with every queue empty; once every capsule has
@@ -376,11 +377,19 @@ def median_rate(row: Row) -> float | None:
     return statistics.median(r.window.rate for r in row.drains) if row.drains else None
 
 
-def drain_cells(row: Row, base: float | None) -> list[str]:
+def median_redis_cpu(row: Row) -> float | None:
+    """Redis CPU per job over the steady window, median of the row's drains."""
     if not row.drains:
-        return ["-", "-", row.failed or "not run", "-", "-", "-", "-"]
+        return None
+    return statistics.median(r.window.redis_cpu_us_per_job for r in row.drains)
+
+
+def drain_cells(row: Row, base: float | None, base_cpu: float | None) -> list[str]:
+    if not row.drains:
+        return ["-", "-", row.failed or "not run", "-", "-", "-", "-", "-"]
     windows = [r.window for r in row.drains]
     rate = statistics.median(w.rate for w in windows)
+    cpu = median_redis_cpu(row) or 0.0
     drains = f"{len(windows)}" + (" (capped)" if row.capped else "")
     if row.failed:
         drains += " (then failed)"
@@ -389,7 +398,8 @@ def drain_cells(row: Row, base: float | None) -> list[str]:
         drains,
         spread([w.rate for w in windows]),
         f"{rate / base:.2f}x" if base else "-",
-        f"{statistics.median(w.redis_cpu_us_per_job for w in windows):,.0f}",
+        f"{cpu:,.1f}",
+        f"{cpu / base_cpu:.2f}x" if base_cpu else "-",
         f"{statistics.median(w.worker_cpu_us_per_job for w in windows):,.0f}",
         f"{statistics.median(w.commands_per_job for w in windows):,.1f} "
         f"({statistics.median(w.lua_per_job for w in windows):.2f})",
@@ -408,7 +418,9 @@ def idle_cells(row: Row) -> list[str]:
 
 def report(rows: list[Row], args: argparse.Namespace) -> None:
     base_row = rows[0]
-    bases = {row.index: median_rate(row) for row in reversed(rows) if row.count == base_row.count}
+    base_rows = {row.index: row for row in reversed(rows) if row.count == base_row.count}
+    bases = {index: median_rate(row) for index, row in base_rows.items()}
+    base_cpus = {index: median_redis_cpu(row) for index, row in base_rows.items()}
     print(
         f"\nlimit fetch vs queue count: limitd start, {args.processes} processes x "
         f"{args.threads} threads, limit {UNBINDING_LIMIT} on every queue (never binds), "
@@ -424,6 +436,7 @@ def report(rows: list[Row], args: argparse.Namespace) -> None:
         "steady jobs/s",
         f"vs {plural(base_row.count)} (same fetch)",
         "Redis CPU us/job",
+        f"Redis CPU vs {plural(base_row.count)}",
         "worker CPU us/job",
         "Redis cmds/job (Lua)",
         "idle cmds/s per capsule",
@@ -434,7 +447,12 @@ def report(rows: list[Row], args: argparse.Namespace) -> None:
     print("|" + "|".join("---:" for _ in header) + "|")
     for row in rows:
         fetch = "ready index" if row.index else "scan every queue"
-        cells = [f"{row.count:,}", fetch, *drain_cells(row, bases.get(row.index)), *idle_cells(row)]
+        cells = [
+            f"{row.count:,}",
+            fetch,
+            *drain_cells(row, bases.get(row.index), base_cpus.get(row.index)),
+            *idle_cells(row),
+        ]
         print("| " + " | ".join(cells) + " |")
     print(
         "\nPer job: over the steady drain, the job's own INCR included, the enqueue left "
