@@ -137,6 +137,33 @@ def test_a_middleware_sees_only_the_jobs_it_concerns(redis: redis_py.Redis) -> N
     assert log == ["before executor_test.Note default", "after", "settled 3 done"]
 
 
+class AskedOnce(Around):
+    """Counts how often it is asked whether it wants a job, and would say no after the
+    first time: a middleware that saw the job start must still be told how it ended."""
+
+    def __init__(self, log: list[str]) -> None:
+        super().__init__(log)
+        self.asked = 0
+
+    def concerns(self, payload):  # type: ignore[no-untyped-def]
+        self.asked += 1
+        return self.asked == 1
+
+    def settled(self, spec, payload, queue, outcome, error):  # type: ignore[no-untyped-def]
+        self.log.append(f"settled {outcome}")
+
+
+def test_a_middleware_is_asked_once_per_job_and_told_how_the_job_it_saw_ended(
+    redis: redis_py.Redis,
+) -> None:
+    log: list[str] = []
+    middleware = AskedOnce(log)
+    note.perform_async(1)
+    Capsule(CapsuleConfig(), redis=redis, middleware=ServerChain([middleware])).drain()
+    assert middleware.asked == 1
+    assert log == ["before executor_test.Note default", "after", "settled done"]
+
+
 def test_a_chain_changed_after_use_is_followed(redis: redis_py.Redis) -> None:
     log: list[str] = []
     chain = ServerChain()

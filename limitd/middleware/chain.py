@@ -165,8 +165,10 @@ class ServerChain(Chain):
             self._plan = (self._version, plan)
         return plan
 
-    def _concerned(self, payload: Payload) -> list[ServerEntry]:
-        """The middleware that want to see this job (see ``concerns``)."""
+    def concerned(self, payload: Payload) -> list[ServerEntry]:
+        """The middleware that want to see this job (see ``concerns``). Asked once per
+        job: the executor passes the answer to :meth:`invoke` and :meth:`settle`, so the
+        middleware that saw a job start are the ones told how it ended."""
         return [e for e in self._plan_now() if e.concerns is None or e.concerns(payload)]
 
     def quiet(self) -> None:
@@ -189,10 +191,18 @@ class ServerChain(Chain):
         ]
 
     def invoke(
-        self, spec: JobSpec, payload: Payload, queue: str, perform: Callable[[], Any]
+        self,
+        spec: JobSpec,
+        payload: Payload,
+        queue: str,
+        perform: Callable[[], Any],
+        *,
+        entries: list[ServerEntry] | None = None,
     ) -> Any:
-        """Run every middleware concerned with this job around ``perform``."""
-        entries = self._concerned(payload)
+        """Run every middleware concerned with this job (``entries``, else asked now)
+        around ``perform``."""
+        if entries is None:
+            entries = self.concerned(payload)
         if not entries:  # no middleware concerned: nothing to wrap
             return perform()
         if not any(entry.wrapped for entry in entries):  # most jobs: one frame for all
@@ -218,10 +228,13 @@ class ServerChain(Chain):
         payload: Payload,
         queue: str,
         perform: Callable[[], Awaitable[Any]],
+        *,
+        entries: list[ServerEntry] | None = None,
     ) -> Any:
         """:meth:`invoke` for an async job, on the running loop (a callable middleware
         without ``acall`` runs on a worker thread)."""
-        entries = self._concerned(payload)
+        if entries is None:
+            entries = self.concerned(payload)
         if not entries:
             return await perform()
         if not any(entry.wrapped for entry in entries):
@@ -249,12 +262,14 @@ class ServerChain(Chain):
         queue: str,
         outcome: str,
         error: BaseException | None,
+        *,
+        entries: list[ServerEntry] | None = None,
     ) -> list[ScriptCall]:
         """Tell the middleware how the job ended, and collect the script calls they
         return. These run before the job is acknowledged: if they fail, the job runs
         again, so ``settled`` work must be idempotent per jid."""
         calls: list[ScriptCall] = []
-        for entry in self._concerned(payload):
+        for entry in self.concerned(payload) if entries is None else entries:
             if not entry.settles:
                 continue
             if entry.wrapped is not None:

@@ -118,8 +118,11 @@ class JobExecutor:
         started = clock.monotonic() if timed else 0.0
         token = running(payload)
         error: BaseException | None = None
+        entries = self.chain.concerned(payload)
         try:
-            await self.chain.ainvoke(spec, payload, unit.queue, lambda: spec.run(payload))
+            await self.chain.ainvoke(
+                spec, payload, unit.queue, lambda: spec.run(payload), entries=entries
+            )
             outcome = "done"
         except Rescheduled:
             outcome = "rescheduled"
@@ -132,7 +135,7 @@ class JobExecutor:
             outcome = await asyncio.to_thread(self._failed, spec, payload, unit.queue, exc)
         finally:
             finished(token)
-        calls = self.chain.settle(spec, payload, unit.queue, outcome, error)
+        calls = self.chain.settle(spec, payload, unit.queue, outcome, error, entries=entries)
         if calls and unit.defer_is_io:
             await asyncio.to_thread(unit.defer, calls)
         elif calls:
@@ -195,13 +198,16 @@ class JobExecutor:
         queue = unit.queue
         token = running(payload)
         error: BaseException | None = None
+        entries = self.chain.concerned(payload)
         try:
             if spec is None:
                 raise UnknownJob(
                     f"no job named {payload['class']!r} is registered in this "
                     f"worker (registered: {', '.join(self.jobs.names())})"
                 )
-            self.chain.invoke(spec, payload, queue, lambda: _perform(spec, payload))
+            self.chain.invoke(
+                spec, payload, queue, lambda: _perform(spec, payload), entries=entries
+            )
             outcome = "done"
         except Rescheduled:  # a middleware put it back in schedule: it runs again
             outcome = "rescheduled"
@@ -214,7 +220,7 @@ class JobExecutor:
             outcome = self._failed(spec, payload, queue, exc)
         finally:
             finished(token)
-        return outcome, self.chain.settle(spec, payload, queue, outcome, error)
+        return outcome, self.chain.settle(spec, payload, queue, outcome, error, entries=entries)
 
     def _failed(
         self, spec: JobSpec | None, payload: Payload, queue: str, exc: BaseException
