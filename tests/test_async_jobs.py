@@ -26,6 +26,7 @@ from limitd.limiters.limiter import OverLimit
 from limitd.middleware import ServerChain
 from limitd.middleware.defaults import default_server_chain
 from limitd.supervisor import Capsule, CapsuleConfig
+from limitd.supervisor.async_lane import AsyncLane
 from limitd.unique import middleware as unique
 from tests.helpers import wait_for
 
@@ -580,6 +581,28 @@ def test_a_middleware_without_acall_wraps_async_jobs(
     [raw] = redis.zrange(keys.of(redis).RETRY, 0, -1)
     assert json.loads(raw)["error_class"] == "PermissionError"
     assert meter.seen == [("async", 1)], "the stopped job did not run"
+
+
+def test_async_jobs_go_to_the_loop_from_the_fetching_thread_not_through_processors(
+    capsules: Capsules, redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the loop has room, whoever made a fetch call hands it the async jobs in one
+    batch (``AsyncLane.take_fetched``): no processor passes one on (``submit``)."""
+    passed_on: list[Any] = []
+    submit = AsyncLane.submit
+
+    def counted(self: AsyncLane, *args: Any) -> None:
+        passed_on.append(args)
+        submit(self, *args)
+
+    monkeypatch.setattr(AsyncLane, "submit", counted)
+    capsules.start(concurrency=2, async_concurrency=50)
+    gated.perform_bulk([[n] for n in range(30)])
+    wait_for(lambda: meter.now == 30, message="thirty async jobs at once")
+    meter.gate.set()
+    wait_for(lambda: len(meter.done) == 30, message="all thirty jobs")
+    wait_for(settled(redis), message="every job acknowledged")
+    assert passed_on == []
 
 
 def test_jobs_waiting_for_a_loop_slot_are_not_counted_as_running(capsules: Capsules, redis) -> None:

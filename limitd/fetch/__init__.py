@@ -82,6 +82,9 @@ class Dispatch(Protocol):
 
     # Jobs to take per call beyond the waiting processors' (the event loop's room).
     extra: Callable[[], int]
+    # Offered the jobs a call fetched before the processors are: returns those it did
+    # not take (the event loop takes the async jobs it has room for, in one batch).
+    spill: Callable[[list[UnitOfWork]], list[UnitOfWork]]
 
     @property
     def block_seconds(self) -> float: ...

@@ -17,6 +17,8 @@ class DirectDispatch:
     def __init__(self, fetch: BasicFetch) -> None:
         self.fetch = fetch
         self.extra: Callable[[], int] = _none  # one job per BRPOP: no room for more
+        # Never called: each BRPOP's job is its processor's, with nothing to spill.
+        self.spill: Callable[[list[UnitOfWork]], list[UnitOfWork]] = _keep_all
         self._closed = False
 
     @property
@@ -67,3 +69,7 @@ class DirectDispatch:
 
 def _none() -> int:
     return 0
+
+
+def _keep_all(units: list[UnitOfWork]) -> list[UnitOfWork]:
+    return units

@@ -7,8 +7,10 @@ job as before, hand async jobs to it instead of running them. Fetching, limits a
 reliability stay the processors' and the fetch's: an async job sits in the same
 in-progress list as any other until the loop settles it.
 
-- ``async_concurrency`` slots bound the jobs on the loop. A processor holding an async job
-  waits for a slot before it fetches again, so a full loop stops the fetching of more.
+- ``async_concurrency`` slots bound the jobs on the loop. The thread that made a fetch call
+  gives the loop the async jobs it fetched, as many as have a free slot, in one batch
+  (``take_fetched``); others reach it through a processor (``submit``), which waits for a
+  slot before it fetches again, so a full loop stops the fetching of more.
 - Every job the lane holds (waiting for a slot, running, or finishing) is in ``held``,
   so the heartbeat never takes one for an orphan.
 - A stop cancels the tasks still running at the deadline once the capsule has requeued
@@ -137,6 +139,37 @@ class AsyncLane:
         finally:
             if not started:
                 self._entries.pop(id(unit), None)
+
+    def take_fetched(self, units: list[UnitOfWork]) -> list[UnitOfWork]:
+        """From the thread that made a fetch call (the dispatch's ``spill``): start the
+        async jobs among ``units`` that have a free slot, all with one wake-up of the
+        loop, and return the others for the processors: sync jobs, and any job that is
+        not plainly runnable (see ``JobExecutor.async_job``), or that found no slot.
+        Never waits: the caller fetches for the whole capsule."""
+        found: list[_Entry] = []
+        others: list[UnitOfWork] = []
+        for unit in units:
+            job = self.executor.async_job(unit)
+            if job is None:
+                others.append(unit)
+            else:
+                found.append(_Entry(unit, *job))
+        if not found:
+            return others
+        with self._room:
+            room = 0 if self._abandoned.is_set() else min(self._free, len(found))
+            posted = found[:room]
+            for entry in posted:
+                self._entries[id(entry.unit)] = entry
+            self._free -= room
+            self._inbox.extend(posted)
+            wake = False
+            if posted:
+                self._last_post = clock.monotonic()
+                wake, self._woken = not self._woken, True
+        if wake:
+            self._loop.call_soon_threadsafe(self._take_inbox)
+        return others + [entry.unit for entry in found[room:]]
 
     def room_to_fetch(self) -> int:
         """How many more jobs the fetch may take for the loop: its free slots, at most
@@ -346,6 +379,7 @@ def build_lane(
     )
     executor.hand_off = lane.submit
     dispatch.extra = lane.room_to_fetch
+    dispatch.spill = lane.take_fetched
     bridged = executor.chain.without_acall()
     if bridged:
         log.warning(

@@ -85,6 +85,26 @@ class JobExecutor:
         self.jobs = jobs
         self.max_recoveries = max_recoveries
 
+    def async_job(self, unit: UnitOfWork) -> tuple[Payload, JobSpec] | None:
+        """The payload and spec of ``unit`` when it is an async job that may simply start:
+        decodable, charged with no crash, of a known async class, with an event loop to
+        run it. Else None, and the unit goes the usual way: :meth:`execute`, on a
+        processor, buries it, reports it or hands it off as it should. This lets the
+        thread that fetched a batch give the loop its async jobs at once
+        (``AsyncLane.take_fetched``)."""
+        if unit.recoveries or self.hand_off is None:
+            return None
+        try:
+            payload = parse(unit.job)
+        except MalformedPayload:
+            return None  # buried by the processor that runs it
+        if count_in(payload):
+            return None  # given back before: the processor decides whether it may run
+        spec = self.jobs.resolve(payload["class"])
+        if spec is None or not spec.is_async:
+            return None
+        return payload, spec
+
     def execute(self, unit: UnitOfWork, *, inline: bool = False) -> str:
         """Run ``unit`` and return its outcome. A job that cannot be decoded, or that was
         given back ``max_recoveries`` times without completing, is buried, not run. An
