@@ -606,12 +606,47 @@ def test_async_jobs_go_to_the_loop_from_the_fetching_thread_not_through_processo
 
 
 def test_jobs_waiting_for_a_loop_slot_are_not_counted_as_running(capsules: Capsules, redis) -> None:
+    """A full loop parks a tenth of its slots' worth of fetched jobs, which start as
+    slots free, and fetches no more: the processors hold none while every job is async."""
     capsule = capsules.start(concurrency=2, async_concurrency=50)
     gated.perform_bulk([[n] for n in range(60)])
     wait_for(lambda: meter.now == 50, message="fifty async jobs at once")
-    # Both processors then fetch one more job each and wait for a slot with it.
-    wait_for(lambda: redis.llen(keys.of(redis).queue("default")) == 8, message="52 fetched")
+    wait_for(lambda: redis.llen(keys.of(redis).queue("default")) == 5, message="55 fetched")
     assert capsule.busy() == 50
+    assert capsule.lane is not None and len(capsule.lane.running()) == 50
+    assert capsule.lane.holding() == 55
+    meter.gate.set()
+    wait_for(lambda: len(meter.done) == 60, message="all sixty jobs")
+    assert meter.peak == 50
+
+
+def test_sync_jobs_still_run_while_the_loop_is_busy_with_async_ones(
+    capsules: Capsules, redis
+) -> None:
+    """The capsule fetches for the loop alone while every job is async; a sync job then
+    comes with the loop's batch and goes to a processor."""
+    capsules.start(concurrency=2, async_concurrency=50)
+    gated.perform_bulk([[n] for n in range(20)])
+    wait_for(lambda: meter.now == 20, message="twenty async jobs at once")
+    sync_job.perform_bulk([[n] for n in range(3)])
+    wait_for(lambda: len(meter.seen) == 3, message="the sync jobs, beside the async ones")
+    assert sorted(meter.seen) == [("sync", 0), ("sync", 1), ("sync", 2)]
+    assert meter.now == 20 and meter.done == []
+
+
+def test_a_hard_stop_requeues_the_parked_jobs_and_never_starts_them(
+    capsules: Capsules, redis
+) -> None:
+    capsule = capsules.start(async_concurrency=10)  # one job parked at most
+    forever.perform_bulk([[n] for n in range(12)])
+    wait_for(lambda: meter.now == 10, message="ten jobs on the loop")
+    assert capsule.lane is not None
+    wait_for(lambda: capsule.lane.holding() == 11, message="one more parked")
+    assert capsules.stop(capsule, timeout=0.5) == 11
+    assert redis.llen(keys.of(redis).queue("default")) == 12
+    assert in_progress(redis) == 0
+    wait_for(lambda: len(meter.cancelled) == 10, message="every running task cancelled")
+    assert meter.entered == 10, "the parked job never started"
 
 
 # A capsule that is never started.

@@ -85,6 +85,8 @@ class Dispatch(Protocol):
     # Offered the jobs a call fetched before the processors are: returns those it did
     # not take (the event loop takes the async jobs it has room for, in one batch).
     spill: Callable[[list[UnitOfWork]], list[UnitOfWork]]
+    # True while the event loop takes every job fetched lately: fetch for it alone.
+    loop_only: Callable[[], bool]
 
     @property
     def block_seconds(self) -> float: ...

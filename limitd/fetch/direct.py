@@ -19,6 +19,7 @@ class DirectDispatch:
         self.extra: Callable[[], int] = _none  # one job per BRPOP: no room for more
         # Never called: each BRPOP's job is its processor's, with nothing to spill.
         self.spill: Callable[[list[UnitOfWork]], list[UnitOfWork]] = _keep_all
+        self.loop_only: Callable[[], bool] = _never
         self._closed = False
 
     @property
@@ -73,3 +74,7 @@ def _none() -> int:
 
 def _keep_all(units: list[UnitOfWork]) -> list[UnitOfWork]:
     return units
+
+
+def _never() -> bool:
+    return False

@@ -103,6 +103,10 @@ class Dispatcher:
         self.extra: Callable[[], int] = _none
         # Offered every call's jobs first (see the module docstring): returns the rest.
         self.spill: Callable[[list[UnitOfWork]], list[UnitOfWork]] = _keep_all
+        # True while the loop takes every job fetched lately: then a call fetches what
+        # the loop has room for, and nothing for idle processors, which would only wait
+        # for a slot with it (see ``limitd.supervisor.async_lane``).
+        self.loop_only: Callable[[], bool] = _never
         self._backoff = Backoff(log, "fetch")
 
     @property
@@ -196,12 +200,13 @@ class Dispatcher:
         with self._mutex:
             self._news = 0
             finished, self._finished = self._finished, []
-            want = 1 + len(self._idle) - len(self._ready) + self.extra()
+            want = self._want(1 + len(self._idle) - len(self._ready))
         units: Sequence[UnitOfWork] = []
         fetched = 0
         crashed = True  # until the call returns or fails as Redis calls may
         try:
-            units = self.fetch.take(want, finished, conn=self._conn)
+            if want or finished:  # (the loop alone may have no room: nothing to ask)
+                units = self.fetch.take(want, finished, conn=self._conn)
             finished, crashed, fetched = [], False, len(units)
             units = self._spilled(units)
         except redis_py.RedisError as exc:
@@ -236,13 +241,16 @@ class Dispatcher:
             return None, unwanted, False
         mine = self._ready.popleft() if self._ready else None
         self._serve()
-        if fetched == want and self._idle:
-            # More came during the call: the latest of them makes the next one.
+        loop_only = self.loop_only()
+        if fetched == want and self._idle and not loop_only:
+            # More came during the call: the latest of them makes the next one. (Not
+            # while the loop takes every job: a processor would lead call after call
+            # without a job of its own; the dispatcher thread makes them.)
             successor = self._idle.pop()
             successor.lead, self._calling = True, True
             successor.lock.release()
             return mine, [], True
-        if fetched < want or self._finished:
+        if fetched < want or self._finished or loop_only:
             # No more jobs for now, or the call failed: the dispatcher thread polls,
             # waits for wake-ups, and settles what is left.
             if self._asleep:
@@ -330,9 +338,7 @@ class Dispatcher:
             if not self._calling:
                 finished, self._finished = self._finished, []
                 self._news = 0
-                want = 0 if closed else len(self._idle) - len(self._ready)
-                if want > 0:
-                    want += self.extra()
+                want = 0 if closed else self._want(len(self._idle) - len(self._ready))
                 calling = self._calling = bool(finished) or want > 0
         if calling:
             try:
@@ -368,6 +374,14 @@ class Dispatcher:
             self._serve()
         if unwanted:
             self.fetch.requeue(unwanted)  # fetched while the capsule was quieting
+
+    def _want(self, waiting: int) -> int:
+        """Under the mutex: the jobs for a call, one per processor ``waiting`` for one
+        and what the event loop has room for (``extra``); the loop's room alone while it
+        takes every job fetched (``loop_only``)."""
+        if self.loop_only():
+            return self.extra()
+        return waiting + self.extra() if waiting > 0 else 0
 
     def _spilled(self, units: Sequence[UnitOfWork]) -> Sequence[UnitOfWork]:
         """Outside the mutex, after a call: what ``spill`` left of its jobs."""
@@ -425,3 +439,8 @@ def _none() -> int:
 def _keep_all(units: list[UnitOfWork]) -> list[UnitOfWork]:
     """Nothing spilled: the default, for capsules without async jobs."""
     return units
+
+
+def _never() -> bool:
+    """No event loop to fetch for alone: the default."""
+    return False

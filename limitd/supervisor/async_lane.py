@@ -8,9 +8,17 @@ reliability stay the processors' and the fetch's: an async job sits in the same
 in-progress list as any other until the loop settles it.
 
 - ``async_concurrency`` slots bound the jobs on the loop. The thread that made a fetch call
-  gives the loop the async jobs it fetched, as many as have a free slot, in one batch
-  (``take_fetched``); others reach it through a processor (``submit``), which waits for a
-  slot before it fetches again, so a full loop stops the fetching of more.
+  gives the loop the async jobs it fetched in one batch (``take_fetched``); others reach it
+  through a processor (``submit``), which waits for room before it fetches again.
+- A job with no free slot is *parked*: fetched and decoded, it starts on the loop's thread
+  the moment a job ends, with no thread woken to pass it on. A tenth of the slots may wait
+  so (1 at least, ``FETCH_AHEAD`` at most): enough to keep a busy loop fed between fetch
+  calls, few enough not to hoard jobs that other capsules could run.
+- While every job fetched lately was async (``loop_only``), the capsule fetches for the
+  loop alone, as much as it has room for, and not one job per idle processor, which would
+  only wait for a slot in that processor's hands (a thread woken per slot freed: two
+  context switches and a fetch call per job at 1,000 jobs in flight). A full loop with a
+  full park fetches nothing more.
 - Every job the lane holds (waiting for a slot, running, or finishing) is in ``held``,
   so the heartbeat never takes one for an orphan.
 - A stop cancels the tasks still running at the deadline once the capsule has requeued
@@ -32,6 +40,7 @@ import logging
 import sys
 import threading
 import traceback
+from collections import deque
 from dataclasses import dataclass
 
 from limitd import clock
@@ -77,6 +86,8 @@ class AsyncLane:
         self.executor = executor
         self.dispatch = dispatch
         self.size = size
+        self._parked: deque[_Entry] = deque()  # fetched, waiting for a slot (see module)
+        self._park = max(1, min(FETCH_AHEAD, size // 10))  # parked at most
         self._block_warning = block_warning
         # Free slots, and the jobs posted to the loop, under one lock: a processor takes
         # a slot and posts in one step, the loop frees slots as jobs end.
@@ -86,6 +97,7 @@ class AsyncLane:
         self._inbox: list[_Entry] = []
         self._woken = False
         self._last_post = 0.0
+        self._mixed_at = 0.0  # when a fetch last brought a job the loop did not take
         self._entries: dict[int, _Entry] = {}  # id(unit) -> entry; written by both sides
         self._abandoned = threading.Event()  # hard stop: start nothing more
         self._stopped = threading.Event()
@@ -121,7 +133,7 @@ class AsyncLane:
         started = False
         try:
             with self._room:
-                while not self._free and not self._abandoned.is_set():
+                while not self._room_left() and not self._abandoned.is_set():
                     self._waiting += 1
                     try:
                         self._room.wait(SLOT_WAIT)
@@ -129,10 +141,7 @@ class AsyncLane:
                         self._waiting -= 1
                 if self._abandoned.is_set():
                     return
-                self._free -= 1
-                self._inbox.append(entry)
-                self._last_post = clock.monotonic()
-                wake, self._woken = not self._woken, True
+                wake = self._post([entry])
             started = True
             if wake:  # the first of a batch: later ones find the loop already woken
                 self._loop.call_soon_threadsafe(self._take_inbox)
@@ -154,22 +163,42 @@ class AsyncLane:
                 others.append(unit)
             else:
                 found.append(_Entry(unit, *job))
+        if others:
+            self._mixed_at = clock.monotonic()
         if not found:
             return others
         with self._room:
-            room = 0 if self._abandoned.is_set() else min(self._free, len(found))
+            room = 0 if self._abandoned.is_set() else min(self._room_left(), len(found))
             posted = found[:room]
             for entry in posted:
                 self._entries[id(entry.unit)] = entry
-            self._free -= room
-            self._inbox.extend(posted)
-            wake = False
-            if posted:
-                self._last_post = clock.monotonic()
-                wake, self._woken = not self._woken, True
+            wake = self._post(posted) if posted else False
         if wake:
             self._loop.call_soon_threadsafe(self._take_inbox)
         return others + [entry.unit for entry in found[room:]]
+
+    def _post(self, entries: list[_Entry]) -> bool:
+        """Under ``_room``, with room for each of ``entries``: a free slot (started by the
+        loop's next ``_take_inbox``), else a place among the parked. True when the loop
+        must be woken for them."""
+        slotted = min(self._free, len(entries))
+        self._free -= slotted
+        self._inbox.extend(entries[:slotted])
+        self._parked.extend(entries[slotted:])
+        self._last_post = clock.monotonic()
+        wake = slotted > 0 and not self._woken
+        self._woken = self._woken or slotted > 0
+        return wake
+
+    def _room_left(self) -> int:
+        """Under ``_room`` (or as a hint): free slots and free places among the parked."""
+        return self._free + max(0, self._park - len(self._parked))
+
+    def loop_only(self) -> bool:
+        """Whether the fetch should take jobs for the loop alone (see the module): it has
+        taken async jobs in the last second, and no other kind for as long."""
+        now = clock.monotonic()
+        return now - self._last_post <= ACTIVE_SECONDS < now - self._mixed_at
 
     def room_to_fetch(self) -> int:
         """How many more jobs the fetch may take for the loop: its free slots, at most
@@ -177,7 +206,7 @@ class AsyncLane:
         capsule whose jobs are all sync now fetches only for its threads)."""
         if clock.monotonic() - self._last_post > ACTIVE_SECONDS:
             return 0
-        return min(self._free, FETCH_AHEAD)  # slots of posted jobs are taken already
+        return min(self._room_left(), FETCH_AHEAD)  # posted jobs' room is taken already
 
     def held(self) -> list[UnitOfWork]:
         """Every unit the lane holds in Redis (see the module docstring)."""
@@ -200,11 +229,16 @@ class AsyncLane:
 
     def abandon(self) -> list[UnitOfWork]:
         """Hard stop, step one: start nothing more and return every held job, for the
-        capsule to requeue before :meth:`cancel` ends the tasks."""
+        capsule to requeue before :meth:`cancel` ends the tasks. The parked jobs are let
+        go here: they have no task to end."""
         self._abandoned.set()
+        held = self.held()
         with self._room:
+            parked, self._parked = self._parked, deque()
             self._room.notify_all()
-        return self.held()
+        for entry in parked:
+            self._entries.pop(id(entry.unit), None)
+        return held
 
     def cancel(self) -> None:
         """Hard stop, step two: cancel the running tasks (their jobs were requeued)."""
@@ -254,10 +288,14 @@ class AsyncLane:
             entries, self._inbox = self._inbox, []
             self._woken = False
         for entry in entries:
-            name = f"{entry.payload.get('class')} jid={entry.payload.get('jid')}"
-            entry.since = clock.now()
-            entry.task = self._loop.create_task(self._run(entry), name=name)
-        self._started += len(entries)  # only the loop's thread writes it
+            self._start(entry)
+
+    def _start(self, entry: _Entry) -> None:
+        """On the loop's thread: run the job of ``entry`` (its slot is taken)."""
+        name = f"{entry.payload.get('class')} jid={entry.payload.get('jid')}"
+        entry.since = clock.now()
+        entry.task = self._loop.create_task(self._run(entry), name=name)
+        self._started += 1  # only the loop's thread writes it
 
     async def _run(self, entry: _Entry) -> None:
         unit = entry.unit
@@ -274,10 +312,20 @@ class AsyncLane:
         finally:
             self._started -= 1
             self._entries.pop(id(unit), None)
-            with self._room:
+            self._slot_freed()
+
+    def _slot_freed(self) -> None:
+        """On the loop's thread, as a job ends: its slot goes to the first parked job,
+        started here at once, else back to the free slots; a processor waiting for room
+        is told there is some."""
+        with self._room:
+            following = self._parked.popleft() if self._parked else None
+            if following is None:
                 self._free += 1
-                if self._waiting:
-                    self._room.notify()
+            if self._waiting:
+                self._room.notify()
+        if following is not None:
+            self._start(following)
 
     async def _requeue(self, unit: UnitOfWork, error: Exception) -> None:
         """Its outcome could not be recorded: requeue it (counted as a recovery) rather
@@ -380,6 +428,7 @@ def build_lane(
     executor.hand_off = lane.submit
     dispatch.extra = lane.room_to_fetch
     dispatch.spill = lane.take_fetched
+    dispatch.loop_only = lane.loop_only
     bridged = executor.chain.without_acall()
     if bridged:
         log.warning(
