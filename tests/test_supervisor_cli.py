@@ -82,13 +82,17 @@ def test_two_capsules_make_the_expected_process_tree(
 
 def policies(pid: int) -> set[int]:
     """The kernel scheduling policy of every thread of ``pid`` (a short-lived thread
-    that ends while they are read has none to check)."""
+    that ends while they are read has none to check). Read from the process's own task
+    directory (``stat``, field 41), not by thread id: with pid_max at 32,768 a busy
+    suite wraps thread ids, and the id of a thread that just ended can name a thread
+    of another process by the time it is asked."""
     found = set()
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
-            found.add(os.sched_getscheduler(int(tid)))
-        except ProcessLookupError:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except (FileNotFoundError, ProcessLookupError):
             continue
+        found.add(int(stat[stat.rindex(")") + 2 :].split()[38]))
     return found
 
 
