@@ -150,11 +150,12 @@ class AsyncLane:
                 self._entries.pop(id(unit), None)
 
     def take_fetched(self, units: list[UnitOfWork]) -> list[UnitOfWork]:
-        """From the thread that made a fetch call (the dispatch's ``spill``): start the
-        async jobs among ``units`` that have a free slot, all with one wake-up of the
-        loop, and return the others for the processors: sync jobs, and any job that is
-        not plainly runnable (see ``JobExecutor.async_job``), or that found no slot.
-        Never waits: the caller fetches for the whole capsule."""
+        """From the thread that made a fetch call (the dispatch's ``spill``): give the loop
+        the async jobs among ``units`` it has room for (a free slot, else a place among
+        the parked), all with one wake-up of the loop, and return the others for the
+        processors: sync jobs, any job that is not plainly runnable (see
+        ``JobExecutor.async_job``), and any that found no room. Never waits: the caller
+        fetches for the whole capsule."""
         found: list[_Entry] = []
         others: list[UnitOfWork] = []
         for unit in units:
@@ -201,9 +202,10 @@ class AsyncLane:
         return now - self._last_post <= ACTIVE_SECONDS < now - self._mixed_at
 
     def room_to_fetch(self) -> int:
-        """How many more jobs the fetch may take for the loop: its free slots, at most
-        ``FETCH_AHEAD``, and none unless it took an async job in the last second (a
-        capsule whose jobs are all sync now fetches only for its threads)."""
+        """How many more jobs the fetch may take for the loop: its free slots and free
+        places among the parked, at most ``FETCH_AHEAD``, and none unless it took an
+        async job in the last second (a capsule whose jobs are all sync now fetches only
+        for its threads)."""
         if clock.monotonic() - self._last_post > ACTIVE_SECONDS:
             return 0
         return min(self._room_left(), FETCH_AHEAD)  # posted jobs' room is taken already
@@ -319,7 +321,9 @@ class AsyncLane:
         started here at once, else back to the free slots; a processor waiting for room
         is told there is some."""
         with self._room:
-            following = self._parked.popleft() if self._parked else None
+            # (After a hard stop the parked jobs are requeued, not started.)
+            start = bool(self._parked) and not self._abandoned.is_set()
+            following = self._parked.popleft() if start else None
             if following is None:
                 self._free += 1
             if self._waiting:
