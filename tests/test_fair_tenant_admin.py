@@ -218,6 +218,9 @@ def test_start_builds_clients_with_the_config_settings(
 
     monkeypatch.setattr(start, "Capsule", lambda config, redis, middleware: None)
     monkeypatch.setattr(start, "Launcher", Launched)
+    # A capsule process sets its threads' scheduling policy; this one is the test's own,
+    # whose later subprocesses would inherit it.
+    monkeypatch.setattr(start.cpu_scheduling, "apply", lambda policy: None)
     settings = FairTenantSettings(60.0, "x:{fair_tenant}", "child.fairness")
     sections = {"fair_tenant": settings}
     assert start.run_capsule(CapsuleConfig(), RedisSettings(), redis_server.url, sections) == 0

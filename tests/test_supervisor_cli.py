@@ -120,8 +120,9 @@ def test_capsule_processes_run_under_the_configured_cpu_scheduling(
         by_capsule["side" if "capsule side" in title(pid) else "default"] |= policies(pid)
     threads = {pid: (title(pid), sorted(os.listdir(f"/proc/{pid}/task"))) for pid in pids}
     assert by_capsule == {"default": {os.SCHED_BATCH}, "side": {os.SCHED_OTHER}}, threads
-    # The supervisor is left with the policy it was started with: its starter's (this
-    # test's thread; SCHED_OTHER unless something set this process otherwise).
+    # The supervisor is left with the policy it was started with: its starter's, this
+    # test's thread's (a test that ran run_capsule in this process once left it under
+    # SCHED_BATCH, and every process started after inherited it).
     started_with = os.sched_getscheduler(0)
     assert policies(proc.pid) == {started_with}, (started_with, policies(os.getpid()))
 
