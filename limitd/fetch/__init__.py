@@ -133,4 +133,21 @@ class Dispatch(Protocol):
         ...
 
 
-__all__ = ["Dispatch", "Fetch"]
+# A Dispatch's hooks as they are without an event loop (the capsule's lane replaces them,
+# see limitd.supervisor.async_lane): no extra jobs, nothing spilled, never for the loop
+# alone.
+
+
+def no_extra() -> int:
+    return 0
+
+
+def keep_all(units: list[UnitOfWork]) -> list[UnitOfWork]:
+    return units
+
+
+def never() -> bool:
+    return False
+
+
+__all__ = ["Dispatch", "Fetch", "keep_all", "never", "no_extra"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from limitd.fetch import keep_all, never, no_extra
 from limitd.fetch.basic import BasicFetch, UnitOfWork, give_back
 
 
@@ -16,10 +17,10 @@ class DirectDispatch:
 
     def __init__(self, fetch: BasicFetch) -> None:
         self.fetch = fetch
-        self.extra: Callable[[], int] = _none  # one job per BRPOP: no room for more
+        self.extra: Callable[[], int] = no_extra  # one job per BRPOP: no room for more
         # Never called: each BRPOP's job is its processor's, with nothing to spill.
-        self.spill: Callable[[list[UnitOfWork]], list[UnitOfWork]] = _keep_all
-        self.loop_only: Callable[[], bool] = _never
+        self.spill: Callable[[list[UnitOfWork]], list[UnitOfWork]] = keep_all
+        self.loop_only: Callable[[], bool] = never
         self._closed = False
 
     @property
@@ -66,15 +67,3 @@ class DirectDispatch:
 
     def stop(self) -> None:
         self.close()
-
-
-def _none() -> int:
-    return 0
-
-
-def _keep_all(units: list[UnitOfWork]) -> list[UnitOfWork]:
-    return units
-
-
-def _never() -> bool:
-    return False

@@ -47,6 +47,7 @@ import redis as redis_py
 
 from limitd.connection import OwnConnection, own_connection
 from limitd.connection.backoff import Backoff
+from limitd.fetch import keep_all, never, no_extra
 from limitd.fetch.basic import UnitOfWork, give_back
 from limitd.fetch.limit import LimitFetch
 from limitd.fetch.wakeup import IdleGate
@@ -100,13 +101,13 @@ class Dispatcher:
         # Jobs to fetch per call beyond the waiting processors' (the capsule's event loop
         # has room: processors hand it async jobs in microseconds, so fetching one per
         # processor per call would make the call the cost of every async job).
-        self.extra: Callable[[], int] = _none
+        self.extra: Callable[[], int] = no_extra
         # Offered every call's jobs first (see the module docstring): returns the rest.
-        self.spill: Callable[[list[UnitOfWork]], list[UnitOfWork]] = _keep_all
+        self.spill: Callable[[list[UnitOfWork]], list[UnitOfWork]] = keep_all
         # True while the loop takes every job fetched lately: then a call fetches what
         # the loop has room for, and nothing for idle processors, which would only wait
         # for a slot with it (see ``limitd.supervisor.async_lane``).
-        self.loop_only: Callable[[], bool] = _never
+        self.loop_only: Callable[[], bool] = never
         self._backoff = Backoff(log, "fetch")
 
     @property
@@ -385,7 +386,7 @@ class Dispatcher:
 
     def _spilled(self, units: Sequence[UnitOfWork]) -> Sequence[UnitOfWork]:
         """Outside the mutex, after a call: what ``spill`` left of its jobs."""
-        if not units or self.spill is _keep_all or self._closed:
+        if not units or self.spill is keep_all or self._closed:
             return units
         return self.spill(list(units))
 
@@ -429,18 +430,3 @@ class Dispatcher:
             log.error(
                 "could not settle %d / requeue %d jobs at stop: %s", len(finished), len(ready), exc
             )
-
-
-def _none() -> int:
-    """No extra jobs per call: the default, for capsules without async jobs."""
-    return 0
-
-
-def _keep_all(units: list[UnitOfWork]) -> list[UnitOfWork]:
-    """Nothing spilled: the default, for capsules without async jobs."""
-    return units
-
-
-def _never() -> bool:
-    """No event loop to fetch for alone: the default."""
-    return False
