@@ -1,6 +1,6 @@
 """Async jobs that wait on I/O (issue 19): how fast one worker process drains jobs that
 each wait 100 ms, as limitd async jobs on the capsule's event loop, as limitd sync jobs on
-threads, and on arq and saq.
+threads, on arq and saq, and on BullMQ (Node).
 
     .venv/bin/python bench/async_io.py [--jobs 20000] [--rounds 3] [--systems a,b]
         [--round-seconds 30] [--calibration-jobs 2000] [--deadline 90] [--quick]
@@ -8,10 +8,10 @@ threads, and on arq and saq.
 The work: every job waits 100 ms (``asyncio.sleep(0.1)`` in async jobs, ``time.sleep(0.1)``
 in sync ones), standing in for an HTTP call, and counts itself done (``--work wait``, the
 default: counted in the worker and added to a Redis counter every 5 ms, see
-bench/async_apps/tally.py; ``--work wait+incr``: the job INCRs the counter itself through
-its system's own Redis client, asyncio for the async ones). The jobs are
-enqueued before the workers start (the enqueue is not timed), then one worker process
-drains them:
+bench/async_apps/tally.py, and bench/async_apps/bullmq/worker.js the same way in Node;
+``--work wait+incr``: the job INCRs the counter itself through its system's own Redis
+client, asyncio for the Python async ones, ioredis for BullMQ). The jobs are enqueued
+before the workers start (the enqueue is not timed), then one worker process drains them:
 
 - ``limitd-async``: ``limitd start``, ``processes: 1``, ``async_concurrency: 1000`` (jobs
   on the loop at once), ``concurrency: 10`` processor threads fetching for it;
@@ -19,7 +19,19 @@ drains them:
 - ``limitd-sync-10`` and ``limitd-sync-100``: ``limitd start``, ``processes: 1``, the same
   work as sync jobs on 10 and 100 threads;
 - ``arq`` (``max_jobs=1000``) and ``saq`` (``concurrency=1000``), one worker process each,
-  from the peers' venv (bench/peers/.venv, built from bench/peers/requirements.txt).
+  from the peers' venv (bench/peers/.venv, built from bench/peers/requirements.txt);
+- ``bullmq``: one Node process running one BullMQ ``Worker`` with ``concurrency: 1000``
+  (bench/async_apps/bullmq/worker.js), the jobs added by ``Queue.addBulk``, 1,000 a call,
+  with ``removeOnComplete: true`` and BullMQ's defaults otherwise (``removeOnFail``
+  unset: a failed job would be kept); ``bullmq-10000`` the same with ``concurrency:
+  10000``. A BullMQ Worker fetches jobs one at a time (a round trip each) until it holds
+  ``concurrency`` of them before it runs the first, so bullmq-10000's first job is done
+  seconds after it starts: the steady window leaves that ramp out, the round lines give
+  the whole drain and when the first job was done. BullMQ and ioredis are pinned in
+  bench/async_apps/bullmq/package.json and its
+  package-lock.json; ``npm ci`` installs them there on first use (again when the lock
+  file changed). Without node (>= 20) or, for that install, npm, both are reported as
+  unavailable and the other systems run.
 
 A system's jobs per round is --jobs, or fewer so that a round lasts at most about
 --round-seconds: no more than its ceiling (slots / 0.1 s jobs a second) would drain in
@@ -31,8 +43,9 @@ redis-server (never port 6379), flushed before each drain, alternating the syste
 by round because the machine is noisy. The drain machinery is bench/peers/measure.py:
 the counter is read every 10 ms, and the figures are the steady window from 10% to 90% of
 the jobs: jobs/s, worker CPU per job (user + sys of the worker's whole process tree, from
-/proc) and redis-server CPU per job. Prints each round, then per system the median
-(min-max), and the ratio of limitd-async's median to each other system's.
+/proc; for BullMQ the node process) and redis-server CPU per job. Prints each round, then
+per system the median (min-max), and the ratio of limitd-async's median to each other
+system's, but for bullmq-10000 that of limitd-async-10000 (as many jobs in flight).
 
 The workers import limitd as this process does: from the working tree, or from a fixed
 commit while the tree is being edited, e.g.
@@ -43,7 +56,12 @@ command (the header prints where limitd came from).
 from __future__ import annotations
 
 import argparse
+import functools
+import hashlib
+import json
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -76,7 +94,14 @@ ASYNC_PROCESSORS = 10  # limitd-async's processor threads, fetching for the loop
 BULK = 1000  # limitd jobs per LPUSH when enqueueing
 TARGET_RATE = 5000.0  # jobs/s limitd-async should reach
 REFERENCE = "limitd-async"
-PEERS = ("arq", "saq")
+PEERS = ("arq", "saq", "bullmq")
+# A system's ratio is limitd-async's median over its own, or that of the limitd system
+# named here, which has as many jobs in flight.
+PAIRED = {"bullmq-10000": "limitd-async-10000"}
+BULLMQ_DIR = ASYNC_APPS_DIR / "bullmq"
+BULLMQ_MODULES = BULLMQ_DIR / "node_modules"
+BULLMQ_STAMP = BULLMQ_MODULES / ".limitd-bench-lock.sha256"  # package-lock.json's hash
+NODE_MAJOR = 20  # ioredis 6 needs Node >= 20
 
 LIMITD_CONFIG = """\
 redis:
@@ -100,6 +125,7 @@ class IoSystem:
     workers: Callable[[Context], list[list[str]]]
     enqueue: Callable[[Context, int], None]
     peer: bool = False  # runs from the peers' venv
+    unavailable: Callable[[], str | None] = lambda: None  # why it cannot run here
 
     def ceiling(self) -> float:
         return self.slots / WAIT_SECONDS
@@ -138,13 +164,12 @@ def limitd_enqueue(job: JobFunction) -> Callable[[Context, int], None]:
     return enqueue
 
 
-def peer_enqueue(name: str) -> Callable[[Context, int], None]:
-    """bench/async_apps/enqueue_io.py in the peers' venv."""
-
-    def enqueue(ctx: Context, jobs: int) -> None:
-        command = [str(PEERS_BIN / "python"), str(ASYNC_APPS_DIR / "enqueue_io.py"), name]
+def run_enqueue(command: list[str], ctx: Context) -> None:
+    """An enqueue command of a peer, with the environment the workers get; it must have
+    finished before the drain starts."""
+    try:
         done = subprocess.run(
-            [*command, str(jobs)],
+            command,
             cwd=APPS_DIR,
             env=measure.system_env(ctx.url),
             capture_output=True,
@@ -152,8 +177,18 @@ def peer_enqueue(name: str) -> Callable[[Context, int], None]:
             timeout=600,
             check=False,
         )
-        if done.returncode != 0:
-            raise measure.RunFailed(f"enqueue exited {done.returncode}: {done.stderr[-1500:]}")
+    except subprocess.TimeoutExpired as exc:
+        raise measure.RunFailed("enqueue did not finish in 600 s") from exc
+    if done.returncode != 0:
+        raise measure.RunFailed(f"enqueue exited {done.returncode}: {done.stderr[-1500:]}")
+
+
+def peer_enqueue(name: str) -> Callable[[Context, int], None]:
+    """bench/async_apps/enqueue_io.py in the peers' venv."""
+
+    def enqueue(ctx: Context, jobs: int) -> None:
+        command = [str(PEERS_BIN / "python"), str(ASYNC_APPS_DIR / "enqueue_io.py"), name]
+        run_enqueue([*command, str(jobs)], ctx)
 
     return enqueue
 
@@ -164,6 +199,82 @@ def arq_workers(ctx: Context) -> list[list[str]]:
 
 def saq_workers(ctx: Context) -> list[list[str]]:
     return [[str(PEERS_BIN / "saq"), "saq_io_app.settings"]]
+
+
+def bullmq_pins() -> str:
+    """The versions package.json pins, for the settings line."""
+    pinned = json.loads((BULLMQ_DIR / "package.json").read_text())["dependencies"]
+    return f"BullMQ {pinned['bullmq']} (ioredis {pinned['ioredis']})"
+
+
+def node() -> str:
+    return shutil.which("node") or "node"
+
+
+def bullmq_workers(concurrency: int) -> Callable[[Context], list[list[str]]]:
+    """One node process (the session leader measure reads the worker CPU of)."""
+
+    def commands(ctx: Context) -> list[list[str]]:
+        worker = str(BULLMQ_DIR / "worker.js")
+        return [[node(), worker, str(concurrency), measure.COUNTER_KEY]]
+
+    return commands
+
+
+def bullmq_enqueue(ctx: Context, jobs: int) -> None:
+    run_enqueue([node(), str(BULLMQ_DIR / "enqueue.js"), str(jobs)], ctx)
+
+
+def node_missing() -> str | None:
+    """Why this node cannot run the BullMQ apps, if it cannot."""
+    found = shutil.which("node")
+    if found is None:
+        return f"node not found on PATH (BullMQ's apps need Node.js >= {NODE_MAJOR} and npm)"
+    try:
+        version = subprocess.run(
+            [found, "--version"], capture_output=True, text=True, timeout=60, check=False
+        ).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{found} --version failed: {exc}"
+    major = re.match(r"v(\d+)\.", version)
+    if major is None or int(major.group(1)) < NODE_MAJOR:
+        return f"{found} is {version or 'of unknown version'}; BullMQ's apps need >= {NODE_MAJOR}"
+    return None
+
+
+@functools.cache
+def bullmq_unavailable() -> str | None:
+    """Node must be there; bench/async_apps/bullmq/node_modules is installed with
+    ``npm ci`` from the committed package-lock.json when it is missing or was built
+    from another lock file (the stamp holds the lock file's hash), so a checkout runs
+    with one command. None when BullMQ can run."""
+    reason = node_missing()
+    if reason:
+        return reason
+    wanted = hashlib.sha256((BULLMQ_DIR / "package-lock.json").read_bytes()).hexdigest()
+    installed = (BULLMQ_MODULES / "bullmq" / "package.json").exists()
+    if installed and BULLMQ_STAMP.exists() and BULLMQ_STAMP.read_text() == wanted:
+        return None
+    by_hand = f"run by hand: cd {BULLMQ_DIR} && npm ci"
+    npm = shutil.which("npm")
+    if npm is None:
+        return f"npm not found on PATH, needed to install BullMQ into {BULLMQ_MODULES}"
+    print(f"installing BullMQ into {BULLMQ_MODULES} (npm ci) ...", flush=True)
+    try:
+        done = subprocess.run(
+            [npm, "ci", "--no-audit", "--no-fund"],
+            cwd=BULLMQ_DIR,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"npm ci failed ({exc}); {by_hand}"
+    if done.returncode != 0:
+        return f"npm ci exited {done.returncode}: {done.stderr[-1500:]}; {by_hand}"
+    BULLMQ_STAMP.write_text(wanted)
+    return None
 
 
 def all_systems() -> list[IoSystem]:
@@ -207,6 +318,23 @@ def all_systems() -> list[IoSystem]:
             enqueue=peer_enqueue("saq"),
             peer=True,
         ),
+        *(
+            IoSystem(
+                name="bullmq" if concurrency == ASYNC_SLOTS else f"bullmq-{concurrency}",
+                settings=(
+                    f"1 Node process, {bullmq_pins()} Worker, concurrency {concurrency}; "
+                    "jobs added by addBulk, 1000 a call, with "
+                    "removeOnComplete: true, removeOnFail unset (default: failed jobs "
+                    "kept); other options default (lockDuration 30 s, stalledInterval "
+                    "30 s, events stream maxLen 10000)"
+                ),
+                slots=concurrency,
+                workers=bullmq_workers(concurrency),
+                enqueue=bullmq_enqueue,
+                unavailable=bullmq_unavailable,
+            )
+            for concurrency in (ASYNC_SLOTS, MANY_SLOTS)
+        ),
     ]
 
 
@@ -228,6 +356,7 @@ class Outcome:
     drains: list[measure.Drain]
     error: str | None = None
     scaled_by: str | None = None  # why it runs fewer than --jobs
+    unavailable: str | None = None  # why it cannot run here (then it is not run)
 
     def windows(self) -> list[measure.Window]:
         return [d.steady or d.whole for d in self.drains]
@@ -289,6 +418,8 @@ def run_rounds(
     with tempfile.TemporaryDirectory(prefix="limitd-async-io-") as tmp:
         ctx = Context(url=url, tmp=Path(tmp))
         for outcome in outcomes:
+            if outcome.unavailable:
+                continue
             try:
                 calibrate(outcome, conn, ctx, args)
             except measure.RunFailed as exc:
@@ -296,7 +427,7 @@ def run_rounds(
                 print(f"calibration {outcome.system.name:<16} ERROR {exc}", flush=True)
         for number in range(1, args.rounds + 1):
             for outcome in outcomes:
-                if outcome.error:
+                if outcome.error or outcome.unavailable:
                     continue
                 try:
                     drained = one_round(outcome, conn, ctx, args.deadline)
@@ -315,15 +446,23 @@ def spread(values: list[float]) -> str:
     return f"{statistics.median(values):,.0f} ({min(values):,.0f}-{max(values):,.0f})"
 
 
-def summary_row(outcome: Outcome, reference: float | None) -> str:
+def reference_of(name: str) -> str:
+    """The limitd system whose median a system's ratio is taken against."""
+    return PAIRED.get(name, REFERENCE)
+
+
+def summary_row(outcome: Outcome, rates: dict[str, float | None]) -> str:
     name = outcome.system.name
     windows = outcome.windows()
+    if outcome.unavailable:
+        return f"{name:<16} {'-':>6}  unavailable: {outcome.unavailable}"
     if not windows:
         return f"{name:<16} {outcome.jobs:>6,}  failed: {outcome.error}"
     rate = statistics.median(w.rate for w in windows)
     worker = statistics.median(w.worker_cpu_us_per_job for w in windows)
     redis_cpu = statistics.median(w.redis_cpu_us_per_job for w in windows)
-    ratio = f"{reference / rate:.2f}x" if reference and name != REFERENCE else "-"
+    reference = rates.get(reference_of(name))
+    ratio = f"{reference / rate:.2f}x" if reference and name != reference_of(name) else "-"
     note = f"  (failed {outcome.error})" if outcome.error else ""
     return (
         f"{name:<16} {outcome.jobs:>6,} {outcome.system.ceiling():>8,.0f} "
@@ -333,22 +472,38 @@ def summary_row(outcome: Outcome, reference: float | None) -> str:
 
 
 def target_lines(outcomes: list[Outcome]) -> list[str]:
-    """Target: limitd-async >= 5,000 jobs/s and ahead of arq and saq."""
+    """Target: limitd-async >= 5,000 jobs/s and ahead of arq, saq and bullmq; then the
+    other pairs of PAIRED, compared the same way (not part of the target)."""
     rates = {o.system.name: o.median_rate() for o in outcomes}
     reference = rates.get(REFERENCE)
+    lines = []
     if reference is None:
-        return [f"target: {REFERENCE} has no figure, nothing to check"]
-    verdict = "met" if reference >= TARGET_RATE else "NOT met"
-    lines = [f"target {REFERENCE} >= {TARGET_RATE:,.0f} jobs/s: {reference:,.0f}, {verdict}"]
-    for peer in PEERS:
-        theirs = rates.get(peer)
-        if theirs is None:
-            lines.append(f"target ahead of {peer}: no figure for {peer}")
-            continue
-        ahead = "met" if reference > theirs else "NOT met"
+        lines.append(f"target: {REFERENCE} has no figure, nothing to check")
+    else:
+        verdict = "met" if reference >= TARGET_RATE else "NOT met"
         lines.append(
-            f"target ahead of {peer}: {reference:,.0f} against {theirs:,.0f} jobs/s "
-            f"({reference / theirs:.2f}x), {ahead}"
+            f"target {REFERENCE} >= {TARGET_RATE:,.0f} jobs/s: {reference:,.0f}, {verdict}"
+        )
+        for peer in PEERS:
+            theirs = rates.get(peer)
+            if theirs is None:
+                lines.append(f"target ahead of {peer}: no figure for {peer}")
+                continue
+            ahead = "met" if reference > theirs else "NOT met"
+            lines.append(
+                f"target ahead of {peer}: {reference:,.0f} against {theirs:,.0f} jobs/s "
+                f"({reference / theirs:.2f}x), {ahead}"
+            )
+    for peer, ours in PAIRED.items():
+        mine, theirs = rates.get(ours), rates.get(peer)
+        if mine is None or theirs is None:
+            if peer in rates or ours in rates:
+                lines.append(f"{ours} against {peer}: no figure for one of them")
+            continue
+        ahead = "ahead" if mine > theirs else "NOT ahead"
+        lines.append(
+            f"{ours} against {peer}: {mine:,.0f} against {theirs:,.0f} jobs/s "
+            f"({mine / theirs:.2f}x), {ahead}"
         )
     return lines
 
@@ -360,7 +515,7 @@ def report(outcomes: list[Outcome], args: argparse.Namespace) -> None:
     )
     for outcome in outcomes:
         print(f"  {outcome.system.name}: {outcome.system.settings}")
-    scaled = [o for o in outcomes if o.jobs < args.jobs]
+    scaled = [o for o in outcomes if o.jobs < args.jobs and not o.unavailable]
     for outcome in scaled:
         print(
             f"  {outcome.system.name} ran {outcome.jobs:,} jobs a round, not {args.jobs:,}, "
@@ -370,10 +525,15 @@ def report(outcomes: list[Outcome], args: argparse.Namespace) -> None:
         f"{'system':<16} {'jobs':>6} {'ceiling':>8} {'steady jobs/s (min-max)':<26} "
         f"{'worker us':>9} {'redis us':>9} {'async/this':>10}"
     )
-    reference = next((o.median_rate() for o in outcomes if o.system.name == REFERENCE), None)
+    rates = {o.system.name: o.median_rate() for o in outcomes}
     for outcome in outcomes:
-        print(summary_row(outcome, reference))
-    print("(ceiling: slots / 0.1 s; worker and Redis CPU per job)")
+        print(summary_row(outcome, rates))
+    print(
+        f"(ceiling: slots / 0.1 s; worker and Redis CPU per job; async/this: {REFERENCE}'s "
+        "median over this system's, "
+        + ", ".join(f"{peer}'s: {ours}'s over it" for peer, ours in PAIRED.items())
+        + ")"
+    )
     print("\n".join(target_lines(outcomes)))
 
 
@@ -421,6 +581,10 @@ def main() -> None:
     systems = select(args.systems)
     if any(s.peer for s in systems):
         ensure_peers_venv()
+    unavailable = {s.name: s.unavailable() for s in systems}
+    for name, reason in unavailable.items():
+        if reason:
+            print(f"UNAVAILABLE {name}: {reason}", flush=True)
     # Every process the drain starts finds the job modules here (measure.system_env puts
     # bench/peers/apps, for bench_counter, in front of this).
     os.environ["PYTHONPATH"] = os.pathsep.join(
@@ -430,6 +594,7 @@ def main() -> None:
     outcomes = []
     for system in systems:
         outcome = Outcome(system, system.jobs(args.jobs, args.round_seconds), [])
+        outcome.unavailable = unavailable[system.name]
         if outcome.jobs < args.jobs:
             outcome.scaled_by = f"its ceiling is {system.ceiling():,.0f} jobs/s"
         outcomes.append(outcome)
