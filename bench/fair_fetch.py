@@ -2,7 +2,8 @@
 a flooding one, and what fairness costs the drain.
 
     .venv/bin/python bench/fair_fetch.py [--rounds 3] [--flood 20000] [--small 100x10]
-        [--scale 1x20000,10000x2,1x100000,100000x1] [--processes 2] [--threads 10] [--redis URL]
+        [--small-pace SECONDS] [--scale 1x20000,10000x2,1x100000,100000x1]
+        [--processes 2] [--threads 10] [--redis URL]
 
 Each run starts ``limitd start`` (P processes x T threads, logging at WARNING) on a
 private redis-server, with one of three setups for the queue ``bench_fair``:
@@ -23,6 +24,11 @@ pushes took (a client middleware that costs more per push spreads their arrivals
 the workers then keep up with them), and how many of the flood's jobs started while a
 small tenant had a job waiting (from the first small enqueue to the last small start):
 a fair fetch starts next to none, whatever the wait the drain rate imposes.
+``--small-pace S`` spreads the small tenants' pushes evenly over S seconds (tenant k
+starts at k x S / tenants), so that every mode gets the same arrivals when S is longer
+than the slowest mode's pushes take back to back: the waits then compare the fetches
+alone, not the push paths (rerouting's middleware makes its pushes slower, which spreads
+its arrivals and shortens its waits by itself).
 
 Scale (``--scale``, tenants x jobs each): the jobs are enqueued first, then the workers
 start; the steady drain (10% to 90% of the starts, by their timestamps) is compared
@@ -199,6 +205,9 @@ def flood_run(
         job.perform_bulk([["flood", n] for n in range(args.flood)])
         small_from = time.time()
         for tenant in range(tenants):
+            pause = small_from + args.small_pace * tenant / tenants - time.time()
+            if pause > 0:
+                time.sleep(pause)  # the same arrivals in every mode (--small-pace)
             job.perform_bulk([[f"small{tenant:04d}", n] for n in range(each)])
         small_push = time.time() - small_from
         wait_until(lambda: conn.llen(STARTS) >= total, args.deadline, f"{total} jobs")
@@ -240,6 +249,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--flood", type=int, default=20_000, help="the flooding tenant's jobs")
     parser.add_argument("--small", type=parse_shape, default=(100, 10), help="tenants x jobs")
     parser.add_argument(
+        "--small-pace",
+        type=float,
+        default=0.0,
+        help="seconds over which the small tenants' pushes are spread (0: back to back)",
+    )
+    parser.add_argument(
         "--scale",
         default="1x20000,10000x2,1x100000,100000x1",
         help="tenants x jobs shapes drained fifo and fair ('' for none)",
@@ -255,9 +270,10 @@ def parse_args() -> argparse.Namespace:
 
 def report(rows: Rows, args: argparse.Namespace) -> None:
     tenants, each = args.small
+    pace = f", their pushes spread over {args.small_pace:g} s" if args.small_pace else ""
     print(
         f"\nFlood: one tenant enqueues {args.flood:,} jobs, then {tenants} tenants "
-        f"{each} each; limitd start {args.processes} x {args.threads}; medians of "
+        f"{each} each{pace}; limitd start {args.processes} x {args.threads}; medians of "
         f"{args.rounds} rounds\n"
     )
     print(
@@ -274,8 +290,8 @@ def report(rows: Rows, args: argparse.Namespace) -> None:
             return statistics.median(get(run) for run in runs)
 
         print(
-            f"| {mode} | {med(lambda r: r.small_p50) * 1000:,.0f} ms | "
-            f"{med(lambda r: r.small_p99) * 1000:,.0f} ms | {med(lambda r: r.flood_done):.2f} s | "
+            f"| {mode} | {med(lambda r: r.small_p50) * 1000:,.1f} ms | "
+            f"{med(lambda r: r.small_p99) * 1000:,.1f} ms | {med(lambda r: r.flood_done):.2f} s | "
             f"{med(lambda r: r.total):.2f} s | {med(lambda r: r.small_push) * 1000:,.0f} ms | "
             f"{med(lambda r: r.flood_ahead):,.0f} |"
         )
