@@ -11,6 +11,7 @@ import os
 import subprocess
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,11 +98,14 @@ def command_counts(conn: redis_py.Redis) -> Counter[str]:
     return command_stats(conn)[0]
 
 
-def system_env(url: str) -> dict[str, str]:
-    """Every process of a system sees its Redis under the names each library reads."""
+def system_env(url: str, first: Sequence[Path] = ()) -> dict[str, str]:
+    """Every process of a system sees its Redis under the names each library reads, and
+    the job modules on PYTHONPATH, after the directories ``first`` (a system's
+    ``pythonpath``: another checkout's limitd, for run.py --compare)."""
     env = dict(os.environ)
     env.update(BENCH_REDIS_URL=url, LIMITD_REDIS_URL=url, REDIS_URL=url)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(APPS_DIR), env.get("PYTHONPATH")]))
+    path = [*map(str, first), str(APPS_DIR), env.get("PYTHONPATH")]
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, path))
     env.pop("VIRTUAL_ENV", None)
     return env
 
@@ -112,7 +116,7 @@ def enqueue_seconds(system: System, ctx: Context, jobs: int, deadline: float) ->
         done = subprocess.run(
             system.enqueue_argv(ctx, jobs),
             cwd=APPS_DIR,
-            env=system_env(ctx.url),
+            env=system_env(ctx.url, system.pythonpath),
             capture_output=True,
             text=True,
             timeout=deadline,
@@ -132,7 +136,7 @@ def drain(system: System, ctx: Context, conn: redis_py.Redis, jobs: int, deadlin
     first reads 10% and 90% of ``jobs`` (the steady window, start-up and the tail left
     out) and when it reads ``jobs``, all before the workers are stopped."""
     log_path = ctx.tmp / f"{system.name}.log"
-    env = system_env(ctx.url)
+    env = system_env(ctx.url, system.pythonpath)
     with log_path.open("wb") as log:
         commands = system.workers(ctx)
         procs: list[subprocess.Popen[bytes]] = []

@@ -25,7 +25,12 @@ class Outcome:
     lua: list[float] = field(default_factory=list)  # Lua calls per job
     redis_cpu: list[float] = field(default_factory=list)  # redis-server CPU us per job
     worker_cpu: list[float] = field(default_factory=list)  # the workers' CPU us per job
+    rounds: list[int] = field(default_factory=list)  # the run number of each steady figure
     error: str | None = None
+
+    def steady_by_round(self) -> dict[int, tuple[float, float]]:
+        """Steady drain (jobs/s) and worker CPU (us/job) by run number."""
+        return dict(zip(self.rounds, zip(self.steady, self.worker_cpu, strict=True), strict=True))
 
 
 @dataclass(frozen=True)
@@ -138,6 +143,27 @@ def results_table(outcomes: list[Outcome], ceiling: float | None) -> str:
     return "\n".join([header, *(_row(o, ceiling) for o in outcomes)])
 
 
+def compare_lines(pairs: list[tuple[Outcome, Outcome]]) -> list[str]:
+    """For each system and its --compare twin: this / other of the steady drain and of
+    the worker CPU per job, by round (the rounds both measured) and their median."""
+    lines = []
+    for this, other in pairs:
+        label = f"{this.system.name} / {other.system.name}"
+        mine, theirs = this.steady_by_round(), other.steady_by_round()
+        rounds = sorted(mine.keys() & theirs.keys())
+        if not rounds:
+            lines.append(f"{label}: no round with a steady figure from both")
+            continue
+        for index, what in enumerate(("steady drain", "worker CPU per job")):
+            ratios = [mine[n][index] / theirs[n][index] for n in rounds]
+            by_round = ", ".join(f"{ratio:.2f}" for ratio in ratios)
+            lines.append(
+                f"{label}, {what} this / other, by round ({len(rounds)}) {by_round}; "
+                f"median {statistics.median(ratios):.2f}"
+            )
+    return lines
+
+
 def baseline_section(baseline: Baseline) -> list[str]:
     ceiling = [
         f"| {CEILING_LABELS[key]} | {value:,.0f} |" for key, value in baseline.ceiling.items()
@@ -165,9 +191,13 @@ def baseline_section(baseline: Baseline) -> list[str]:
 
 
 def markdown(
-    lines: list[str], outcomes: list[Outcome], baseline: Baseline, skipped: list[str]
+    lines: list[str],
+    outcomes: list[Outcome],
+    baseline: Baseline,
+    skipped: list[str],
+    compared: list[str] | None = None,
 ) -> str:
-    """The whole of RESULTS.md."""
+    """The whole of RESULTS.md; ``compared`` are run.py --compare's ratio lines."""
     text = [
         "# limitd and its peers: enqueue and drain throughput, CPU per job",
         "",
@@ -184,6 +214,13 @@ def markdown(
         "",
         *(f"{line}  " for line in skipped),
         "",
+        *(
+            ["With --compare, this / other per round (other: the `@other` rows):", ""]
+            + [f"- {line}" for line in compared]
+            + [""]
+            if compared
+            else []
+        ),
         "![steady drain jobs/s per system](drain.png)",
         "",
         *baseline_section(baseline),

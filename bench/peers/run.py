@@ -3,6 +3,7 @@ Sidekiq) on one private redis-server: enqueue N no-op jobs, then time the worker
 draining them, alternating the systems run after run because the machine is noisy.
 
     .venv/bin/python bench/peers/run.py [--jobs 20000] [--runs 3] [--systems a,b] [--quick]
+        [--compare OTHER_CHECKOUT] [--out DIR]
 
 Each job increments a Redis counter; a drain is timed from starting the system's worker
 processes (start-up included, as for an operator) until the counter reads N, and the
@@ -12,6 +13,16 @@ taken per job. Each system has its own database on the server, flushed
 before and after each run. Writes RESULTS.md and drain.png beside this file (--quick
 prints only, unless --out is given). The peers live in bench/peers/.venv, created from
 requirements.txt on first use.
+
+``--compare DIR`` measures a change to limitd against another checkout of it (a ``git
+worktree add DIR <commit>`` of an older commit, say; its package is ``DIR/limitd``): each
+limitd system selected also runs as a twin named ``NAME@other``, the same in every way
+but that its enqueue and worker processes import limitd from DIR (put first on their
+PYTHONPATH; checked once at start, and shown on the twin's settings line). A twin runs
+right after its original in every round, and which of the two goes first swaps round by
+round, so both see the same machine. After the table come, for each pair, the ratio this
+/ other of the steady drain and of the worker CPU per job by round, and their medians
+(also in RESULTS.md, where the twins are extra rows). The other systems run once a round.
 """
 
 from __future__ import annotations
@@ -28,11 +39,12 @@ from pathlib import Path
 import machine
 import redis as redis_py
 import report
-from measure import RunFailed, drain, enqueue_seconds
+from measure import RunFailed, drain, enqueue_seconds, system_env
 from peers_venv import ensure_peers_venv
 from report import Baseline, Outcome
 from systems import all_systems
-from systems.base import PEERS_BIN, PEERS_DIR, Context, System
+from systems.base import APPS_DIR, PEERS_BIN, PEERS_DIR, Context, System
+from systems.limitd_system import OTHER, twin
 
 from limitd.connection.embedded import RedisServer
 
@@ -60,6 +72,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--deadline", type=float, help="seconds per enqueue or drain (120)")
     parser.add_argument("--ceiling-calls", type=int, help="EVALSHA calls per ceiling (200000)")
     parser.add_argument("--out", type=Path, help="where RESULTS.md and drain.png go")
+    parser.add_argument(
+        "--compare",
+        type=Path,
+        metavar="DIR",
+        help=f"another limitd checkout's root: each limitd system also runs as NAME{OTHER}, "
+        "importing limitd from DIR/limitd, right after its original (the two swap order "
+        "each round); prints this / other per round and the median",
+    )
     args = parser.parse_args()
     if args.quick:
         args.jobs, args.runs = 500, 1
@@ -67,6 +87,11 @@ def parse_args() -> argparse.Namespace:
     args.ceiling_calls = args.ceiling_calls or (20_000 if args.quick else 200_000)
     if args.out is None and not args.quick:
         args.out = PEERS_DIR
+    if args.compare is not None:
+        args.compare = args.compare.resolve()
+        package = args.compare / "limitd" / "__init__.py"
+        if not package.is_file():
+            parser.error(f"--compare {args.compare}: no limitd package there ({package} not found)")
     return args
 
 
@@ -87,6 +112,47 @@ def select(names: str | None) -> tuple[list[System], list[str]]:
         else:
             chosen.append(system)
     return chosen, skipped
+
+
+def limitd_origin(system: System) -> Path:
+    """Where ``system``'s processes import limitd from: its interpreter, with the
+    environment and directory its workers get, imports ``limitd.cli`` as the ``limitd``
+    script does and prints ``limitd.__file__``."""
+    code = "import limitd.cli, limitd; print(limitd.__file__)"
+    done = subprocess.run(
+        [str(system.python), "-c", code],
+        cwd=APPS_DIR,
+        env=system_env("redis://127.0.0.1:1/0", system.pythonpath),  # never dialled
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"{system.name}: importing limitd failed: {done.stderr[-1500:]}")
+    return Path(done.stdout.strip().splitlines()[-1]).resolve()
+
+
+def with_twins(systems: list[System], root: Path) -> list[System]:
+    """Each limitd system followed by its twin importing limitd from ``root``; the twins'
+    import is checked to come from there."""
+    expected = root / "limitd" / "__init__.py"
+    chosen: list[System] = []
+    for system in systems:
+        chosen.append(system)
+        if system.name.startswith("limitd"):
+            other = twin(system, root, str(expected))
+            origin = limitd_origin(other)
+            if origin != expected:
+                raise SystemExit(f"{other.name} imports limitd from {origin}, not {expected}")
+            chosen.append(other)
+    return chosen
+
+
+def pairs_of(outcomes: list[Outcome]) -> list[tuple[Outcome, Outcome]]:
+    """Each limitd system's outcome with its twin's (--compare)."""
+    named = {o.system.name: o for o in outcomes}
+    return [(o, named[o.system.name + OTHER]) for o in outcomes if o.system.name + OTHER in named]
 
 
 def url_for(server: RedisServer, db: int) -> str:
@@ -120,8 +186,11 @@ def measure_baseline(server: RedisServer, calls: int) -> Baseline:
     return Baseline(ceiling, incr_us)
 
 
-def one_run(outcome: Outcome, server: RedisServer, db: int, tmp: Path, deadline: float) -> str:
-    """Enqueue and drain once on a flushed database; record the figures; return a line."""
+def one_run(
+    outcome: Outcome, server: RedisServer, db: int, tmp: Path, deadline: float, *, run: int
+) -> str:
+    """Enqueue and drain once (run number ``run``) on a flushed database; record the
+    figures; return a line."""
     jobs = outcome.jobs
     ctx = Context(url=url_for(server, db), tmp=tmp)
     conn = redis_py.Redis.from_url(ctx.url)
@@ -149,6 +218,7 @@ def one_run(outcome: Outcome, server: RedisServer, db: int, tmp: Path, deadline:
     outcome.lua.append(steady.lua_per_job)
     outcome.redis_cpu.append(steady.redis_cpu_us_per_job)
     outcome.worker_cpu.append(steady.worker_cpu_us_per_job)
+    outcome.rounds.append(run)
     return line + (
         f"; steady {steady.rate:>6,.0f}/s: worker CPU {steady.worker_cpu_us_per_job:.0f} "
         f"us/job, Redis CPU {steady.redis_cpu_us_per_job:.0f} us/job, "
@@ -156,18 +226,37 @@ def one_run(outcome: Outcome, server: RedisServer, db: int, tmp: Path, deadline:
     )
 
 
+def run_order(outcomes: list[Outcome], run: int) -> list[Outcome]:
+    """This run's order: the systems' order, each --compare twin right after its
+    original in odd runs and right before it in even ones."""
+    order: list[Outcome] = []
+    for this, other in zip(outcomes, [*outcomes[1:], None], strict=True):
+        if this.system.name.endswith(OTHER):
+            continue
+        if other is not None and other.system.name == this.system.name + OTHER:
+            order.extend([this, other] if run % 2 else [other, this])
+        else:
+            order.append(this)
+    return order
+
+
 def run_all(systems: list[System], server: RedisServer, args: argparse.Namespace) -> list[Outcome]:
     """Runs in alternation (A B C A B C ...); a system that fails once is dropped."""
     outcomes = [Outcome(system, system.jobs_per_run(args.jobs)) for system in systems]
+    if len(outcomes) >= DATABASES:
+        raise SystemExit(f"{len(outcomes)} systems, but only {DATABASES - 1} databases")
+    dbs = {id(outcome): db for db, outcome in enumerate(outcomes, start=1)}
+    width = max((len(s.name) for s in systems), default=0)
     with tempfile.TemporaryDirectory(prefix="limitd-peers-") as tmp:
         for run in range(1, args.runs + 1):
-            for db, outcome in enumerate(outcomes, start=1):
+            for outcome in run_order(outcomes, run):
                 if outcome.error:
                     continue
-                label = f"run {run}/{args.runs} {outcome.system.name:<15}"
+                label = f"run {run}/{args.runs} {outcome.system.name:<{max(width, 15)}}"
                 try:
                     before = cpu_ticks()
-                    line = one_run(outcome, server, db, Path(tmp), args.deadline)
+                    db = dbs[id(outcome)]
+                    line = one_run(outcome, server, db, Path(tmp), args.deadline, run=run)
                     print(f"{label} {line}; {machine_load(before)}", flush=True)
                 except RunFailed as exc:
                     outcome.error = f"run {run}: {exc}"
@@ -195,6 +284,8 @@ def main() -> None:
     args = parse_args()
     ensure_peers_venv()
     systems, skipped = select(args.systems)
+    if args.compare is not None:
+        systems = with_twins(systems, args.compare)
     started = time.monotonic()
     server = BenchRedis()
     server.start()
@@ -203,6 +294,11 @@ def main() -> None:
             lines = machine.describe(
                 conn, systems, jobs=args.jobs, runs=args.runs, deadline=args.deadline
             )
+        if args.compare is not None:
+            lines.append(
+                f"- Compared with: the limitd package of {args.compare} (the `{OTHER}` rows), "
+                "each twin run next to its original, the two swapping order every run"
+            )
         print("\n".join(lines), flush=True)
         baseline = measure_baseline(server, args.ceiling_calls)
         print("\n".join(report.baseline_section(baseline)[4:]), flush=True)
@@ -210,10 +306,14 @@ def main() -> None:
     finally:
         server.stop()
     print(report.results_table(outcomes, baseline.ceiling.get("pipelined_1_client")))
+    compared = report.compare_lines(pairs_of(outcomes))
+    if compared:
+        print("\n".join(compared))
     print(f"total {time.monotonic() - started:.0f} s")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "RESULTS.md").write_text(report.markdown(lines, outcomes, baseline, skipped))
+        text = report.markdown(lines, outcomes, baseline, skipped, compared)
+        (args.out / "RESULTS.md").write_text(text)
         draw_chart(outcomes, args.out / "drain.png")
         print(f"wrote {args.out / 'RESULTS.md'} and {args.out / 'drain.png'}")
     sys.exit(1 if any(o.error for o in outcomes) else 0)

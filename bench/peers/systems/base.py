@@ -59,6 +59,9 @@ class System:
     enqueue_command: Callable[[Context, int], list[str]] | None = None
     missing: Callable[[], str | None] = _nothing_missing  # why it cannot run here
     max_jobs: int | None = None  # fewer jobs per run for very slow systems (time budget)
+    # Directories put first on PYTHONPATH for the enqueue and every worker process: set
+    # on run.py's --compare twins, whose limitd is imported from another checkout.
+    pythonpath: tuple[Path, ...] = ()
 
     def jobs_per_run(self, jobs: int) -> int:
         return min(jobs, self.max_jobs) if self.max_jobs else jobs

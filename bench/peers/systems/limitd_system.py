@@ -9,12 +9,15 @@ costs on top of it. Their job counts through ``limitd.redis_client()``;
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
 
 from systems.base import PROJECT_BIN, QUEUE, Context, System, project_python
 
 THREADS = 10
 LIMIT = 1000
 BULK = 1000
+OTHER = "@other"  # the suffix of the twins run.py --compare adds
 
 CONFIG = """\
 redis:
@@ -69,6 +72,21 @@ def workers(
         return [[str(PROJECT_BIN / "limitd"), "start", str(config)]]
 
     return commands
+
+
+def twin(system: System, root: Path, origin: str) -> System:
+    """``system`` named ``NAME@other``, its enqueue and workers importing the limitd
+    package of the checkout at ``root`` (put first on their PYTHONPATH: the project
+    venv's ``limitd`` script then imports it from there); ``origin`` is where a process
+    with that PYTHONPATH was seen to import it from, for the settings line. The enqueue
+    is the original's (enqueue.py looks the system up by its name)."""
+    return replace(
+        system,
+        name=system.name + OTHER,
+        settings=f"{system.settings}; limitd imported from {origin} (--compare)",
+        enqueue_command=system.enqueue_argv,
+        pythonpath=(root, *system.pythonpath),
+    )
 
 
 def missing() -> str | None:
