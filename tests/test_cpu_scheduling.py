@@ -21,7 +21,7 @@ class FakeKernel:
         self.policies = dict.fromkeys([0, *threads], os.SCHED_OTHER)
         self.refuse: OSError | None = None
         self.gone: set[int] = set()
-        monkeypatch.setattr(cpu_scheduling, "_threads", lambda: [0, *threads])
+        monkeypatch.setattr(cpu_scheduling, "own_threads", lambda: [0, *threads])
         monkeypatch.setattr(os, "sched_getscheduler", self.get)
         monkeypatch.setattr(os, "sched_setscheduler", self.set)
 
@@ -88,7 +88,7 @@ def test_the_threads_asked_are_this_process_s_own() -> None:
     thread.start()
     try:
         assert started.wait(10)
-        threads = cpu_scheduling._threads()
+        threads = cpu_scheduling.own_threads()
         assert threads[0] == 0  # the calling thread, by the kernel's shorthand
         assert native[0] in threads
         assert threading.get_native_id() not in threads  # not twice

@@ -127,6 +127,57 @@ def test_capsule_processes_run_under_the_configured_cpu_scheduling(
     assert policies(proc.pid) == {started_with}, (started_with, policies(os.getpid()))
 
 
+def cpu_sets(pid: int) -> set[frozenset[int]]:
+    """The CPUs each thread of ``pid`` may run on (``Cpus_allowed_list``), read from the
+    process's own task directory as :func:`policies` reads the policies."""
+    found = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        listed = status.split("Cpus_allowed_list:", 1)[1].split()[0]
+        found.add(frozenset(cpu_list(listed)))
+    return found
+
+
+def cpu_list(text: str) -> set[int]:
+    """``0-2,5`` as {0, 1, 2, 5}."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        cpus.update(range(int(low), int(high or low) + 1))
+    return cpus
+
+
+def test_capsule_processes_keep_their_threads_on_the_cpus_cpu_affinity_gives(
+    app_dir: Path, supervisor: Callable[..., subprocess.Popen[bytes]]
+) -> None:
+    """``cpu_affinity: 1`` on a capsule of two processes: each keeps every thread on one
+    CPU of the supervisor's set (children 1 and 2, so two different CPUs when there are
+    two or more), while the capsule without it and the supervisor keep the whole set."""
+    (app_dir / "pinned.yml").write_text(
+        TWO_CAPSULES.replace("    processes: 2\n", "    processes: 2\n    cpu_affinity: 1\n")
+    )
+    proc = supervisor("pinned.yml")
+
+    def titled() -> bool:
+        pids = children(proc.pid)
+        return len(pids) == 3 and all("limitd capsule" in title(pid) for pid in pids)
+
+    wait_for(titled, timeout=30, message="three capsule processes with their titles")
+    allowed = frozenset(os.sched_getaffinity(0))
+    side = [pid for pid in children(proc.pid) if "capsule side" in title(pid)]
+    default = [pid for pid in children(proc.pid) if "capsule side" not in title(pid)]
+    pinned = [cpu_sets(pid) for pid in side]
+    assert all(len(sets) == 1 and len(next(iter(sets))) == 1 for sets in pinned), pinned
+    on = {next(iter(sets)) for sets in pinned}
+    assert all(cpus <= allowed for cpus in on)
+    assert len(on) == min(2, len(allowed)), on
+    assert [cpu_sets(pid) for pid in default] == [{allowed}]
+    assert cpu_sets(proc.pid) == {allowed}
+
+
 def test_term_requeues_a_long_job_and_leaves_no_child(
     supervisor: Callable[..., subprocess.Popen[bytes]], redis: redis_py.Redis
 ) -> None:
@@ -191,6 +242,8 @@ def test_tstp_quiets_every_child_and_ttin_dumps_stacks(
         ("queues: [work]\nconcurrency: -2\n", "concurrency", ">= 1"),
         ("queues: [work]\nlimits: {other: 2}\n", "limits.other", "not in this capsule"),
         ("queues: [work]\ncpu_scheduling: fast\n", "cpu_scheduling", "['batch', 'normal']"),
+        ("queues: [work]\ncpu_affinity: 0\n", "cpu_affinity", "integer >= 1"),
+        ("queues: [work]\ncpu_affinity: all\n", "cpu_affinity", "integer >= 1"),
         (
             "capsules:\n  mail:\n    queues: [mail]\n    processes: 0\n",
             "capsules.mail.processes",

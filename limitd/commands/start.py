@@ -62,7 +62,7 @@ from limitd.locate import (
 from limitd.middleware.defaults import default_client_chain, default_server_chain
 from limitd.plugins import ProcessContext, start_process_services, stop_process_services
 from limitd.registry import import_app
-from limitd.supervisor import cpu_scheduling
+from limitd.supervisor import cpu_affinity, cpu_scheduling
 from limitd.supervisor.capsule import Capsule
 from limitd.supervisor.launcher import Launcher
 from limitd.supervisor.signals import SignalQueue
@@ -251,6 +251,7 @@ def run_capsule(
     that enqueue jobs use the same Redis and the config's feature settings
     (``sections``, e.g. ``fair_tenant``). ``ready`` is called once the capsule runs."""
     cpu_scheduling.apply(config.cpu_scheduling)  # before any thread: they inherit it
+    cpu_affinity.apply(config.cpu_affinity, config.process_number)  # the same
     redis = connect_for(settings, url, pool_for=config)
     set_default_client(Client(redis, middleware=default_client_chain(sections)))
     context = ProcessContext(redis, sections or {}, config, default_server_chain(redis))

@@ -18,8 +18,8 @@ of its own.
   ``process_limits``, ``rate_limits``, ``blocking``, ``dynamic``, ``processes`` and
   ``max_memory_mb`` are its own too (defaults otherwise, never the top-level values).
   It inherits ``timeout``, ``heartbeat_period``, ``poll_range``, ``fetch``,
-  ``scheduled_poll``, ``ready_index``, ``index_sweep``, ``cpu_scheduling``, ``tag``
-  and ``dead`` (key by key) from the top level unless it
+  ``scheduled_poll``, ``ready_index``, ``index_sweep``, ``cpu_scheduling``,
+  ``cpu_affinity``, ``tag`` and ``dead`` (key by key) from the top level unless it
   sets them. Its ``require`` *adds* modules to the top-level
   list: the supervisor imports those before forking, so they cannot be taken away.
 - ``LIMITD_REDIS_URL`` in the environment overrides ``redis.url``, and
@@ -84,6 +84,7 @@ SHARED_KEYS = (
     "ready_index",
     "index_sweep",
     "cpu_scheduling",
+    "cpu_affinity",
     "max_recoveries",
 )
 CAPSULE_KEYS = frozenset(OWN_KEYS + SHARED_KEYS)
@@ -132,6 +133,7 @@ class Shared:
     ready_index: bool = _DEFAULTS.ready_index
     index_sweep: float = _DEFAULTS.index_sweep
     cpu_scheduling: str = _DEFAULTS.cpu_scheduling
+    cpu_affinity: int | None = _DEFAULTS.cpu_affinity
 
 
 def load_config(paths: Sequence[str | Path], env: Mapping[str, str] | None = None) -> Config:
@@ -186,6 +188,7 @@ def read_shared(section: Section, base: Shared) -> Shared:
         ready_index=section.boolean("ready_index", base.ready_index),
         index_sweep=section.number("index_sweep", base.index_sweep, 0),
         cpu_scheduling=section.choice("cpu_scheduling", CPU_SCHEDULINGS, base.cpu_scheduling),
+        cpu_affinity=read_cpu_affinity(section, base.cpu_affinity),
         tag=section.string("tag", base.tag),
         dead=read_dead(section.section("dead"), base.dead),
         max_recoveries=section.integer("max_recoveries", base.max_recoveries, 1),
@@ -193,6 +196,15 @@ def read_shared(section: Section, base: Shared) -> Shared:
             dict.fromkeys([*base.require, *section.names("require", "module name", _MODULE)])
         ),
     )
+
+
+def read_cpu_affinity(section: Section, base: int | None) -> int | None:
+    """``cpu_affinity``: CPUs per capsule process (an integer >= 1), or ``none`` (the
+    kernel places the threads; it undoes an inherited number); absent: ``base``."""
+    if section.data.get("cpu_affinity") == "none":
+        return None
+    found = section.optional_integer("cpu_affinity", 1)
+    return base if found is None else found
 
 
 def _sentinel_url(section: Section) -> str | None:
@@ -365,6 +377,7 @@ def read_capsule(name: str, section: Section, shared: Shared) -> CapsuleSpec:
             ready_index=shared.ready_index,
             index_sweep=shared.index_sweep,
             cpu_scheduling=shared.cpu_scheduling,
+            cpu_affinity=shared.cpu_affinity,
             heartbeat_period=shared.heartbeat_period,
             poll_range=shared.poll_range,
             dead_set=shared.dead,
@@ -493,6 +506,7 @@ def capsule_as_dict(spec: CapsuleSpec) -> dict[str, Any]:
         "ready_index": capsule.ready_index,
         "index_sweep": capsule.index_sweep,
         "cpu_scheduling": capsule.cpu_scheduling,
+        "cpu_affinity": "none" if capsule.cpu_affinity is None else capsule.cpu_affinity,
         "tag": capsule.tag,
         "dead": {
             "max_jobs": capsule.dead_set.max_jobs,

@@ -41,7 +41,7 @@ def apply(policy: str) -> None:
     if number is None:
         log.debug("cpu_scheduling %s: not available on this platform, left as it is", policy)
         return
-    for thread in _threads():
+    for thread in own_threads():
         try:
             if os.sched_getscheduler(thread) != number:
                 os.sched_setscheduler(thread, number, os.sched_param(0))
@@ -52,7 +52,7 @@ def apply(policy: str) -> None:
             return
 
 
-def _threads() -> list[int]:
+def own_threads() -> list[int]:
     """This process's threads (Linux: each has its own policy), the calling one first."""
     try:
         others = [int(tid) for tid in os.listdir("/proc/self/task")]

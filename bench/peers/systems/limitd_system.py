@@ -4,7 +4,9 @@ with a limit of 1,000 on the queue (never binding, so the limit-aware fetch is w
 measured); ``limitd-basic-N`` the basic fetch, no limits, to show what the limit fetch
 costs on top of it. Their job counts through ``limitd.redis_client()``;
 ``limitd-plain-N`` is ``limitd-N`` with a job that counts through a plain ``redis.Redis``
-(apps/limitd_plain_app.py), as the Python peers' jobs do."""
+(apps/limitd_plain_app.py), as the Python peers' jobs do; ``limitd-pinned-N`` is
+``limitd-N`` with ``cpu_affinity: 1`` (each capsule process keeps its threads on one
+CPU)."""
 
 from __future__ import annotations
 
@@ -51,13 +53,17 @@ def _url() -> str:
 
 
 def workers(
-    processes: int, fetch: str, app: str = "limitd_app", threads: int = THREADS
+    processes: int,
+    fetch: str,
+    app: str = "limitd_app",
+    threads: int = THREADS,
+    extra: str = "",
 ) -> Callable[[Context], list[list[str]]]:
     """``limitd start`` on a YAML config written for this run (flags cannot set the log
-    level); the limit fetch gets its (never binding) limit."""
+    level); the limit fetch gets its (never binding) limit; ``extra``: more lines."""
 
     def commands(ctx: Context) -> list[list[str]]:
-        config = ctx.tmp / f"{app}-{fetch}-{processes}x{threads}.yml"
+        config = ctx.tmp / f"{app}-{fetch}-{processes}x{threads}{'-extra' if extra else ''}.yml"
         text = CONFIG.format(
             url=ctx.url,
             app=app,
@@ -68,7 +74,7 @@ def workers(
         )
         if fetch == "limit":
             text += LIMITS_LINE.format(queue=QUEUE, limit=LIMIT)
-        config.write_text(text)
+        config.write_text(text + extra)
         return [[str(PROJECT_BIN / "limitd"), "start", str(config)]]
 
     return commands
@@ -127,6 +133,18 @@ SYSTEMS = [
         settings=_settings(processes, "limit") + ", the job's INCR through a plain redis.Redis",
         enqueue_api=f"perform_bulk, {BULK} per LPUSH",
         workers=workers(processes, "limit", app="limitd_plain_app"),
+        app="limitd_app",
+        enqueue=enqueue,
+        python=project_python(),
+        missing=missing,
+    )
+    for processes in (1, 2)
+] + [
+    System(
+        name=f"limitd-pinned-{processes}",
+        settings=_settings(processes, "limit") + ", cpu_affinity: 1 (each process on one CPU)",
+        enqueue_api=f"perform_bulk, {BULK} per LPUSH",
+        workers=workers(processes, "limit", extra="cpu_affinity: 1\n"),
         app="limitd_app",
         enqueue=enqueue,
         python=project_python(),
