@@ -1,10 +1,14 @@
 """Ruby Sidekiq (Debian's ruby-sidekiq, 6.4 OSS): 1 and 2 ``sidekiq`` processes with
 concurrency 10, logging at WARN. Enqueued by a Ruby script with
-``Sidekiq::Client.push_bulk``; skipped when ruby or the gem is missing."""
+``Sidekiq::Client.push_bulk``; skipped when ruby or the gem is missing.
+``sidekiq-pinned-N`` starts process k under ``taskset -c`` on the k-th CPU this driver
+may use, as limitd's ``cpu_affinity: 1`` places its capsules (limitd-pinned-N): Ruby's
+threads pass its GVL to one another as CPython's pass the GIL."""
 
 from __future__ import annotations
 
 import functools
+import os
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -18,11 +22,14 @@ def enqueue_command(ctx: Context, jobs: int) -> list[str]:
     return ["ruby", str(APPS_DIR / "sidekiq_push.rb"), str(jobs)]
 
 
-def workers(processes: int) -> Callable[[Context], list[list[str]]]:
+def workers(processes: int, pinned: bool = False) -> Callable[[Context], list[list[str]]]:
     def commands(ctx: Context) -> list[list[str]]:
         command = ["sidekiq", "-r", str(APPS_DIR / "sidekiq_app.rb")]
         command += ["-c", str(THREADS), "-q", QUEUE, "-e", "production"]
-        return [command] * processes
+        if not pinned:
+            return [command] * processes
+        cpus = sorted(os.sched_getaffinity(0))
+        return [["taskset", "-c", str(cpus[k % len(cpus)]), *command] for k in range(processes)]
 
     return commands
 
@@ -60,6 +67,19 @@ SYSTEMS = [
         ),
         enqueue_api="Ruby Sidekiq::Client.push_bulk, 1000 per call",
         workers=workers(processes),
+        enqueue_command=enqueue_command,
+        missing=missing,
+    )
+    for processes in (1, 2)
+] + [
+    System(
+        name=f"sidekiq-pinned-{processes}",
+        settings=(
+            f"Ruby Sidekiq, {processes} process{'es' if processes > 1 else ''} x "
+            f"concurrency {THREADS}, logger WARN, process k under taskset -c on CPU k"
+        ),
+        enqueue_api="Ruby Sidekiq::Client.push_bulk, 1000 per call",
+        workers=workers(processes, pinned=True),
         enqueue_command=enqueue_command,
         missing=missing,
     )
