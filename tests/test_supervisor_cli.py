@@ -80,6 +80,17 @@ def test_two_capsules_make_the_expected_process_tree(
     wait_for(lambda: "[1 of 3 busy]" in title(worker), message="title follows the work")
 
 
+def wait_for_titles(supervisor_pid: int, count: int) -> None:
+    """Until the supervisor has ``count`` children, each with its capsule title: a
+    capsule sets it once its scheduling policy and CPUs are set."""
+
+    def titled() -> bool:
+        pids = children(supervisor_pid)
+        return len(pids) == count and all("limitd capsule" in title(pid) for pid in pids)
+
+    wait_for(titled, timeout=30, message=f"{count} capsule processes with their titles")
+
+
 def policies(pid: int) -> set[int]:
     """The kernel scheduling policy of every thread of ``pid`` (a short-lived thread
     that ends while they are read has none to check). Read from the process's own task
@@ -108,12 +119,7 @@ def test_capsule_processes_run_under_the_configured_cpu_scheduling(
         TWO_CAPSULES.replace("    processes: 2\n", "    processes: 2\n    cpu_scheduling: normal\n")
     )
     proc = supervisor("mixed.yml")
-
-    def titled() -> bool:
-        pids = children(proc.pid)
-        return len(pids) == 3 and all("limitd capsule" in title(pid) for pid in pids)
-
-    wait_for(titled, timeout=30, message="three capsule processes with their titles")
+    wait_for_titles(proc.pid, 3)
     pids = children(proc.pid)
     by_capsule: dict[str, set[int]] = {"default": set(), "side": set()}
     for pid in pids:
@@ -160,12 +166,7 @@ def test_capsule_processes_keep_their_threads_on_the_cpus_cpu_affinity_gives(
         TWO_CAPSULES.replace("    processes: 2\n", "    processes: 2\n    cpu_affinity: 1\n")
     )
     proc = supervisor("pinned.yml")
-
-    def titled() -> bool:
-        pids = children(proc.pid)
-        return len(pids) == 3 and all("limitd capsule" in title(pid) for pid in pids)
-
-    wait_for(titled, timeout=30, message="three capsule processes with their titles")
+    wait_for_titles(proc.pid, 3)
     allowed = frozenset(os.sched_getaffinity(0))
     side = [pid for pid in children(proc.pid) if "capsule side" in title(pid)]
     default = [pid for pid in children(proc.pid) if "capsule side" not in title(pid)]

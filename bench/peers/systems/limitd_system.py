@@ -114,41 +114,53 @@ def _name(processes: int, fetch: str) -> str:
     return f"limitd-{processes}" if fetch == "limit" else f"limitd-{fetch}-{processes}"
 
 
-SYSTEMS = [
-    System(
-        name=_name(processes, fetch),
-        settings=_settings(processes, fetch),
+def _limit_variant(
+    name: str, processes: int, what: str, app: str = "limitd_app", extra: str = ""
+) -> System:
+    """``limitd-N`` (the limit fetch) with one thing changed: ``what``."""
+    return System(
+        name=name,
+        settings=f"{_settings(processes, 'limit')}, {what}",
         enqueue_api=f"perform_bulk, {BULK} per LPUSH",
-        workers=workers(processes, fetch),
+        workers=workers(processes, "limit", app=app, extra=extra),
         app="limitd_app",
         enqueue=enqueue,
         python=project_python(),
         missing=missing,
     )
-    for fetch in ("limit", "basic")
-    for processes in (1, 2)
-] + [
-    System(
-        name=f"limitd-plain-{processes}",
-        settings=_settings(processes, "limit") + ", the job's INCR through a plain redis.Redis",
-        enqueue_api=f"perform_bulk, {BULK} per LPUSH",
-        workers=workers(processes, "limit", app="limitd_plain_app"),
-        app="limitd_app",
-        enqueue=enqueue,
-        python=project_python(),
-        missing=missing,
-    )
-    for processes in (1, 2)
-] + [
-    System(
-        name=f"limitd-pinned-{processes}",
-        settings=_settings(processes, "limit") + ", cpu_affinity: 1 (each process on one CPU)",
-        enqueue_api=f"perform_bulk, {BULK} per LPUSH",
-        workers=workers(processes, "limit", extra="cpu_affinity: 1\n"),
-        app="limitd_app",
-        enqueue=enqueue,
-        python=project_python(),
-        missing=missing,
-    )
-    for processes in (1, 2)
-]
+
+
+SYSTEMS = (
+    [
+        System(
+            name=_name(processes, fetch),
+            settings=_settings(processes, fetch),
+            enqueue_api=f"perform_bulk, {BULK} per LPUSH",
+            workers=workers(processes, fetch),
+            app="limitd_app",
+            enqueue=enqueue,
+            python=project_python(),
+            missing=missing,
+        )
+        for fetch in ("limit", "basic")
+        for processes in (1, 2)
+    ]
+    + [
+        _limit_variant(
+            f"limitd-plain-{p}",
+            p,
+            "the job's INCR through a plain redis.Redis",
+            app="limitd_plain_app",
+        )
+        for p in (1, 2)
+    ]
+    + [
+        _limit_variant(
+            f"limitd-pinned-{p}",
+            p,
+            "cpu_affinity: 1 (each process on one CPU)",
+            extra="cpu_affinity: 1\n",
+        )
+        for p in (1, 2)
+    ]
+)
