@@ -243,8 +243,8 @@ def test_tstp_quiets_every_child_and_ttin_dumps_stacks(
         ("queues: [work]\nconcurrency: -2\n", "concurrency", ">= 1"),
         ("queues: [work]\nlimits: {other: 2}\n", "limits.other", "not in this capsule"),
         ("queues: [work]\ncpu_scheduling: fast\n", "cpu_scheduling", "['batch', 'normal']"),
-        ("queues: [work]\ncpu_affinity: 0\n", "cpu_affinity", "integer >= 1"),
-        ("queues: [work]\ncpu_affinity: all\n", "cpu_affinity", "integer >= 1"),
+        ("queues: [work]\ncpu_affinity: 0\n", "cpu_affinity", "none or an integer >= 1"),
+        ("queues: [work]\ncpu_affinity: all\n", "cpu_affinity", "none or an integer >= 1"),
         (
             "capsules:\n  mail:\n    queues: [mail]\n    processes: 0\n",
             "capsules.mail.processes",

@@ -49,7 +49,7 @@ from limitd.config.settings import (
     LoggingSettings,
     RedisSettings,
 )
-from limitd.config.values import Section, describe
+from limitd.config.values import Section, as_int, describe
 from limitd.connection import cluster, replication, sentinel
 from limitd.plugins import sections
 from limitd.queues.order import QueueOrder, QueueSpec
@@ -201,10 +201,18 @@ def read_shared(section: Section, base: Shared) -> Shared:
 def read_cpu_affinity(section: Section, base: int | None) -> int | None:
     """``cpu_affinity``: CPUs per capsule process (an integer >= 1), or ``none`` (the
     kernel places the threads; it undoes an inherited number); absent: ``base``."""
-    if section.data.get("cpu_affinity") == "none":
+    raw = section.data.get("cpu_affinity")
+    if raw is None:
+        return base
+    if raw == "none":
         return None
-    found = section.optional_integer("cpu_affinity", 1)
-    return base if found is None else found
+    found = as_int(raw)
+    if found is None or found < 1:
+        raise section.error(
+            "cpu_affinity",
+            f"expected none or an integer >= 1 (CPUs per capsule process), got {describe(raw)}",
+        )
+    return found
 
 
 def _sentinel_url(section: Section) -> str | None:
