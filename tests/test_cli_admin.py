@@ -117,6 +117,7 @@ def beat(redis: redis_py.Redis, identity: str, busy: int = 1, **info: object) ->
             "capsule": "default",
             "capsule_id": "cap-1",
             "concurrency": 5,
+            "cpus": "2-3",
             "queues": ["default", "mail"],
             **info,
         },
@@ -142,11 +143,11 @@ def test_status_lists_processes_and_totals(cli: Cli, redis: redis_py.Redis) -> N
     assert result.code == 0, result.err
     lines = result.out.splitlines()
     assert columns(lines[0]) == [
-        *("IDENTITY", "TAG", "CAPSULE", "PID", "BUSY", "QUEUES", "QUIET", "LAST BEAT")
+        *("IDENTITY", "TAG", "CAPSULE", "PID", "CPUS", "BUSY", "QUEUES", "QUIET", "LAST BEAT")
     ]
     process = columns(lines[1])
     assert process[:-1] == [
-        *("host-a:4242:abc", "web", "default", "4242", "2/5", "default,mail", "no")
+        *("host-a:4242:abc", "web", "default", "4242", "2-3", "2/5", "default,mail", "no")
     ]
     assert process[-1].endswith("s")
     assert "host-gone" not in result.out
@@ -165,6 +166,7 @@ def test_status_json(cli: Cli, redis: redis_py.Redis) -> None:
     assert process["pid"] == 4242
     assert process["busy"] == 1
     assert process["concurrency"] == 5
+    assert process["cpus"] == "2-3"
     assert process["queues"] == ["default", "mail"]
     assert process["quiet"] is False
     assert 0 <= process["seconds_since_beat"] < 10

@@ -94,3 +94,11 @@ def test_a_platform_without_affinity_runs_as_it_is(
     with caplog.at_level(logging.DEBUG, logger="limitd.supervisor"):
         cpu_affinity.apply(1, 0)
     assert "not available on this platform" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("cpus", "expected"),
+    [([0], "0"), ([3, 0, 1, 2], "0-3"), ([0, 1, 2, 3, 6], "0-3,6"), ([1, 3, 5], "1,3,5")],
+)
+def test_cpus_are_listed_as_linux_lists_them(cpus: list[int], expected: str) -> None:
+    assert cpu_affinity.listed(cpus) == expected

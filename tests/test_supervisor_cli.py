@@ -19,6 +19,7 @@ import redis as redis_py
 from limitd import keys
 from limitd.api import Processes
 from limitd.connection.embedded import RedisServer
+from limitd.supervisor import cpu_affinity
 from limitd.supervisor.titles import capsule_title
 from tests.helpers import children, limitd_start, running, wait_for
 
@@ -157,11 +158,12 @@ def cpu_list(text: str) -> set[int]:
 
 
 def test_capsule_processes_keep_their_threads_on_the_cpus_cpu_affinity_gives(
-    app_dir: Path, supervisor: Callable[..., subprocess.Popen[bytes]]
+    app_dir: Path, supervisor: Callable[..., subprocess.Popen[bytes]], redis: redis_py.Redis
 ) -> None:
     """``cpu_affinity: 1`` on a capsule of two processes: each keeps every thread on one
     CPU of the supervisor's set (children 1 and 2, so two different CPUs when there are
-    two or more), while the capsule without it and the supervisor keep the whole set."""
+    two or more), while the capsule without it and the supervisor keep the whole set.
+    Each process record says where its process may run (``limitd status``)."""
     (app_dir / "pinned.yml").write_text(
         TWO_CAPSULES.replace("    processes: 2\n", "    processes: 2\n    cpu_affinity: 1\n")
     )
@@ -177,6 +179,10 @@ def test_capsule_processes_keep_their_threads_on_the_cpus_cpu_affinity_gives(
     assert len(on) == min(2, len(allowed)), on
     assert [cpu_sets(pid) for pid in default] == [{allowed}]
     assert cpu_sets(proc.pid) == {allowed}
+    wait_for(lambda: len(Processes(redis)) == 3, message="three process records")
+    recorded = {process.pid: process.cpus for process in Processes(redis)}
+    expected = {pid: cpu_affinity.listed(next(iter(cpu_sets(pid)))) for pid in side + default}
+    assert recorded == expected
 
 
 def test_term_requeues_a_long_job_and_leaves_no_child(

@@ -44,6 +44,7 @@ class ProcessStatus:
     capsule: str | None
     capsule_id: str | None
     concurrency: int | None
+    cpus: str | None  # the CPUs it may run on ("0-3"), see ``cpu_affinity``
     queues: list[str]
     busy: int
     quiet: bool
@@ -149,6 +150,7 @@ def _status(identity: str, record: list[bytes | None], now: float) -> ProcessSta
         capsule=_str_or_none(info.get("capsule")),
         capsule_id=_str_or_none(info.get("capsule_id")),
         concurrency=_int_or_none(info.get("concurrency")),
+        cpus=_str_or_none(info.get("cpus")),
         queues=[str(queue) for queue in queues] if isinstance(queues, list) else [],
         busy=int(_number(busy) or 0),
         quiet=quiet is not None and decode_name(quiet) == "true",

@@ -23,7 +23,9 @@ from limitd.commands.common import (
     print_json,
 )
 
-PROCESS_HEADERS = ("IDENTITY", "TAG", "CAPSULE", "PID", "BUSY", "QUEUES", "QUIET", "LAST BEAT")
+PROCESS_HEADERS = (
+    *("IDENTITY", "TAG", "CAPSULE", "PID", "CPUS", "BUSY", "QUEUES", "QUIET", "LAST BEAT"),
+)
 TOTAL_HEADERS = ("PROCESSED", "FAILED", "ENQUEUED", "SCHEDULED", "RETRIES", "DEAD")
 
 
@@ -32,7 +34,8 @@ def add_status_command(commands: Subparsers, resolve_redis: ResolveRedis) -> Non
         "status",
         help="processes and global totals",
         description=(
-            "List the live worker processes (identity, tag, capsule, pid, busy threads "
+            "List the live worker processes (identity, tag, capsule, pid, the CPUs it may "
+            "run on, busy threads "
             "out of concurrency, queues, quiet flag, seconds since the last heartbeat), "
             "then the totals: jobs processed and failed, enqueued, scheduled, waiting "
             'for a retry and dead. --json prints {"processes": [...], "totals": {...}}.'
@@ -85,6 +88,7 @@ def _process_cells(row: dict[str, Any]) -> list[object]:
         row["tag"] or None,
         row["capsule"],
         row["pid"],
+        row["cpus"],
         f"{row['busy']}/{concurrency}",
         ",".join(row["queues"]),
         row["quiet"],

@@ -63,8 +63,23 @@ def apply(per_process: int | None, process_number: int) -> None:
                 "cpu_affinity %d: the kernel refused it (%s); left as it is", per_process, exc
             )
             return
-    log.info("capsule process %d keeps its threads on CPU %s", process_number, _listed(cpus))
+    log.info("capsule process %d keeps its threads on CPU %s", process_number, listed(cpus))
 
 
-def _listed(cpus: set[int]) -> str:
-    return ",".join(str(cpu) for cpu in sorted(cpus))
+def current() -> str | None:
+    """The CPUs this process may run on, as :func:`listed` writes them (None where the
+    platform cannot tell): what its process record shows (``limitd status``)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    return listed(os.sched_getaffinity(0))
+
+
+def listed(cpus: Iterable[int]) -> str:
+    """CPU numbers as ranges, as Linux lists them: ``0-3,6``."""
+    ranges: list[list[int]] = []
+    for cpu in sorted(cpus):
+        if ranges and cpu == ranges[-1][1] + 1:
+            ranges[-1][1] = cpu
+        else:
+            ranges.append([cpu, cpu])
+    return ",".join(str(low) if low == high else f"{low}-{high}" for low, high in ranges)

@@ -29,6 +29,7 @@ import redis as redis_py
 
 from limitd import clock, keys
 from limitd.config import CapsuleConfig
+from limitd.supervisor import cpu_affinity
 from limitd.supervisor.refusals import REFUSALS
 from limitd.version import __version__
 
@@ -61,7 +62,8 @@ def process_info(
     config: CapsuleConfig, weights: dict[str, int], async_slots: int
 ) -> dict[str, object]:
     """The record's ``info``: Sidekiq's fields, and the capsule's (``capsule_id`` names
-    the capsule that reapers know)."""
+    the capsule that reapers know; ``cpus``, the CPUs it may run on, shows where
+    ``cpu_affinity`` put it)."""
     return {
         "hostname": socket.gethostname(),
         "pid": os.getpid(),
@@ -70,6 +72,7 @@ def process_info(
         "capsule_id": config.capsule_id,
         "concurrency": config.concurrency,
         "async_concurrency": async_slots,
+        "cpus": cpu_affinity.current(),
         "queues": list(weights),
         "weights": [weights],
         "labels": [],
