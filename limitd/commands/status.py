@@ -24,7 +24,15 @@ from limitd.commands.common import (
 )
 
 PROCESS_HEADERS = (
-    *("IDENTITY", "TAG", "CAPSULE", "PID", "CPUS", "BUSY", "QUEUES", "QUIET", "LAST BEAT"),
+    "IDENTITY",
+    "TAG",
+    "CAPSULE",
+    "PID",
+    "CPUS",
+    "BUSY",
+    "QUEUES",
+    "QUIET",
+    "LAST BEAT",
 )
 TOTAL_HEADERS = ("PROCESSED", "FAILED", "ENQUEUED", "SCHEDULED", "RETRIES", "DEAD")
 
