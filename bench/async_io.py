@@ -489,23 +489,21 @@ def target_lines(outcomes: list[Outcome]) -> list[str]:
             if theirs is None:
                 lines.append(f"target ahead of {peer}: no figure for {peer}")
                 continue
-            ahead = "met" if reference > theirs else "NOT met"
-            lines.append(
-                f"target ahead of {peer}: {reference:,.0f} against {theirs:,.0f} jobs/s "
-                f"({reference / theirs:.2f}x), {ahead}"
-            )
+            lines.append(versus(f"target ahead of {peer}", reference, theirs, "met"))
     for peer, ours in PAIRED.items():
         mine, theirs = rates.get(ours), rates.get(peer)
         if mine is None or theirs is None:
             if peer in rates or ours in rates:
                 lines.append(f"{ours} against {peer}: no figure for one of them")
             continue
-        ahead = "ahead" if mine > theirs else "NOT ahead"
-        lines.append(
-            f"{ours} against {peer}: {mine:,.0f} against {theirs:,.0f} jobs/s "
-            f"({mine / theirs:.2f}x), {ahead}"
-        )
+        lines.append(versus(f"{ours} against {peer}", mine, theirs, "ahead"))
     return lines
+
+
+def versus(label: str, mine: float, theirs: float, verdict: str) -> str:
+    """``label``: both rates, their ratio, and ``verdict`` (or "NOT " it when behind)."""
+    said = verdict if mine > theirs else f"NOT {verdict}"
+    return f"{label}: {mine:,.0f} against {theirs:,.0f} jobs/s ({mine / theirs:.2f}x), {said}"
 
 
 def report(outcomes: list[Outcome], args: argparse.Namespace) -> None:

@@ -92,20 +92,23 @@ def wait_for_titles(supervisor_pid: int, count: int) -> None:
     wait_for(titled, timeout=30, message=f"{count} capsule processes with their titles")
 
 
-def policies(pid: int) -> set[int]:
-    """The kernel scheduling policy of every thread of ``pid`` (a short-lived thread
-    that ends while they are read has none to check). Read from the process's own task
-    directory (``stat``, field 41), not by thread id: with pid_max at 32,768 a busy
-    suite wraps thread ids, and the id of a thread that just ended can name a thread
-    of another process by the time it is asked."""
-    found = set()
+def thread_files(pid: int, name: str) -> list[str]:
+    """The file ``name`` of every thread of ``pid`` (a short-lived thread that ends while
+    they are read has none). Read from the process's own task directory, not by thread
+    id: with pid_max at 32,768 a busy suite wraps thread ids, and the id of a thread that
+    just ended can name a thread of another process by the time it is asked."""
+    found = []
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
-            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+            found.append(Path(f"/proc/{pid}/task/{tid}/{name}").read_text())
         except (FileNotFoundError, ProcessLookupError):
             continue
-        found.add(int(stat[stat.rindex(")") + 2 :].split()[38]))
     return found
+
+
+def policies(pid: int) -> set[int]:
+    """The kernel scheduling policy of every thread of ``pid`` (``stat``, field 41)."""
+    return {int(stat[stat.rindex(")") + 2 :].split()[38]) for stat in thread_files(pid, "stat")}
 
 
 def test_capsule_processes_run_under_the_configured_cpu_scheduling(
@@ -135,17 +138,11 @@ def test_capsule_processes_run_under_the_configured_cpu_scheduling(
 
 
 def cpu_sets(pid: int) -> set[frozenset[int]]:
-    """The CPUs each thread of ``pid`` may run on (``Cpus_allowed_list``), read from the
-    process's own task directory as :func:`policies` reads the policies."""
-    found = set()
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        listed = status.split("Cpus_allowed_list:", 1)[1].split()[0]
-        found.add(frozenset(cpu_list(listed)))
-    return found
+    """The CPUs each thread of ``pid`` may run on (``Cpus_allowed_list``)."""
+    return {
+        frozenset(cpu_list(status.split("Cpus_allowed_list:", 1)[1].split()[0]))
+        for status in thread_files(pid, "status")
+    }
 
 
 def cpu_list(text: str) -> set[int]:

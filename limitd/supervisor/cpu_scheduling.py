@@ -53,7 +53,8 @@ def apply(policy: str) -> None:
 
 
 def own_threads() -> list[int]:
-    """This process's threads (Linux: each has its own policy), the calling one first."""
+    """This process's threads (Linux: each has its own policy and CPU set), the calling
+    one first."""
     try:
         others = [int(tid) for tid in os.listdir("/proc/self/task")]
     except OSError:
