@@ -105,7 +105,9 @@ class AsyncLane:
         # Made by ``start``: a capsule that is only drained never opens a loop to close.
         self._loop: asyncio.AbstractEventLoop
         self._started = 0  # jobs running on the loop (not those waiting for a slot)
-        self._pulse = clock.monotonic()
+        # None until the loop's first beat: a loop thread that has not yet run (a slow
+        # start on a busy machine) is not a blocked loop.
+        self._pulse: float | None = None
         self._thread = threading.Thread(
             target=self._run_loop, name=f"limitd-{name}-async", daemon=True
         )
@@ -358,6 +360,8 @@ class AsyncLane:
         warned_at = 0.0
         while not self._stopped.wait(self._block_warning / 4):
             pulse = self._pulse
+            if pulse is None:
+                continue
             late = clock.monotonic() - pulse
             if late < self._block_warning or warned_at == pulse:
                 continue
