@@ -1,0 +1,123 @@
+"""The wake-up subscription, on a real Redis: read in batches, confirmed before use,
+lost connections noticed, and each distinct message of a batch handled once."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+
+import pytest
+import redis as redis_py
+
+from limitd import keys
+from limitd.connection.subscription import Subscription
+from limitd.fetch.wakeup import WakeupListener
+from tests.helpers import wait_for
+
+CHANNEL = keys.WAKE_CHANNEL
+
+
+def subscribers(redis: redis_py.Redis, channel: str = CHANNEL) -> int:
+    return int(dict(redis.pubsub_numsub(channel)).get(channel.encode(), 0))
+
+
+def publish_all(redis: redis_py.Redis, messages: list[tuple[str, str]]) -> None:
+    """In one round trip: Redis hands them to each subscriber in one write."""
+    pipe = redis.pipeline(transaction=False)
+    for channel, text in messages:
+        pipe.publish(channel, text)
+    pipe.execute()
+
+
+@pytest.fixture
+def subscription(redis: redis_py.Redis) -> Iterator[Subscription]:
+    made = Subscription(redis, [CHANNEL, keys.DUE_CHANNEL])
+    yield made
+    made.close()
+
+
+def test_the_subscription_is_in_place_once_made(
+    redis: redis_py.Redis, subscription: Subscription
+) -> None:
+    assert subscribers(redis) == 1 and subscribers(redis, keys.DUE_CHANNEL) == 1
+
+
+def test_messages_come_in_order_several_per_read(
+    redis: redis_py.Redis, subscription: Subscription
+) -> None:
+    sent = [(CHANNEL if n % 3 else keys.DUE_CHANNEL, f"m{n}") for n in range(500)]
+    publish_all(redis, sent)
+    heard: list[tuple[bytes, bytes]] = []
+    reads = 0
+    while len(heard) < len(sent) and reads < len(sent):
+        heard += subscription.read(5.0)
+        reads += 1
+    assert heard == [(channel.encode(), text.encode()) for channel, text in sent]
+    assert reads < 50  # 500 messages, not a read each
+
+
+def test_a_read_with_nothing_published_returns_nothing_after_its_timeout(
+    subscription: Subscription,
+) -> None:
+    assert subscription.read(0.05) == []
+
+
+def test_a_killed_connection_raises_a_connection_error(
+    redis: redis_py.Redis, subscription: Subscription
+) -> None:
+    assert redis.client_kill_filter(_type="pubsub") == 1
+    with pytest.raises(redis_py.ConnectionError):
+        for _ in range(100):  # the kill lands within one read or two
+            subscription.read(1.0)
+
+
+class Recorder:
+    """A handler that counts what it was given and can wait for a count."""
+
+    def __init__(self) -> None:
+        self.heard: Counter[str] = Counter()
+        self._changed = threading.Condition()
+
+    def __call__(self, text: str) -> None:
+        with self._changed:
+            self.heard[text] += 1
+            self._changed.notify_all()
+
+    def wait(self, condition: Callable[[Counter[str]], bool], message: str) -> None:
+        wait_for(lambda: condition(self.heard), message=message)
+
+
+@pytest.fixture
+def listened(redis: redis_py.Redis) -> Iterator[Recorder]:
+    recorder = Recorder()
+    listener = WakeupListener(redis, {CHANNEL: recorder})
+    listener.start()
+    recorder.wait(lambda heard: heard[""] == 1, "the re-check after subscribing")
+    yield recorder
+    listener.stop()
+
+
+def test_a_message_heard_many_times_at_once_is_handled_once_per_read(
+    redis: redis_py.Redis, listened: Recorder
+) -> None:
+    publish_all(redis, [(CHANNEL, "busy")] * 200 + [(CHANNEL, "other")])
+    listened.wait(lambda heard: heard["other"] == 1, "the last message")
+    assert 1 <= listened.heard["busy"] < 200
+
+
+def test_each_distinct_message_is_handled(redis: redis_py.Redis, listened: Recorder) -> None:
+    names = [f"q{n}" for n in range(300)]
+    publish_all(redis, [(CHANNEL, name) for name in names])
+    listened.wait(lambda heard: all(heard[name] for name in names), "every queue named")
+    assert all(listened.heard[name] == 1 for name in names)
+
+
+def test_a_lost_subscription_is_remade_and_rechecked(
+    redis: redis_py.Redis, listened: Recorder
+) -> None:
+    assert redis.client_kill_filter(_type="pubsub") == 1
+    listened.wait(lambda heard: heard[""] == 2, "the re-check after subscribing again")
+    wait_for(lambda: subscribers(redis) == 1, message="the new subscription")
+    publish_all(redis, [(CHANNEL, "after")])
+    listened.wait(lambda heard: heard["after"] == 1, "a message on the new subscription")
