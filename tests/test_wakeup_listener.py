@@ -121,3 +121,14 @@ def test_a_lost_subscription_is_remade_and_rechecked(
     wait_for(lambda: subscribers(redis) == 1, message="the new subscription")
     publish_all(redis, [(CHANNEL, "after")])
     listened.wait(lambda heard: heard["after"] == 1, "a message on the new subscription")
+
+
+def test_bytes_that_are_not_the_protocol_end_the_connection_not_the_thread(
+    redis: redis_py.Redis, subscription: Subscription
+) -> None:
+    # What a corrupted stream (a proxy gone wrong) would hand the reader, before the
+    # next message arrives.
+    subscription._reader.feed(b"not the redis protocol\r\n")
+    publish_all(redis, [(CHANNEL, "next")])
+    with pytest.raises(redis_py.ConnectionError, match="malformed"):
+        subscription.read(5.0)

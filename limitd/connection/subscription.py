@@ -40,6 +40,7 @@ class Subscription:
         self._connection: Any = pool.connection_class(**pool.connection_kwargs)
         self._reader = hiredis.Reader()
         self._pending: list[Message] = []  # messages read with the confirmations
+        self._timeout: float | None = None  # the socket's, set only when it changes
         try:
             self._connection.connect()
             self._connection.send_command("SUBSCRIBE", *self.channels)
@@ -76,7 +77,9 @@ class Subscription:
         sock = self._connection._sock
         if sock is None:
             raise ConnectionError("the subscription's connection is closed")
-        sock.settimeout(timeout)
+        if timeout != self._timeout:  # (each settimeout is a system call)
+            sock.settimeout(timeout)
+            self._timeout = timeout
         try:
             data = sock.recv(READ_SIZE)
         except (TimeoutError, BlockingIOError):  # TimeoutError is socket.timeout
@@ -92,7 +95,7 @@ class Subscription:
         """Append the complete messages the reader holds to ``messages``; returns the
         channels whose subscription was confirmed among them."""
         confirmed: set[str] = set()
-        while (reply := self._reader.gets()) is not False:
+        while (reply := self._next_reply()) is not False:
             if isinstance(reply, hiredis.ReplyError):
                 raise ResponseError(str(reply))
             kind = reply[0] if isinstance(reply, list) and len(reply) == 3 else None
@@ -101,3 +104,12 @@ class Subscription:
             elif kind == b"subscribe":
                 confirmed.add(reply[1].decode("utf-8", "replace"))
         return confirmed
+
+    def _next_reply(self) -> Any:
+        """The next complete reply, or False; bytes that are not the Redis protocol end
+        the connection (the listener reconnects) rather than the listener's thread."""
+        try:
+            return self._reader.gets()
+        except hiredis.ProtocolError as exc:
+            self.close()
+            raise ConnectionError(f"the subscription read a malformed reply: {exc}") from exc
