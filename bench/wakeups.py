@@ -15,7 +15,8 @@ jobs before the workers start, so they never see that cost; this one does.
    then ``limitd start`` (``--processes`` x 10 threads, the peers' limit-fetch config,
    bench/peers/apps/limitd_app.py's job, which INCRs a counter) drains them, once with
    nothing else going on (``quiet``) and once while this process publishes wake-ups
-   naming the queue at ``--wakeup-rate`` a second (``woken``): what a stream of live
+   at ``--wakeup-rate`` a second (``woken``), naming the queue, or with ``--queues N``
+   naming in turn it and N - 1 empty queues the capsules also list: what a stream of live
    pushes brings every capsule process, whether or not it has a processor idle. (Made
    by pipelined PUBLISH so that the publisher costs the two cores little, unlike a
    ``perform_async`` loop fast enough to keep up.) Measured from the start of the drain
@@ -65,7 +66,7 @@ redis:
 logging:
   level: WARNING
 require: [limitd_app]
-queues: [bench]
+queues: [{queues}]
 concurrency: 10
 processes: {processes}
 fetch: limit
@@ -155,7 +156,8 @@ def drain_run(url: str, args: argparse.Namespace, mode: str, other: Path | None)
     conn.flushdb()
     tmp = Path(tempfile.mkdtemp(prefix="limitd-wakeups-"))
     conf = tmp / "wakeups.yml"
-    conf.write_text(CONFIG.format(url=url, processes=args.processes))
+    queues = ", ".join(["bench", *other_queues(args.queues)])
+    conf.write_text(CONFIG.format(url=url, processes=args.processes, queues=queues))
     push = [*PUSHER, url, str(args.jobs)]
     subprocess.run(push, cwd=APPS_DIR, env=system_env(url), check=True)
     stop, published = threading.Event(), [0]
@@ -170,7 +172,11 @@ def drain_run(url: str, args: argparse.Namespace, mode: str, other: Path | None)
             started = time.monotonic()
             if mode == "woken":
                 rate = args.wakeup_rate
-                threading.Thread(target=publish_at, args=(url, rate, stop, published)).start()
+                names = ["bench", *other_queues(args.queues)]
+                publisher = threading.Thread(
+                    target=publish_at, args=(url, rate, names, stop, published)
+                )
+                publisher.start()
             wait_until(lambda: counted(conn) >= args.jobs, DEADLINE, "the drain", poll=0.01)
             seconds = time.monotonic() - started
             cpu = procs.worker_cpu_seconds([capsules]) - cpu
@@ -185,13 +191,23 @@ def counted(conn: redis_py.Redis) -> int:
     return int(conn.get(COUNTER) or 0)
 
 
-def publish_at(url: str, rate: float, stop: threading.Event, published: list[int]) -> None:
-    """Publish wake-ups for the bench queue at ``rate`` a second, 50 per round trip."""
+def other_queues(count: int) -> list[str]:
+    """The empty queues the capsules list beside ``bench`` (``--queues`` in all)."""
+    return [f"other{n:05d}" for n in range(1, count)]
+
+
+def publish_at(
+    url: str, rate: float, names: list[str], stop: threading.Event, published: list[int]
+) -> None:
+    """Publish wake-ups at ``rate`` a second, 50 per round trip, naming ``names`` in
+    turn (a busy queue's pushes, or pushes spread over many queues)."""
     pipe = redis_py.Redis.from_url(url).pipeline(transaction=False)
     started = time.monotonic()
+    turn = 0
     while not stop.is_set():
         for _ in range(50):
-            pipe.publish(CHANNEL, "bench")
+            pipe.publish(CHANNEL, names[turn % len(names)])
+            turn += 1
         pipe.execute()
         published[0] += 50
         ahead = published[0] / rate - (time.monotonic() - started)
@@ -244,6 +260,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--messages", type=int, default=50_000)
     parser.add_argument("--wakeup-rate", type=float, default=10_000.0, help="per second")
+    parser.add_argument(
+        "--queues",
+        type=int,
+        default=1,
+        help="queues the capsules list (the others empty) and the wake-ups name in turn",
+    )
     parser.add_argument("--compare", help="another checkout's root, alternated with this one")
     parser.add_argument("--redis", help="Redis URL (default: a private redis-server)")
     parser.add_argument("--skip-listener", action="store_true", help="leave out part 1")

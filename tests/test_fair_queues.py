@@ -289,7 +289,7 @@ def test_size_clear_and_pause_of_a_fair_queue(redis: redis_py.Redis) -> None:
     assert fetch.take(5, []) == []
     assert queue.size() == 5
     queue.resume()
-    fetch.on_wake(QUEUE)
+    fetch.on_wake([QUEUE])
     assert len(fetch.take(2, [])) == 2
     status = fair_queue_status(QUEUE, redis=redis)
     assert status is not None and status.jobs_waiting == 3 and status.tenants_waiting == 1
@@ -464,7 +464,7 @@ def test_a_full_fair_queue_comes_back_when_a_slot_frees(redis: redis_py.Redis) -
         )
         held = holder.take(1, [])
         assert len(held) == 1
-        waiter.on_wake(QUEUE)
+        waiter.on_wake([QUEUE])
         assert waiter.take(1, []) == [], "full"
         assert waiter.index is not None and not waiter.index.hinted()
         holder.settle(held)  # frees the slot: published, and the waiter hears it

@@ -262,12 +262,22 @@ def test_an_announcement_wakes_the_poller_without_reading_redis(redis: redis_py.
         upkeep_at = clock.monotonic() + 1000
         assert poller.seconds_to_sleep(None, upkeep_at) == 1000, "nothing due: the cap"
         assert poller.seconds_to_sleep(NOW + 30, upkeep_at) == 30
-        poller.announce(repr(NOW + 60))
+        poller.announce([repr(NOW + 60)])
         assert poller.seconds_to_sleep(NOW + 30, upkeep_at) == 30, "a later job changes nothing"
-        poller.announce(repr(NOW + 5))
+        poller.announce([repr(NOW + 5)])
         assert poller.seconds_to_sleep(NOW + 30, upkeep_at) == 5
-        poller.announce("")  # (re)subscribed: something may have been missed
+        poller.announce([""])  # (re)subscribed: something may have been missed
         assert poller.seconds_to_sleep(NOW + 30, upkeep_at) <= 0
+
+
+def test_announcements_heard_together_wake_the_poller_at_the_soonest(
+    redis: redis_py.Redis,
+) -> None:
+    poller = ScheduledPoller(redis)
+    with freeze_time("2026-11-21 12:00:00"):
+        upkeep_at = clock.monotonic() + 1000
+        poller.announce([repr(NOW + 20), repr(NOW + 7), repr(NOW + 12)])
+        assert poller.seconds_to_sleep(NOW + 30, upkeep_at) == 7
 
 
 @pytest.mark.standalone_only("counts one server's commands")

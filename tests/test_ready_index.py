@@ -342,7 +342,7 @@ def test_a_resubscription_rechecks_every_queue(redis: redis_py.Redis) -> None:
     fetch.wake_handlers()
     assert fetch.take(1, []) == []
     push(redis, "q00042", publish=False)  # published while the subscription was down
-    fetch.on_wake("")  # what the listener says after every (re)subscription
+    fetch.on_wake([""])  # what the listener says after every (re)subscription
     units = fetch.take(1, [])
     assert [json.loads(unit.job)["args"][0] for unit in units] == ["q00042"]
 
@@ -384,7 +384,7 @@ def test_a_failed_call_forgets_nothing(redis: redis_py.Redis) -> None:
     fetch.wake_handlers()
     assert fetch.take(1, []) == []
     push(redis, "b", publish=False)
-    fetch.on_wake("b")
+    fetch.on_wake(["b"])
     broken = redis_py.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
     with pytest.raises(redis_py.ConnectionError):
         fetch.take(1, [], conn=broken)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 import redis as redis_py
@@ -73,16 +73,17 @@ def test_a_killed_connection_raises_a_connection_error(
 
 
 class Recorder:
-    """A handler that counts what it was given and can wait for a count."""
+    """A handler that counts the texts it was given, and its calls."""
 
     def __init__(self) -> None:
         self.heard: Counter[str] = Counter()
-        self._changed = threading.Condition()
+        self.calls = 0
+        self._lock = threading.Lock()
 
-    def __call__(self, text: str) -> None:
-        with self._changed:
-            self.heard[text] += 1
-            self._changed.notify_all()
+    def __call__(self, texts: Sequence[str]) -> None:
+        with self._lock:
+            self.heard.update(texts)
+            self.calls += 1
 
     def wait(self, condition: Callable[[Counter[str]], bool], message: str) -> None:
         wait_for(lambda: condition(self.heard), message=message)
@@ -106,11 +107,27 @@ def test_a_message_heard_many_times_at_once_is_handled_once_per_read(
     assert 1 <= listened.heard["busy"] < 200
 
 
-def test_each_distinct_message_is_handled(redis: redis_py.Redis, listened: Recorder) -> None:
+def test_each_distinct_message_is_handled_in_few_calls(
+    redis: redis_py.Redis, listened: Recorder
+) -> None:
     names = [f"q{n}" for n in range(300)]
     publish_all(redis, [(CHANNEL, name) for name in names])
     listened.wait(lambda heard: all(heard[name] for name in names), "every queue named")
     assert all(listened.heard[name] == 1 for name in names)
+    assert listened.calls - 1 < 30  # (the first call was the re-check) not one per name
+
+
+def test_each_channel_hears_only_its_own_messages(redis: redis_py.Redis) -> None:
+    wake, due = Recorder(), Recorder()
+    listener = WakeupListener(redis, {CHANNEL: wake, keys.DUE_CHANNEL: due})
+    listener.start()
+    try:
+        wait_for(lambda: subscribers(redis, keys.DUE_CHANNEL) == 1, message="the subscription")
+        publish_all(redis, [(CHANNEL, "a"), (keys.DUE_CHANNEL, "12.5"), (CHANNEL, "b")])
+        wait_for(lambda: wake.heard["b"] and due.heard["12.5"], message="both channels")
+        assert set(wake.heard) == {"", "a", "b"} and set(due.heard) == {"", "12.5"}
+    finally:
+        listener.stop()
 
 
 def test_a_lost_subscription_is_remade_and_rechecked(

@@ -24,6 +24,11 @@ if TYPE_CHECKING:  # annotations only: importing the package loads no implementa
     from limitd.connection import Conn
     from limitd.fetch.basic import UnitOfWork
 
+# A pub/sub channel's handler (see ``limitd.fetch.wakeup``): given the texts heard on
+# the channel since the listener's last read, each once, in the order first heard; [""]
+# after every (re)subscription, since something may have been published meanwhile.
+WakeHandler = Callable[[Sequence[str]], None]
+
 
 class Fetch(Protocol):
     """A fetch strategy: ``BasicFetch``, ``LimitFetch``, ``ShardedLimitFetch``."""
@@ -72,7 +77,7 @@ class Fetch(Protocol):
         """At stop: return what is still held; returns how many jobs that was."""
         ...
 
-    def wake_handlers(self) -> dict[str, Callable[[str], None]]:
+    def wake_handlers(self) -> dict[str, WakeHandler]:
         """The pub/sub channels this fetch listens to, with their handlers."""
         ...
 

@@ -18,7 +18,7 @@ import redis as redis_py
 
 from limitd import keys
 from limitd.connection import Conn, ScriptCall, retry_on_failover
-from limitd.fetch import recoveries
+from limitd.fetch import WakeHandler, recoveries
 from limitd.payload import Payload
 from limitd.queues.order import QueueOrder
 
@@ -158,7 +158,7 @@ class BasicFetch:
         """Nothing left in progress at stop."""
         return 0
 
-    def wake_handlers(self) -> dict[str, Callable[[str], None]]:
+    def wake_handlers(self) -> dict[str, WakeHandler]:
         """BRPOP wakes by itself when a job is pushed."""
         return {}
 

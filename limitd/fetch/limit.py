@@ -43,7 +43,7 @@ from limitd.connection import (
     send_packed,
     set_members,
 )
-from limitd.fetch import liveness, recoveries
+from limitd.fetch import WakeHandler, liveness, recoveries
 from limitd.fetch.basic import UnitOfWork, as_units
 from limitd.fetch.limit_unit import LimitUnitOfWork, calls_before_ack, forget_calls
 from limitd.fetch.ready_index import SWEEP_PER_SECOND, CallPlan, ReadyIndex
@@ -267,19 +267,23 @@ class LimitFetch:
 
     # -- wake-ups ------------------------------------------------------------------
 
-    def wake_handlers(self) -> dict[str, Callable[[str], None]]:
+    def wake_handlers(self) -> dict[str, WakeHandler]:
         """The channel pushes and freed slots are announced on, and what to do then."""
         if self.index is not None:
             self.index.listening = True
         return {keys.WAKE_CHANNEL: self.on_wake}
 
-    def on_wake(self, queue: str) -> None:
-        """A wake-up named ``queue`` ("": any): if it concerns us, wake a waiting call."""
-        if self.wants(queue):
-            if queue and queue not in self.order.weights:
-                self.refresh_dynamic()
+    def on_wake(self, queues: Sequence[str]) -> None:
+        """Wake-ups named ``queues`` ("": any): note those that concern us, and wake a
+        waiting call once for all of them (it serves every idle processor)."""
+        wanted = [queue for queue in queues if self.wants(queue)]
+        if not wanted:
+            return
+        if self.dynamic and any(queue and queue not in self.order.weights for queue in wanted):
+            self.refresh_dynamic()
+        for queue in wanted:
             self.woken(queue)
-            self.gate.wake()
+        self.gate.wake()
 
     def wants(self, queue: str) -> bool:
         """Whether a wake-up for ``queue`` concerns this fetch ("" means any queue)."""

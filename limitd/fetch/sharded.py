@@ -9,11 +9,12 @@ as each queue's check, pop and count are one script on its shard.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
 from limitd import clock, handoff
 from limitd.connection import Conn, run_calls
+from limitd.fetch import WakeHandler
 from limitd.fetch.basic import UnitOfWork
 from limitd.fetch.limit import ACK, JOB_FIELDS, JOBS_AT, LimitFetch
 from limitd.fetch.limit_unit import calls_before_ack, forget_calls
@@ -33,7 +34,7 @@ class ShardedLimitFetch(LimitFetch):
         # wait out the quiet time): see QUIET_SECONDS.
         self.quiet_seconds = 0.0
 
-    def wake_handlers(self) -> dict[str, Callable[[str], None]]:
+    def wake_handlers(self) -> dict[str, WakeHandler]:
         """Wake-ups name queues with news: one that gave nothing may rest meanwhile."""
         self.quiet_seconds = QUIET_SECONDS
         return super().wake_handlers()

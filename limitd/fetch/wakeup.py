@@ -11,9 +11,9 @@ when that is, and the polling waiter wakes then (``wait(at_most=...)``).
 
 Every push is heard by every capsule process, busy or not, so the listener reads what
 has arrived in one go (``limitd.connection.subscription``) and handles a message heard
-several times since its last read once: a busy capsule paid about 60 us of CPU per
-wake-up when each was read and handled on its own, 24 us with the batched read
-(``bench/wakeups.py``).
+several times since its last read once, each channel's handler called once per read
+with what was heard on it: a busy capsule paid about 60 us of CPU per wake-up when each
+was read and handled on its own (``bench/wakeups.py``).
 """
 
 from __future__ import annotations
@@ -21,12 +21,13 @@ from __future__ import annotations
 import logging
 import random
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import redis as redis_py
 
 from limitd.connection import cluster
-from limitd.connection.subscription import Subscription
+from limitd.connection.subscription import Message, Subscription
+from limitd.fetch import WakeHandler
 
 log = logging.getLogger("limitd.wakeup")
 
@@ -95,12 +96,9 @@ class IdleGate:
 class WakeupListener:
     """One pub/sub connection per capsule, for every channel the capsule listens to
     (``limitd:wake`` for its fetch, ``limitd:wake:due`` for its scheduled poller).
-    ``handlers`` maps each channel to a callable given each message's text, and ""
-    after every (re)subscription: something may have been published meanwhile."""
+    ``handlers`` maps each channel to its ``WakeHandler``, called once per read."""
 
-    def __init__(
-        self, redis: redis_py.Redis, handlers: Mapping[str, Callable[[str], None]]
-    ) -> None:
+    def __init__(self, redis: redis_py.Redis, handlers: Mapping[str, WakeHandler]) -> None:
         self.redis = redis
         self.handlers = dict(handlers)
         self._done = threading.Event()
@@ -143,13 +141,19 @@ class WakeupListener:
                 subscriber.close()  # (the subscription keeps a connection of its own)
         try:
             for handler in self.handlers.values():
-                handler("")  # anything published while we were not subscribed
+                handler([""])  # anything published while we were not subscribed
             while not self._done.is_set():
-                # The same message heard several times since the last read (pushes to
-                # one queue) is handled once: one wake-up brings the fetch call that
-                # serves every idle processor, and a due time needs announcing once.
-                for channel, data in dict.fromkeys(subscription.read(LISTEN_SLICE)):
-                    handler = self.handlers[channel.decode("utf-8", "replace")]
-                    handler(data.decode("utf-8", "replace"))
+                self._dispatch(subscription.read(LISTEN_SLICE))
         finally:
             subscription.close()
+
+    def _dispatch(self, messages: list[Message]) -> None:
+        """Each channel's handler gets what was heard on it, once per read and each
+        text once: a stream of pushes costs the capsule a call per read, not per push
+        (one wake-up brings the fetch call that serves every idle processor, and the
+        poller needs only the soonest due time)."""
+        heard: dict[bytes, dict[str, None]] = {}
+        for channel, data in messages:
+            heard.setdefault(channel, {})[data.decode("utf-8", "replace")] = None
+        for channel, texts in heard.items():
+            self.handlers[channel.decode("utf-8", "replace")](list(texts))

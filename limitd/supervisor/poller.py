@@ -32,13 +32,14 @@ import logging
 import math
 import random
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar, cast
 
 import redis as redis_py
 
 from limitd import clock, handoff, keys, plugins
 from limitd.connection.backoff import Backoff
+from limitd.fetch import WakeHandler
 from limitd.payload import MalformedPayload, dead_entry_for_malformed, parse
 from limitd.retry import DeadSetPolicy, trim_dead
 from limitd.retry.moves import bury_member, enqueue_page
@@ -96,16 +97,19 @@ class ScheduledPoller:
         if self._thread.ident is not None:
             self._thread.join(timeout)
 
-    def channels(self) -> dict[str, Callable[[str], None]]:
+    def channels(self) -> dict[str, WakeHandler]:
         """The pub/sub channels this poller needs, with their handlers: the capsule adds
         them to its one wake-up subscription (see ``fetch/wakeup.py``)."""
         return {keys.DUE_CHANNEL: self.announce} if self.mode == "due" else {}
 
-    def announce(self, message: str) -> None:
-        """A job was scheduled at ``message`` (epoch seconds): wake then if that is
-        sooner than planned. "" (sent after each subscription) means: look now, something
-        may have been announced while nobody listened. Called from the listener thread."""
-        due = due_time(message)
+    def announce(self, messages: Sequence[str]) -> None:
+        """Jobs were scheduled at ``messages`` (epoch seconds): wake at the soonest if
+        that is sooner than planned. "" (sent after each subscription) means: look now,
+        something may have been announced while nobody listened. Called from the
+        listener thread."""
+        if not messages:
+            return
+        due = min(due_time(message) for message in messages)
         with self._cond:
             if self._announced is None or due < self._announced:
                 self._announced = due
