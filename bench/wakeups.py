@@ -1,7 +1,8 @@
 """What the wake-ups of live pushes cost the capsules that hear them.
 
-    .venv/bin/python bench/wakeups.py [--jobs 20000] [--processes 2] [--rounds 3]
-        [--messages 50000] [--compare DIR] [--redis URL]
+    .venv/bin/python bench/wakeups.py [--jobs 40000] [--processes 2] [--rounds 3]
+        [--messages 50000] [--wakeup-rate 10000] [--queues 1] [--compare DIR]
+        [--chart OUT.png] [--skip-listener] [--redis URL]
 
 Every ``perform_async`` publishes a wake-up on ``limitd:wake``, and every capsule
 process hears every one, whichever queues it serves. The peer benchmarks enqueue their
@@ -26,12 +27,16 @@ jobs before the workers start, so they never see that cost; this one does.
    checkout (on the capsules' PYTHONPATH), right after this checkout's, the order
    swapped every round.
 
-Prints each run (with the machine's CPU steal and load), then medians per case.
+Prints each run (with the machine's CPU steal and load), then medians per case;
+``--chart`` draws the drains as bars (drawn by bench/peers/chart.py in the peers' venv,
+where matplotlib is installed).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import subprocess
 import sys
@@ -240,6 +245,41 @@ def wake_ups_heard(url: str, args: argparse.Namespace) -> None:
         print(f"  quiet {name:5s} median: {run_line(quiet)}")
         print(f"  woken {name:5s} median: {run_line(woken)}")
         print(f"        {name:5s}: {extra:.1f} us of capsule CPU per wake-up heard by each process")
+    if args.chart:
+        draw_chart(results, Path(args.chart), args)
+
+
+def draw_chart(
+    results: dict[tuple[str, str], list[Run]], png: Path, args: argparse.Namespace
+) -> None:
+    """Each drain as a bar (median, min-max): this checkout's in limitd's colour."""
+    labels = {"quiet": "quiet", "woken": f"{args.wakeup_rate:,.0f} wake-ups/s"}
+    bars = []
+    for (mode, name), runs in results.items():
+        rates = [run.drain_rate for run in runs]
+        who = "limitd" if name == "this" else "before (--compare)"
+        bars.append(
+            {
+                "name": f"{who}: {labels[mode]}",
+                "median": statistics.median(rates),
+                "min": min(rates),
+                "max": max(rates),
+            }
+        )
+    named = "the busy queue" if args.queues == 1 else f"{args.queues:,} queues in turn"
+    data = {
+        "title": f"{args.jobs:,} jobs, limitd start {args.processes} x 10, wake-ups naming {named}",
+        "xlabel": "drain, first job to last, jobs/s (median of rounds; bars: min-max)",
+        "systems": bars,
+    }
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as file:
+        json.dump(data, file)
+    try:
+        chart = [str(PEERS_DIR / "chart.py"), file.name, str(png)]
+        subprocess.run([str(PEERS_DIR / ".venv" / "bin" / "python"), *chart], check=True)
+    finally:
+        os.unlink(file.name)
+    print(f"chart: {png}")
 
 
 def median_run(runs: list[Run]) -> Run:
@@ -267,6 +307,7 @@ def main() -> None:
         help="queues the capsules list (the others empty) and the wake-ups name in turn",
     )
     parser.add_argument("--compare", help="another checkout's root, alternated with this one")
+    parser.add_argument("--chart", help="draw the drains into this PNG")
     parser.add_argument("--redis", help="Redis URL (default: a private redis-server)")
     parser.add_argument("--skip-listener", action="store_true", help="leave out part 1")
     args = parser.parse_args()

@@ -3,7 +3,8 @@ min-max error bars); run by run.py in the peers' venv, where matplotlib is insta
 
     python bench/peers/chart.py DATA.json OUT.png
 
-DATA.json: {"title": str, "systems": [{"name", "median", "min", "max"}, ...]}.
+DATA.json: {"title": str, "systems": [{"name", "median", "min", "max"}, ...]}, and
+optionally "xlabel" (what the bars measure, if not the steady drain).
 """
 
 from __future__ import annotations
@@ -40,7 +41,11 @@ def main() -> None:
     for y, row in enumerate(rows):
         ax.text(row["max"], y, f"  {row['median']:,.0f}", va="center", fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("steady drain (10%-90% of the jobs), jobs/s (median of runs; bars: min-max)")
+    ax.set_xlabel(
+        data.get(
+            "xlabel", "steady drain (10%-90% of the jobs), jobs/s (median of runs; bars: min-max)"
+        )
+    )
     ax.set_title(data["title"], fontsize=9)
     ax.margins(x=0.15)
     fig.tight_layout()
