@@ -16,6 +16,12 @@ them, so a change to ``limit_fetch.lua`` shows here when a full drain
 ``git worktree`` of an older commit, say) in alternate rounds, and prints the ratio per
 round and its median: each measure runs in its own process with ``PYTHONPATH=DIR``.
 Without --redis it starts a private redis-server; with --redis it FLUSHALLs that one.
+
+``--callgrind`` runs that private redis-server under valgrind's callgrind and reports
+the instructions Redis ran for the drain (counters zeroed just before it, dumped just
+after): the same figure to a fraction of a percent run after run, whatever else the
+machine does, where the timings above swing by a tenth or more. Redis runs about fifty
+times slower under it, so use a few thousand jobs (``--jobs 2000 --rounds 1``).
 """
 
 from __future__ import annotations
@@ -26,13 +32,17 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import redis as redis_py
 
 HERE = Path(__file__).resolve()
 ROOT = HERE.parent.parent
+CALLGRIND_OUT = os.path.join(tempfile.gettempdir(), "limitd-fetch-call.callgrind")
 
 
 def fill(conn: redis_py.Redis, names: list[str], jobs: int) -> None:
@@ -54,8 +64,11 @@ def fill(conn: redis_py.Redis, names: list[str], jobs: int) -> None:
         limits.set_limit(conn, name, 1_000)
 
 
-def measure_one(url: str, count: int, jobs: int, want: int) -> dict[str, float]:
-    """In this process, with whatever ``limitd`` it imports: one drain by two fetches."""
+def measure_one(
+    url: str, count: int, jobs: int, want: int, callgrind: int | None = None
+) -> dict[str, float]:
+    """In this process, with whatever ``limitd`` it imports: one drain by two fetches;
+    ``callgrind``: the pid of the valgrind running the server, to count its instructions."""
     from _common import command_counts, redis_cpu_seconds
 
     from limitd.fetch.factory import limit_fetch
@@ -69,6 +82,8 @@ def measure_one(url: str, count: int, jobs: int, want: int) -> dict[str, float]:
     for fetch in fetches:
         fetch.wake_handlers()  # as a capsule does: one re-check of every queue first
     held: list[list] = [[], []]
+    if callgrind is not None:
+        counted = Callgrind(callgrind)
     conn.config_resetstat()
     cpu = redis_cpu_seconds(conn)
     done = 0
@@ -82,6 +97,7 @@ def measure_one(url: str, count: int, jobs: int, want: int) -> dict[str, float]:
         if not took:
             break
     used = redis_cpu_seconds(conn) - cpu
+    instructions = counted.instructions() if callgrind is not None else 0
     script = conn.info("commandstats")["cmdstat_evalsha"]
     served = command_counts(conn)
     inner = sum(served.values()) - served["evalsha"] - served["config"]
@@ -92,7 +108,67 @@ def measure_one(url: str, count: int, jobs: int, want: int) -> dict[str, float]:
         "us_per_job": script["usec"] / done,
         "commands_per_job": inner / done,
         "redis_cpu_us_per_job": 1e6 * used / done,
+        "instructions_per_call": instructions / script["calls"],
+        "instructions_per_job": instructions / done,
     }
+
+
+class Callgrind:
+    """The instructions a redis-server under callgrind runs from now on: the counters
+    are zeroed here and dumped by ``instructions``, which reads the dump's total."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.out = Path(f"{CALLGRIND_OUT}.{pid}")
+        subprocess.run(["callgrind_control", "-z", str(pid)], check=True, capture_output=True)
+
+    def instructions(self) -> int:
+        before = set(self.out.parent.glob(f"{self.out.name}.*"))
+        subprocess.run(["callgrind_control", "-d", str(self.pid)], check=True, capture_output=True)
+        [dump] = set(self.out.parent.glob(f"{self.out.name}.*")) - before
+        for text in dump.read_text().splitlines():
+            if text.startswith("summary:"):
+                return int(text.split()[1])
+        raise RuntimeError(f"no summary line in {dump}")
+
+
+@contextmanager
+def callgrind_redis() -> Iterator[tuple[str, int]]:
+    """A private redis-server under callgrind: its URL and valgrind's pid."""
+    from limitd.connection.embedded import find_redis_server, free_port
+
+    port = free_port()
+    command = [
+        "valgrind",
+        "--tool=callgrind",
+        f"--callgrind-out-file={CALLGRIND_OUT}.%p",
+        find_redis_server(),
+        "--port",
+        str(port),
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+    ]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        conn = redis_py.Redis.from_url(url)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                conn.ping()
+                break
+            except redis_py.ConnectionError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise
+                time.sleep(0.2)
+        yield url, server.pid
+    finally:
+        server.terminate()
+        server.wait(60)
+        for dump in Path(CALLGRIND_OUT).parent.glob(f"{Path(CALLGRIND_OUT).name}.{server.pid}*"):
+            dump.unlink()
 
 
 def run_in(root: Path, url: str, count: int, args: argparse.Namespace) -> dict[str, float]:
@@ -100,15 +176,23 @@ def run_in(root: Path, url: str, count: int, args: argparse.Namespace) -> dict[s
     env = dict(os.environ, PYTHONPATH=str(root))
     command = [sys.executable, str(HERE), "--one", str(count), "--url", url]
     command += ["--jobs", str(args.jobs), "--want", str(args.want)]
+    if args.callgrind_pid is not None:
+        command += ["--callgrind-pid", str(args.callgrind_pid)]
     out = subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
     return json.loads(out)
 
 
 def line(label: str, figures: dict[str, float]) -> str:
+    counted = ""
+    if figures["instructions_per_call"]:
+        counted = (
+            f", Redis ran {figures['instructions_per_call']:,.0f} instructions/call, "
+            f"{figures['instructions_per_job']:,.0f}/job"
+        )
     return (
         f"{label}: {figures['us_per_call']:6.0f} us/call, {figures['us_per_job']:5.1f} us/job "
         f"in the script, {figures['commands_per_job']:.2f} commands/job inside, Redis CPU "
-        f"{figures['redis_cpu_us_per_job']:5.1f} us/job ({figures['calls']:.0f} calls)"
+        f"{figures['redis_cpu_us_per_job']:5.1f} us/job ({figures['calls']:.0f} calls){counted}"
     )
 
 
@@ -125,12 +209,21 @@ def compare(url: str, args: argparse.Namespace) -> None:
                 per_root[label].append(figures)
                 print(line(f"{count:>6} queues, round {number}, {label:>5}", figures), flush=True)
         for label, runs in per_root.items():
+            if args.callgrind:
+                counted = statistics.median(run["instructions_per_call"] for run in runs)
+                print(f"{count:>6} queues, {label}: {counted:,.0f} instructions/call")
             median = statistics.median(run["us_per_call"] for run in runs)
             cpu = statistics.median(run["redis_cpu_us_per_job"] for run in runs)
             print(
                 f"{count:>6} queues, {label}: median {median:.0f} us/call, "
                 f"Redis CPU {cpu:.1f} us/job"
             )
+        if args.compare and args.callgrind:
+            this, other = (
+                statistics.median(run["instructions_per_call"] for run in per_root[label])
+                for label in ("this", "other")
+            )
+            print(f"{count:>6} queues: this / other, instructions per call: {this / other:.3f}")
         if args.compare:
             ratios = [
                 this["us_per_call"] / other["us_per_call"]
@@ -155,7 +248,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=5, help="rounds per queue count (5)")
     parser.add_argument("--compare", help="another checkout's root, run in alternate rounds")
     parser.add_argument("--redis", help="Redis URL (default: a private redis-server)")
+    parser.add_argument(
+        "--callgrind", action="store_true", help="count Redis's instructions (valgrind)"
+    )
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # a child's measure
+    parser.add_argument("--callgrind-pid", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     return parser.parse_args()
 
@@ -163,15 +260,21 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     if args.one is not None:
-        print(json.dumps(measure_one(args.url, args.one, args.jobs, args.want)))
+        figures = measure_one(args.url, args.one, args.jobs, args.want, args.callgrind_pid)
+        print(json.dumps(figures))
         return
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(HERE.parent))
     from _common import bench_redis_url
 
     started = time.perf_counter()
-    with bench_redis_url(args.redis) as url:
-        compare(url, args)
+    if args.callgrind:
+        with callgrind_redis() as (url, pid):
+            args.callgrind_pid = pid
+            compare(url, args)
+    else:
+        with bench_redis_url(args.redis) as url:
+            compare(url, args)
     print(f"whole run: {time.perf_counter() - started:.0f} s")
 
 
