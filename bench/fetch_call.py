@@ -81,6 +81,7 @@ def measure_one(
     fetches = [limit_fetch(conn, QueueOrder(names), f"bench-{n}") for n in range(2)]
     for fetch in fetches:
         fetch.wake_handlers()  # as a capsule does: one re-check of every queue first
+        fetch.maintain(list, reap=False)  # and its first heartbeat, as it starts
     held: list[list] = [[], []]
     if callgrind is not None:
         counted = Callgrind(callgrind)

@@ -22,7 +22,7 @@ from limitd.connection import decode_name
 from limitd.fair_queues import store as fair_store
 from limitd.fair_queues.store import fair_queues
 from limitd.queues import limits, rates
-from limitd.queues.per_queue import hash_by_queue
+from limitd.queues.per_queue import hash_by_queue, queue_fields
 
 
 class Stats:
@@ -116,6 +116,7 @@ def queue_overview(redis: redis_py.Redis | None = None) -> list[QueueStatus]:
         pipe.hgetall(k.RATE_LIMITS)
         pipe.hgetall(k.FAIR_QUEUES)
         listed, paused_raw, busy_raw, rates_raw, fair_raw = pipe.execute()
+        busy_raw = queue_fields(busy_raw)
         fair = fair_store.settings_of(fair_raw)
     stored_rates = rates.rates_of(rates_raw)
     paused = set(map(decode_name, paused_raw))

@@ -50,6 +50,7 @@ from limitd.fetch.ready_index import SWEEP_PER_SECOND, CallPlan, ReadyIndex
 from limitd.fetch.wakeup import IdleGate
 from limitd.queues.limits import LimitSettings
 from limitd.queues.order import QueueOrder
+from limitd.queues.per_queue import keep_hashtables
 
 log = logging.getLogger("limitd.fetch")
 
@@ -210,11 +211,14 @@ class LimitFetch:
         liveness.vouch(self.redis, [self.capsule_id], period)
 
     def maintain(self, held: Callable[[], list[UnitOfWork]], *, reap: bool) -> None:
-        """The heartbeat's work on Redis: re-apply configured limits Redis lost, reap the
-        capsules that stopped beating (``reap``: unless our own beats failed lately),
-        and requeue what this capsule holds but no thread runs (``held``: what runs)."""
+        """The heartbeat's work on Redis: re-apply configured limits Redis lost (and the
+        field that keeps the shared per-queue hashes fast, see ``queues/per_queue``),
+        reap the capsules that stopped beating (``reap``: unless our own beats failed
+        lately), and requeue what this capsule holds but no thread runs (``held``: what
+        runs)."""
         if self.limits is not None:
             self.limits.apply_defaults(self.redis)
+        keep_hashtables(self.redis)
         if reap:
             liveness.reap_dead(self.redis)
         self.recover_orphans(held())

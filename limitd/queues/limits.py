@@ -20,7 +20,7 @@ import redis as redis_py
 
 from limitd import keys
 from limitd.connection import pipeline, set_members
-from limitd.queues.per_queue import forget_applied, hash_by_queue
+from limitd.queues.per_queue import forget_applied, hash_by_queue, queue_fields
 from limitd.queues.rates import Rate, parse_rate
 
 NO_LIMIT = "none"
@@ -194,7 +194,7 @@ def all_limits(redis: redis_py.Redis) -> dict[str, dict[str, int | None]]:
         pipe = pipeline(redis)
         pipe.hgetall(k.LIMITS)
         pipe.hgetall(k.PROCESS_LIMITS)
-        limits, process_limits = pipe.execute()
+        limits, process_limits = map(queue_fields, pipe.execute())
     result: dict[str, dict[str, int | None]] = {}
     for kind, values in (("limit", limits), ("process_limit", process_limits)):
         for queue, raw in values.items():
