@@ -75,3 +75,10 @@ def test_no_reader_shows_the_marker(redis: redis_py.Redis) -> None:
     overview = queue_overview(redis)
     assert [status.name for status in overview] == ["a"]
     assert overview[0].busy == 1 and overview[0].limit == 2
+
+
+def test_the_marker_reads_as_zero_to_a_script_that_sums_the_busy_counts(
+    redis: redis_py.Redis,
+) -> None:
+    keep_hashtables(redis)
+    assert sum(int(count) for count in redis.hvals(keys.of(redis).BUSY)) == 0

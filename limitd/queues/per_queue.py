@@ -9,8 +9,9 @@ HGET of the last of 500 fields ran 66,000 instructions against 3,800 in a hash t
 (valgrind, Redis 7.0), so a deployment of a few hundred limited queues paid that on
 every field every call reads. A value longer than ``hash-max-listpack-value`` (64
 bytes by default) turns the hash into a hash table for good. The field's name starts
-with a NUL, which no queue name has; every reader of these hashes leaves it out
-(``queue_fields``), and the scripts only ever ask for fields by queue name.
+with a NUL, which no queue name has, and its value reads as the number 0; every reader
+of these hashes leaves it out (``queue_fields``), and the scripts only ever ask for
+fields by queue name.
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ from limitd import keys
 from limitd.connection import set_members
 
 HASHTABLE_FIELD = "\x00hashtable"
-HASHTABLE_VALUE = (
-    "limitd keeps this field so that Redis stores this hash as a hash table: reading a "
-    "queue's field then costs the same however many queues there are"
-)
+# Longer than hash-max-listpack-value, and read as 0 by anyone who sums a hash's values
+# as numbers (a busy count of 0, a limit nobody has): Redis keeps it as a string, since
+# leading zeros are not an integer's canonical form.
+HASHTABLE_VALUE = "0" * 80
 
 
 def keep_hashtables(redis: redis_py.Redis) -> None:
