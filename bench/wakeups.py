@@ -159,35 +159,45 @@ class Run:
 def drain_run(url: str, args: argparse.Namespace, mode: str, other: Path | None) -> Run:
     conn = redis_py.Redis.from_url(url)
     conn.flushdb()
-    tmp = Path(tempfile.mkdtemp(prefix="limitd-wakeups-"))
-    conf = tmp / "wakeups.yml"
-    queues = ", ".join(["bench", *other_queues(args.queues)])
-    conf.write_text(CONFIG.format(url=url, processes=args.processes, queues=queues))
     push = [*PUSHER, url, str(args.jobs)]
     subprocess.run(push, cwd=APPS_DIR, env=system_env(url), check=True)
+    with tempfile.TemporaryDirectory(prefix="limitd-wakeups-") as tmp:
+        conf = Path(tmp) / "wakeups.yml"
+        queues = ", ".join(["bench", *other_queues(args.queues)])
+        conf.write_text(CONFIG.format(url=url, processes=args.processes, queues=queues))
+        with (Path(tmp) / "limitd.log").open("wb") as log:
+            command = [sys.executable, "-m", "limitd.cli", "start", str(conf)]
+            env = system_env(url, [other] if other else [])
+            capsules = procs.start_group(command, cwd=APPS_DIR, env=env, log=log)
+            try:
+                return measured_drain(conn, capsules, args, mode)
+            finally:
+                procs.stop_groups([capsules])
+
+
+def measured_drain(
+    conn: redis_py.Redis, capsules: subprocess.Popen[bytes], args: argparse.Namespace, mode: str
+) -> Run:
+    """From the first job on, with wake-ups published meanwhile when ``woken``."""
+    wait_until(lambda: subscribed(conn) >= args.processes, 60, "the subscriptions")
+    wait_until(lambda: counted(conn) > 0, 60, "the first job")
+    cpu, done = procs.worker_cpu_seconds([capsules]), counted(conn)
+    started = time.monotonic()
     stop, published = threading.Event(), [0]
-    with (tmp / "limitd.log").open("wb") as log:
-        command = [sys.executable, "-m", "limitd.cli", "start", str(conf)]
-        env = system_env(url, [other] if other else [])
-        capsules = procs.start_group(command, cwd=APPS_DIR, env=env, log=log)
-        try:
-            wait_until(lambda: subscribed(conn) >= args.processes, 60, "the subscriptions")
-            wait_until(lambda: int(conn.get(COUNTER) or 0) > 0, 60, "the first job")
-            cpu, done = procs.worker_cpu_seconds([capsules]), counted(conn)
-            started = time.monotonic()
-            if mode == "woken":
-                rate = args.wakeup_rate
-                names = ["bench", *other_queues(args.queues)]
-                publisher = threading.Thread(
-                    target=publish_at, args=(url, rate, names, stop, published)
-                )
-                publisher.start()
-            wait_until(lambda: counted(conn) >= args.jobs, DEADLINE, "the drain", poll=0.01)
-            seconds = time.monotonic() - started
-            cpu = procs.worker_cpu_seconds([capsules]) - cpu
-        finally:
-            stop.set()
-            procs.stop_groups([capsules])
+    names = ["bench", *other_queues(args.queues)]
+    publisher = threading.Thread(
+        target=publish_at, args=(conn, args.wakeup_rate, names, stop, published)
+    )
+    if mode == "woken":
+        publisher.start()
+    try:
+        wait_until(lambda: counted(conn) >= args.jobs, DEADLINE, "the drain", poll=0.01)
+    finally:
+        stop.set()
+        if publisher.is_alive():
+            publisher.join()
+    seconds = time.monotonic() - started
+    cpu = procs.worker_cpu_seconds([capsules]) - cpu
     measured = args.jobs - done
     return Run(measured / seconds, cpu / measured * 1e6, published[0] / measured)
 
@@ -202,11 +212,15 @@ def other_queues(count: int) -> list[str]:
 
 
 def publish_at(
-    url: str, rate: float, names: list[str], stop: threading.Event, published: list[int]
+    conn: redis_py.Redis,
+    rate: float,
+    names: list[str],
+    stop: threading.Event,
+    published: list[int],
 ) -> None:
     """Publish wake-ups at ``rate`` a second, 50 per round trip, naming ``names`` in
     turn (a busy queue's pushes, or pushes spread over many queues)."""
-    pipe = redis_py.Redis.from_url(url).pipeline(transaction=False)
+    pipe = conn.pipeline(transaction=False)
     started = time.monotonic()
     turn = 0
     while not stop.is_set():
