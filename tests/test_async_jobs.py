@@ -26,7 +26,7 @@ from limitd.limiters.limiter import OverLimit
 from limitd.middleware import ServerChain
 from limitd.middleware.defaults import default_server_chain
 from limitd.supervisor import Capsule, CapsuleConfig
-from limitd.supervisor.async_lane import AsyncLane
+from limitd.supervisor.async_lane import AsyncLane, blocked_for
 from limitd.unique import middleware as unique
 from tests.helpers import wait_for
 
@@ -477,7 +477,9 @@ def test_a_stop_past_the_timeout_requeues_and_cancels_async_jobs(capsules: Capsu
 def test_a_job_blocking_the_loop_is_named_in_a_warning(
     capsules: Capsules, redis, caplog: pytest.LogCaptureFixture
 ) -> None:
-    capsules.start(async_block_warning=0.2)
+    capsule = capsules.start(async_block_warning=0.2)
+    assert isinstance(capsule.lane, AsyncLane)
+    assert capsule.lane._loop_cpu() is not None  # on Linux the watch reads the loop's CPU
     polite.perform_async()
     wait_for(lambda: "polite" in meter.seen, message="the well-behaved job")
     assert messages(caplog, "event loop blocked") == []
@@ -663,3 +665,24 @@ def test_a_capsule_never_started_opens_no_event_loop(redis) -> None:
         del capsule
         gc.collect()
     assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
+
+
+# 7b. When a stall is the loop's.
+
+
+@pytest.mark.parametrize(
+    ("now", "pulse", "ticked", "loop_busy", "blocked"),
+    [
+        (10.0, None, 9.95, True, None),  # the loop has not beaten yet: a slow start
+        (10.0, 9.9, 9.95, True, None),  # beat 0.1 s ago: within the 0.2 s threshold
+        (10.0, 9.7, 9.95, False, 0.3),  # 0.3 s without a beat while the watch kept time
+        (10.0, 9.7, 9.7, False, None),  # the watch overslept, the loop idle: held up
+        (10.0, 9.4, 9.4, True, 0.6),  # the watch overslept, the loop busy: a job in C
+        (10.0, 9.5, 9.9, False, 0.5),  # the watch 0.05 s late, not 0.1: the loop's stall
+    ],
+)
+def test_a_stall_counts_when_the_watch_kept_time_or_the_loop_was_busy(
+    now: float, pulse: float | None, ticked: float, loop_busy: bool, blocked: float | None
+) -> None:
+    late = blocked_for(now, pulse, ticked, 0.2, loop_busy=loop_busy)
+    assert late == (pytest.approx(blocked) if blocked is not None else None)

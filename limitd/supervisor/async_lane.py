@@ -29,7 +29,8 @@ in-progress list as any other until the loop settles it.
   "nothing", so the capsule never asks whether it has a lane.
 - A job that blocks the loop (a sync call in async code) stalls every job on it. A watch
   thread warns, naming the job and the line it is on, when the loop has not turned for
-  ``block_warning`` seconds.
+  ``block_warning`` seconds while the watch thread itself kept time (see
+  ``blocked_for``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import concurrent.futures
 import logging
 import sys
 import threading
+import time
 import traceback
 from collections import deque
 from dataclasses import dataclass
@@ -357,16 +359,28 @@ class AsyncLane:
     # -- the watch thread -----------------------------------------------------------
 
     def _watch_loop(self) -> None:
-        warned_at = 0.0
+        warned_at: float | None = None
+        ticked, cpu_then = clock.monotonic(), self._loop_cpu()
         while not self._stopped.wait(self._block_warning / 4):
-            pulse = self._pulse
-            if pulse is None:
-                continue
-            late = clock.monotonic() - pulse
-            if late < self._block_warning or warned_at == pulse:
+            now, pulse, cpu = clock.monotonic(), self._pulse, self._loop_cpu()
+            # The loop's thread ran for at least half the time since the last look (a
+            # job holding it, in Python or in C), or its CPU time cannot be read.
+            busy = cpu is None or cpu_then is None or cpu - cpu_then >= (now - ticked) / 2
+            late = blocked_for(now, pulse, ticked, self._block_warning, loop_busy=busy)
+            ticked, cpu_then = now, cpu
+            if late is None or warned_at == pulse:
                 continue
             warned_at = pulse  # once per stall
             self._warn_blocked(late)
+
+    def _loop_cpu(self) -> float | None:
+        """CPU seconds the loop's thread has used (Linux and other POSIX systems), else
+        None."""
+        ident = self._thread.ident
+        try:
+            return time.clock_gettime(time.pthread_getcpuclockid(ident))  # type: ignore[arg-type]
+        except (AttributeError, OSError, TypeError):
+            return None
 
     def _warn_blocked(self, late: float) -> None:
         task = asyncio.current_task(self._loop)
@@ -379,6 +393,25 @@ class AsyncLane:
             task.get_name() if task is not None else "no job (limitd's own code)",
             where,
         )
+
+
+def blocked_for(
+    now: float, pulse: float | None, ticked: float, threshold: float, *, loop_busy: bool = True
+) -> float | None:
+    """How long the loop has been blocked, as the watch thread sees it at ``now``, or None
+    if that is not a blocked loop: the loop has not beaten yet (a slow start), it beat
+    within ``threshold`` seconds, or the watch thread itself (last awake at ``ticked``,
+    due again a quarter of ``threshold`` later) overslept by half of it while the loop's
+    thread was not busy either: then the whole process was held up (a busy machine, a
+    paused VM), not the loop by a job. A job blocking the loop in a sleep leaves the
+    watch thread on time; one holding the GIL in C code keeps the loop's thread busy."""
+    if pulse is None:
+        return None
+    late = now - pulse
+    overslept = now - ticked - threshold / 4
+    if late < threshold or (overslept >= threshold / 2 and not loop_busy):
+        return None
+    return late
 
 
 class NullLane:
