@@ -29,7 +29,7 @@ in-progress list as any other until the loop settles it.
   "nothing", so the capsule never asks whether it has a lane.
 - A job that blocks the loop (a sync call in async code) stalls every job on it. A watch
   thread warns, naming the job and the line it is on, when the loop has not turned for
-  ``block_warning`` seconds while the watch thread itself kept time (see
+  ``block_warning`` seconds, unless the whole process was held up meanwhile (see
   ``blocked_for``).
 """
 
