@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/fetch_scale.py [--queues 1,10,100,1000,10000] [--jobs 20000]
         [--processes 2] [--threads 10] [--rounds 3] [--order strict|random]
-        [--index on|off|both] [--chart OUT.png]
+        [--index on|off|both] [--sidekiq] [--chart OUT.png]
         [--max-seconds 60] [--idle-seconds 5] [--idle-warmup 1] [--deadline 300]
         [--redis URL]
 
@@ -14,6 +14,10 @@ of them: above P x T, so every limit is checked and none binds. ``--index`` runs
 fetch with its ready index (``ready_index: true``, the default: it looks only at queues
 that may have work), without it (``ready_index: false``: every listed queue on every
 call, as before issue 32), or both, alternated within each round (the default).
+``--sidekiq`` adds Ruby Sidekiq 6.4 (Debian's ruby-sidekiq; P processes of concurrency
+T, ``-q`` for every queue, in the listed order: its fetch BRPOPs every queue each time)
+draining the same jobs, pushed by limitd's client under the class ``NoopJob`` of
+bench/peers/apps/sidekiq_app.rb (the same INCR), alternated with limitd's rows.
 
 1. Drain: the jobs are enqueued first, spread evenly (round robin) over the N queues
    with ``perform_bulk`` (``noop.set(queue=...)``, 1,000 per LPUSH): the peers' job,
@@ -69,6 +73,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import redis as redis_py
 from _common import (
@@ -92,7 +97,7 @@ import limitd_app  # noqa: E402
 import machine  # noqa: E402
 import measure  # noqa: E402
 import procs  # noqa: E402
-from systems import limitd_system  # noqa: E402
+from systems import limitd_system, sidekiq_system  # noqa: E402
 from systems.base import APPS_DIR, PROJECT_BIN, Context, System, project_python  # noqa: E402
 
 PREFIX = "bench_scale_"
@@ -100,6 +105,8 @@ PREFIX = "bench_scale_"
 UNBINDING_LIMIT = limitd_system.LIMIT
 BULK = limitd_system.BULK
 ORDERS = ("strict", "random")
+FETCH_LABELS = {"index": "ready index", "scan": "scan every queue", "sidekiq": "Ruby Sidekiq"}
+CHART_NAMES = {"index": "limitd", "scan": "scan", "sidekiq": "sidekiq"}
 READY_TIMEOUT = 60.0  # seconds for `limitd start` to subscribe, at 10,000 queues too
 LUA = measure.LUA_COMMANDS
 
@@ -132,7 +139,14 @@ def config_text(url: str, names: list[str], args: argparse.Namespace, index: boo
     return text + f"limits: {{{limits}}}\nready_index: {str(index).lower()}\n"
 
 
-def scale_system(count: int, args: argparse.Namespace, index: bool) -> System:
+def scale_system(count: int, args: argparse.Namespace, fetch: str) -> System:
+    """The system a row drains: limitd with or without its ready index, or Sidekiq."""
+    if fetch == "sidekiq":
+        return sidekiq_scale_system(count, args)
+    return limitd_scale_system(count, args, index=fetch == "index")
+
+
+def limitd_scale_system(count: int, args: argparse.Namespace, *, index: bool) -> System:
     names = queue_names(count)
 
     def commands(ctx: Context) -> list[list[str]]:
@@ -155,6 +169,33 @@ def scale_system(count: int, args: argparse.Namespace, index: bool) -> System:
     )
 
 
+def sidekiq_scale_system(count: int, args: argparse.Namespace) -> System:
+    """Ruby Sidekiq's workers (bench/peers/systems/sidekiq_system.py) listing the N
+    queues in order, each one ``-q``: Sidekiq's strict order."""
+    queues = [part for name in queue_names(count) for part in ("-q", name)]
+
+    def commands(ctx: Context) -> list[list[str]]:
+        command = ["sidekiq", "-r", str(APPS_DIR / "sidekiq_app.rb"), "-e", "production"]
+        return [[*command, "-c", str(args.threads), *queues]] * args.processes
+
+    return System(
+        name=f"sidekiq-{count}-queues",
+        settings=(
+            f"Ruby Sidekiq {sidekiq_system.version()}, {args.processes} x concurrency "
+            f"{args.threads}, {count} queues (strict)"
+        ),
+        enqueue_api=f"limitd perform_bulk of NoopJob per queue, {BULK} per LPUSH",
+        workers=commands,
+        missing=sidekiq_system.missing,
+    )
+
+
+# Sidekiq's job, as limitd's client pushes it: Ruby runs NoopJob#perform (the same INCR).
+@limitd.job(name="NoopJob")
+def sidekiq_noop(i: int) -> None:
+    raise RuntimeError("run by Ruby Sidekiq, not by limitd")
+
+
 def reset(conn: redis_py.Redis, names: list[str]) -> None:
     """Empty the queues and forget their limits, pause and busy counts (a shared --redis
     may hold values from an earlier run; each capsule writes its limits back), and the
@@ -169,15 +210,15 @@ def reset(conn: redis_py.Redis, names: list[str]) -> None:
     pipe.execute()
 
 
-def enqueue(names: list[str], jobs: int) -> None:
-    """``jobs`` INCR jobs, job i on queue i mod N: the same number on every queue (one
-    more on the first ``jobs mod N``)."""
+def enqueue(names: list[str], jobs: int, job: Any = limitd_app.noop) -> None:
+    """``jobs`` INCR jobs of ``job``, job i on queue i mod N: the same number on every
+    queue (one more on the first ``jobs mod N``)."""
     args_of: list[list[list[int]]] = [[] for _ in names]
     for i in range(jobs):
         args_of[i % len(names)].append([i])
     for name, args_list in zip(names, args_of, strict=True):
         if args_list:
-            limitd_app.noop.set(queue=name).perform_bulk(args_list, batch_size=BULK)
+            job.set(queue=name).perform_bulk(args_list, batch_size=BULK)
 
 
 # One drain and one idle run.
@@ -223,9 +264,9 @@ def drain_once(conn: redis_py.Redis, ctx: Context, row: Row, args: argparse.Name
     count, jobs = row.count, args.jobs
     names = queue_names(count)
     reset(conn, queue_names(max(args.queues)))
-    enqueue(names, jobs)
+    enqueue(names, jobs, sidekiq_noop if row.fetch == "sidekiq" else limitd_app.noop)
     before = cpu_ticks()
-    drained = measure.drain(scale_system(count, args, row.index), ctx, conn, jobs, args.deadline)
+    drained = measure.drain(scale_system(count, args, row.fetch), ctx, conn, jobs, args.deadline)
     return DrainRun(jobs, drained, machine_load(before))
 
 
@@ -235,6 +276,14 @@ def wait_until(condition: Callable[[], bool], what: str, timeout: float) -> None
         if time.monotonic() > deadline:
             raise measure.RunFailed(f"gave up waiting for {what} after {timeout:.0f} s")
         time.sleep(0.05)
+
+
+def ready(conn: redis_py.Redis, fetch: str) -> int:
+    """Workers ready for work: capsules listening for wake-ups, or Sidekiq processes
+    that registered (its ``processes`` set; no capsule of limitd runs then)."""
+    if fetch == "sidekiq":
+        return int(conn.scard("processes"))
+    return subscribers(conn)
 
 
 def subscribers(conn: redis_py.Redis) -> int:
@@ -247,7 +296,9 @@ def idle_once(conn: redis_py.Redis, ctx: Context, row: Row, args: argparse.Names
     """``limitd start`` on the same config with every queue empty: what it asks of Redis
     per second, once started (process groups as measure.drain starts them)."""
     reset(conn, queue_names(max(args.queues)))
-    system = scale_system(row.count, args, row.index)
+    if row.fetch == "sidekiq":
+        conn.delete("processes")  # left by earlier systems: ready() counts Sidekiq's own
+    system = scale_system(row.count, args, row.fetch)
     log_path = ctx.tmp / f"{system.name}-idle.log"
     with log_path.open("wb") as log:
         started = [
@@ -256,8 +307,8 @@ def idle_once(conn: redis_py.Redis, ctx: Context, row: Row, args: argparse.Names
         ]
         try:
             wait_until(
-                lambda: subscribers(conn) >= args.processes,
-                "the capsules to subscribe",
+                lambda: ready(conn, row.fetch) >= args.processes,
+                "the workers to be ready",
                 READY_TIMEOUT,
             )
             time.sleep(args.idle_warmup)
@@ -281,7 +332,7 @@ def idle_once(conn: redis_py.Redis, ctx: Context, row: Row, args: argparse.Names
 @dataclass
 class Row:
     count: int
-    index: bool  # ready_index on
+    fetch: str  # "index" (ready_index on), "scan" (off) or "sidekiq"
     drains: list[DrainRun]
     idles: list[IdleRun]
     failed: str | None = None
@@ -289,7 +340,7 @@ class Row:
 
     @property
     def label(self) -> str:
-        return f"{plural(self.count)}, {'index' if self.index else 'scan'}"
+        return f"{plural(self.count)}, {self.fetch}"
 
 
 def drain_line(number: int, label: str, run: DrainRun) -> str:
@@ -349,10 +400,12 @@ def one_count(
 
 
 def run_rounds(conn: redis_py.Redis, url: str, args: argparse.Namespace) -> list[Row]:
-    reason = limitd_system.missing()
+    reason = limitd_system.missing() or (
+        sidekiq_system.missing() if "sidekiq" in args.fetches else None
+    )
     if reason:
         raise SystemExit(reason)
-    rows = [Row(count, index, [], []) for count in args.queues for index in args.index]
+    rows = [Row(count, fetch, [], []) for count in args.queues for fetch in args.fetches]
     with tempfile.TemporaryDirectory(prefix="limitd-fetch-scale-") as tmp:
         ctx = Context(url=url, tmp=Path(tmp))
         for number in range(1, args.rounds + 1):
@@ -418,9 +471,9 @@ def idle_cells(row: Row) -> list[str]:
 
 def report(rows: list[Row], args: argparse.Namespace) -> None:
     base_row = rows[0]
-    base_rows = {row.index: row for row in reversed(rows) if row.count == base_row.count}
-    bases = {index: median_rate(row) for index, row in base_rows.items()}
-    base_cpus = {index: median_redis_cpu(row) for index, row in base_rows.items()}
+    base_rows = {row.fetch: row for row in reversed(rows) if row.count == base_row.count}
+    bases = {fetch: median_rate(row) for fetch, row in base_rows.items()}
+    base_cpus = {fetch: median_redis_cpu(row) for fetch, row in base_rows.items()}
     print(
         f"\nlimit fetch vs queue count: limitd start, {args.processes} processes x "
         f"{args.threads} threads, limit {UNBINDING_LIMIT} on every queue (never binds), "
@@ -446,11 +499,10 @@ def report(rows: list[Row], args: argparse.Namespace) -> None:
     print("| " + " | ".join(header) + " |")
     print("|" + "|".join("---:" for _ in header) + "|")
     for row in rows:
-        fetch = "ready index" if row.index else "scan every queue"
         cells = [
             f"{row.count:,}",
-            fetch,
-            *drain_cells(row, bases.get(row.index), base_cpus.get(row.index)),
+            FETCH_LABELS[row.fetch],
+            *drain_cells(row, bases.get(row.fetch), base_cpus.get(row.fetch)),
             *idle_cells(row),
         ]
         print("| " + " | ".join(cells) + " |")
@@ -477,13 +529,18 @@ def draw_chart(rows: list[Row], png: Path, args: argparse.Namespace) -> None:
         if not row.drains:
             continue
         rates = [r.window.rate for r in row.drains]
-        name = f"{'limitd' if row.index else 'scan'}: {plural(row.count)}"
+        name = f"{CHART_NAMES[row.fetch]}: {plural(row.count)}"
         bars.append(
             {"name": name, "median": statistics.median(rates), "min": min(rates), "max": max(rates)}
         )
+    explained = {
+        "index": "limitd: the ready index",
+        "scan": "scan: every queue at every fetch (ready_index: false)",
+        "sidekiq": "sidekiq: Ruby Sidekiq 6.4, BRPOP over every queue",
+    }
     title = (
         f"steady drain vs queues listed, {args.processes} x {args.threads} threads\n"
-        "limitd: the ready index; scan: every queue at every fetch (ready_index: false)"
+        + "; ".join(explained[fetch] for fetch in args.fetches)
     )
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as data:
         json.dump({"title": title, "systems": bars}, data)
@@ -526,6 +583,9 @@ def parse_args() -> argparse.Namespace:
         "alternated (both)",
     )
     parser.add_argument(
+        "--sidekiq", action="store_true", help="also drain with Ruby Sidekiq (ruby-sidekiq)"
+    )
+    parser.add_argument(
         "--max-seconds",
         type=float,
         default=60.0,
@@ -546,7 +606,9 @@ def parse_args() -> argparse.Namespace:
         "--chart", type=Path, help="also draw the drains as a PNG (bench/peers/.venv needed)"
     )
     args = parser.parse_args()
-    args.index = {"on": [True], "off": [False], "both": [True, False]}[args.index]
+    args.fetches = {"on": ["index"], "off": ["scan"], "both": ["index", "scan"]}[args.index]
+    if args.sidekiq:
+        args.fetches.append("sidekiq")
     if args.processes * args.threads >= UNBINDING_LIMIT:
         parser.error(f"processes x threads must stay under the limit {UNBINDING_LIMIT}")
     if args.jobs < 10 or args.rounds < 1 or args.idle_seconds <= 0:
