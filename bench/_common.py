@@ -3,10 +3,12 @@ served (INFO commandstats), and timing one capsule draining a known number of jo
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -187,3 +189,21 @@ def wait_subscribed(conn: redis_py.Redis, proc: subprocess.Popen[bytes], capsule
         return dict(conn.pubsub_numsub("limitd:wake")).get(b"limitd:wake", 0) >= capsules
 
     wait_until(listening, 60, "the capsules' wake-up subscriptions")
+
+
+# Charts.
+
+PEERS_DIR = Path(__file__).resolve().parent / "peers"
+
+
+def draw_bars(data: dict[str, object], png: Path) -> None:
+    """A bar chart of ``data`` (bench/peers/chart.py's DATA.json: a title, the bars and
+    optionally the x label), drawn by that script in the peers' venv, where matplotlib
+    is installed."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as file:
+        json.dump(data, file)
+    try:
+        chart = [str(PEERS_DIR / "chart.py"), file.name, str(png)]
+        subprocess.run([str(PEERS_DIR / ".venv" / "bin" / "python"), *chart], check=True)
+    finally:
+        os.unlink(file.name)

@@ -60,11 +60,9 @@ server count in its figures.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -81,6 +79,7 @@ from _common import (
     bench_redis_url,
     command_counts,
     cpu_ticks,
+    draw_bars,
     machine_load,
     redis_cpu_seconds,
 )
@@ -542,13 +541,7 @@ def draw_chart(rows: list[Row], png: Path, args: argparse.Namespace) -> None:
         f"steady drain vs queues listed, {args.processes} x {args.threads} threads\n"
         + "; ".join(explained[fetch] for fetch in args.fetches)
     )
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as data:
-        json.dump({"title": title, "systems": bars}, data)
-    try:
-        chart = [str(PEERS_DIR / "chart.py"), data.name, str(png)]
-        subprocess.run([str(PEERS_DIR / ".venv" / "bin" / "python"), *chart], check=True)
-    finally:
-        os.unlink(data.name)
+    draw_bars({"title": title, "systems": bars}, png)
     print(f"chart: {png}")
 
 

@@ -35,8 +35,6 @@ where matplotlib is installed).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import subprocess
 import sys
@@ -48,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis as redis_py
-from _common import bench_redis_url, cpu_ticks, machine_load, wait_until
+from _common import bench_redis_url, cpu_ticks, draw_bars, machine_load, wait_until
 
 from limitd.connection.subscription import Subscription
 
@@ -286,13 +284,7 @@ def draw_chart(
         "xlabel": "drain, first job to last, jobs/s (median of rounds; bars: min-max)",
         "systems": bars,
     }
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as file:
-        json.dump(data, file)
-    try:
-        chart = [str(PEERS_DIR / "chart.py"), file.name, str(png)]
-        subprocess.run([str(PEERS_DIR / ".venv" / "bin" / "python"), *chart], check=True)
-    finally:
-        os.unlink(file.name)
+    draw_bars(data, png)
     print(f"chart: {png}")
 
 

@@ -51,7 +51,7 @@ from limitd.connection.embedded import RedisServer
 # The benches' shared helpers (bench/_common.py), beside this folder.
 sys.path.append(str(Path(__file__).resolve().parent.parent))
 
-from _common import cpu_ticks, machine_load
+from _common import cpu_ticks, draw_bars, machine_load
 
 DATABASES = 32  # 0 for the baseline, then one per system
 
@@ -271,13 +271,7 @@ def draw_chart(outcomes: list[Outcome], png: Path) -> None:
         f"steady drain (10%-90% of the jobs) of no-op jobs, median of {runs} runs; "
         f"{machine.cpu_model()}, {os.cpu_count()} cores"
     )
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as data:
-        json.dump(report.chart_data(outcomes, title), data)
-    try:
-        chart = [str(PEERS_DIR / "chart.py"), data.name, str(png)]
-        subprocess.run([str(PEERS_BIN / "python"), *chart], check=True)
-    finally:
-        os.unlink(data.name)
+    draw_bars(report.chart_data(outcomes, title), png)
 
 
 def main() -> None:
