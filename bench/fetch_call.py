@@ -135,40 +135,24 @@ class Callgrind:
 
 @contextmanager
 def callgrind_redis() -> Iterator[tuple[str, int]]:
-    """A private redis-server under callgrind: its URL and valgrind's pid."""
-    from limitd.connection.embedded import find_redis_server, free_port
+    """A private redis-server under callgrind: its URL and valgrind's pid (valgrind
+    runs it in its own process)."""
+    from limitd.connection.embedded import RedisServer
 
-    port = free_port()
-    command = [
-        "valgrind",
-        "--tool=callgrind",
-        f"--callgrind-out-file={CALLGRIND_OUT}.%p",
-        find_redis_server(),
-        "--port",
-        str(port),
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-    ]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
+    class CallgrindRedis(RedisServer):
+        def command(self) -> list[str]:
+            tool = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={CALLGRIND_OUT}.%p"]
+            return [*tool, *super().command()]
+
+    server = CallgrindRedis()
+    server.start()
+    assert server.process is not None
+    pid = server.process.pid
     try:
-        conn = redis_py.Redis.from_url(url)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                conn.ping()
-                break
-            except redis_py.ConnectionError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise
-                time.sleep(0.2)
-        yield url, server.pid
+        yield server.url, pid
     finally:
-        server.terminate()
-        server.wait(60)
-        for dump in Path(CALLGRIND_OUT).parent.glob(f"{Path(CALLGRIND_OUT).name}.{server.pid}*"):
+        server.stop()
+        for dump in Path(CALLGRIND_OUT).parent.glob(f"{Path(CALLGRIND_OUT).name}.{pid}*"):
             dump.unlink()
 
 

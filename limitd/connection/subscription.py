@@ -2,7 +2,7 @@
 
 Every push publishes a wake-up, and every capsule process hears every one: a stream of
 pushes is a stream of messages in each capsule. redis-py's ``PubSub.get_message`` costs
-about 13 us of Python per message (its parser's dispatch, a dict per message, health
+8 to 13 us of Python per message (its parser's dispatch, a dict per message, health
 checks) and one socket call, hence one GIL hand-off, each; with ten busy processor
 threads beside it, a capsule paid that for every job pushed while it ran, as much again
 as the job itself. Here one ``recv`` takes whatever has arrived, hiredis parses it in C,
