@@ -8,7 +8,7 @@
 -- acknowledgements free them as usual; turns, backlog and the waiting count go.
 --
 -- Why atomic: a fetch in the middle would take a turn whose line is half gone.
-local fk = fair_keys(KEYS[1], nil)
+local fk = fair_library().keys(KEYS[1], nil)
 local dropped = 0
 for _, tenant in ipairs(redis.call('ZRANGE', fk.backlog, 0, -1)) do
   dropped = dropped + redis.call('LLEN', fk.line .. tenant)

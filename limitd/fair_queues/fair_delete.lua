@@ -9,7 +9,7 @@
 --
 -- Why atomic: a fetch between the LREM and the counts would pop a line whose backlog
 -- says one job more than it holds.
-local fk = fair_keys(KEYS[1], nil)
+local fk = fair_library().keys(KEYS[1], nil)
 local tenant = ARGV[1]
 if redis.call('LREM', fk.line .. tenant, 1, ARGV[2]) == 0 then
   return 0

@@ -18,7 +18,7 @@
 --
 -- Why atomic: a fetch between two steps would sort new arrivals into lines that are
 -- being emptied, or take a turn from a tenant whose line is gone.
-local fk = fair_keys(KEYS[3], nil)
+local fk = fair_library().keys(KEYS[3], nil)
 local tenants = redis.call('ZRANGE', fk.turns, 0, -1)
 local seen = {}
 for _, tenant in ipairs(tenants) do seen[tenant] = true end

@@ -30,21 +30,297 @@
 -- turns come before anyone else's gives them in one RPOP; the clock and the jobs
 -- count are written once per call (fair_flush). Without a tenant limit nothing is kept
 -- per running job, so acknowledging one costs nothing more than in a plain queue.
+--
+-- The functions are made on first need, by ``fair_library()``, which returns them in a
+-- table (once a call: it is kept): making a closure costs Redis about as much as a
+-- command, and most calls of the scripts this is prepended to never meet a fair queue.
+-- ``fair_setting`` is apart, so that finding a queue plain makes none of them.
 
-local FAIR_TENANT_MAX = 1024 -- bytes; the client refuses longer, the sort shares ""
--- A tenant that becomes active (its line was empty) takes up to this many turns' jobs
--- (times its weight) before anyone's next turn, then joins the rounds: a short burst is
--- done in one go instead of one job per round, while a tenant with a long backlog gets
--- no more than any other once its head start is spent.
-local FAIR_HEAD_START = 10
--- New tenants' first turns are spaced this much apart in virtual time, so that those
--- that became active at the same clock go in the order they came (not by name).
-local FAIR_ENTRY_GAP = 1 / 1048576
+local fair_functions = nil -- fair_library's table, once made in this call
 
-local function fair_keys(base, limit)
-  return {turns = base .. ':turns', backlog = base .. ':backlog', state = base .. ':state',
-          weights = base .. ':weights', head = base .. ':head', line = base .. ':t:',
-          limit = limit, jobs_delta = 0}
+local function fair_library()
+  if fair_functions then return fair_functions end
+  local FAIR_TENANT_MAX = 1024 -- bytes; the client refuses longer, the sort shares ""
+  -- A tenant that becomes active (its line was empty) takes up to this many turns' jobs
+  -- (times its weight) before anyone's next turn, then joins the rounds: a short burst
+  -- is done in one go instead of one job per round, while a tenant with a long backlog
+  -- gets no more than any other once its head start is spent.
+  local FAIR_HEAD_START = 10
+  -- New tenants' first turns are spaced this much apart in virtual time, so that those
+  -- that became active at the same clock go in the order they came (not by name).
+  local FAIR_ENTRY_GAP = 1 / 1048576
+
+  local function fair_keys(base, limit)
+    return {turns = base .. ':turns', backlog = base .. ':backlog',
+            state = base .. ':state', weights = base .. ':weights',
+            head = base .. ':head', line = base .. ':t:', limit = limit, jobs_delta = 0}
+  end
+
+  -- The tenant of a job as pushed. limitd's client writes ``fair_tenant`` as the first
+  -- key (limitd/fair_queues/middleware.py), so most jobs are read without decoding
+  -- them; a job that names no tenant anywhere is not decoded either; others (a Ruby
+  -- client's, an escaped value) are decoded whole.
+  local function fair_tenant_of(job)
+    local first = string.match(job, '^{"fair_tenant":"([^"\\]*)"')
+    if first and #first <= FAIR_TENANT_MAX then return first end
+    if not first and not string.find(job, '"fair_tenant"', 1, true) then return '' end
+    local ok, decoded = pcall(cjson.decode, job)
+    if ok and type(decoded) == 'table' then
+      local found = decoded.fair_tenant
+      if type(found) == 'string' and #found <= FAIR_TENANT_MAX then return found end
+    end
+    return ''
+  end
+
+  -- The queue's counters in B:state (the jobs in all lines, the clock, the last entry
+  -- turn), read together on first use in a call: a call that sorts and takes reads them
+  -- with one HMGET, and fair_flush writes them back with one HSET.
+  local function fair_load(fk)
+    if fk.jobs ~= nil then return end
+    local found = redis.call('HMGET', fk.state, 'jobs', 'clock', 'entered')
+    fk.jobs = tonumber(found[1]) or 0
+    if fk.clock == nil then fk.clock = tonumber(found[2]) or 0 end
+    if fk.entered == nil then fk.entered = tonumber(found[3]) or 0 end
+  end
+
+  -- The jobs in the queue's lines, this call's moves included.
+  local function fair_jobs(fk)
+    fair_load(fk)
+    return fk.jobs + fk.jobs_delta
+  end
+
+  local function fair_clock(fk)
+    if fk.clock == nil then fair_load(fk) end
+    return fk.clock
+  end
+
+  local function fair_weight(fk, tenant)
+    if fk.weighted == nil then fk.weighted = redis.call('EXISTS', fk.weights) == 1 end
+    return fk.weighted and tonumber(redis.call('HGET', fk.weights, tenant)) or 1
+  end
+
+  local function fair_has_room(fk, tenant)
+    return not fk.limit
+      or (tonumber(redis.call('HGET', fk.state, 'b:' .. tenant)) or 0) < fk.limit
+  end
+
+  -- The virtual time of a newly active tenant's first turn: now, after those that
+  -- became active before it at the same clock.
+  local function fair_entry_turn(fk)
+    if fk.entered == nil then fair_load(fk) end
+    fk.entered = math.max(fair_clock(fk), fk.entered) + FAIR_ENTRY_GAP
+    fk.entered_moved = true
+    return fk.entered
+  end
+
+  -- Put jobs of one tenant in its line, at the back (new ones, oldest first) or the
+  -- front (one given back unfinished); a tenant whose line was empty gets a turn now,
+  -- if it has room, and its head start.
+  local function fair_enter(fk, tenant, jobs, front)
+    local push = front and 'RPUSH' or 'LPUSH'
+    local length = redis.call(push, fk.line .. tenant, unpack(jobs))
+    redis.call('ZINCRBY', fk.backlog, #jobs, tenant)
+    fk.jobs_delta = fk.jobs_delta + #jobs
+    if length == #jobs then
+      local head_start = math.ceil(FAIR_HEAD_START * fair_weight(fk, tenant))
+      redis.call('HSET', fk.head, tenant, head_start)
+      if fair_has_room(fk, tenant) then
+        redis.call('ZADD', fk.turns, 'NX', fair_entry_turn(fk), tenant)
+      end
+    end
+  end
+
+  -- With a tenant limit: a running job (taken from a line) is done or given back. Free
+  -- its tenant's slot, and give the tenant its turn back if the limit had taken it.
+  -- Returns the tenant (nil if the job was not running from a line) and whether a turn
+  -- was given back.
+  local function fair_release(fk, job)
+    if not fk.limit then return nil, false end
+    local field = 'r:' .. redis.sha1hex(job)
+    local tenant = redis.call('HGET', fk.state, field)
+    if not tenant then return nil, false end
+    redis.call('HDEL', fk.state, field)
+    local running = redis.call('HINCRBY', fk.state, 'b:' .. tenant, -1)
+    if running <= 0 then redis.call('HDEL', fk.state, 'b:' .. tenant) end
+    if running < fk.limit
+      and (tonumber(redis.call('ZSCORE', fk.backlog, tenant)) or 0) > 0 then
+      return tenant, redis.call('ZADD', fk.turns, 'NX', fair_clock(fk), tenant) == 1
+    end
+    return tenant, false
+  end
+
+  -- Sort up to ``count`` arrivals (oldest first) into their tenants' lines, each
+  -- tenant's in one LPUSH. With a tenant limit, a job that was running (a reaped
+  -- process's, or one requeued unsettled) goes back to the front of its tenant's line,
+  -- its slot freed: that is how a dead process's tenant slots are reaped.
+  local function fair_sort(fk, queue_key, count)
+    if count <= 0 then return end
+    local by_tenant, order = {}, {}
+    for _, job in ipairs(redis.call('RPOP', queue_key, count)) do
+      local was = fair_release(fk, job)
+      if was then
+        fair_enter(fk, was, {job}, true)
+      else
+        local tenant = fair_tenant_of(job)
+        if not by_tenant[tenant] then
+          by_tenant[tenant] = {}
+          order[#order + 1] = tenant
+        end
+        local jobs = by_tenant[tenant]
+        jobs[#jobs + 1] = job
+      end
+    end
+    for _, tenant in ipairs(order) do
+      local jobs = by_tenant[tenant]
+      for first = 1, #jobs, 1000 do
+        local some = {unpack(jobs, first, math.min(first + 999, #jobs))}
+        fair_enter(fk, tenant, some, false)
+      end
+    end
+  end
+
+  -- How many turns in a row the head tenant (next turn at ``at``, one turn per
+  -- ``step``) has before the next tenant's turn at ``after`` (nil: no other tenant): at
+  -- least 1.
+  local function fair_run_length(at, step, after, most)
+    if after == nil then return most end
+    return math.max(1, math.min(most, math.ceil((after - at) / step)))
+  end
+
+  -- Take ``count`` jobs from the line of ``tenant``, whose turn is at ``at`` (one turn
+  -- per ``step``): the line, its backlog, its head start (``head`` jobs left: those are
+  -- taken without moving its turn, and its turn moves one step when it is spent) and
+  -- its next turn move as ``count`` single turns would. Returns the jobs, oldest first
+  -- (fewer if the line was shorter: cleared meanwhile).
+  local function fair_take(fk, tenant, at, step, head, count)
+    local jobs = redis.call('RPOP', fk.line .. tenant, count)
+    if not jobs then return {} end
+    fk.jobs_delta = fk.jobs_delta - #jobs
+    if tonumber(redis.call('ZINCRBY', fk.backlog, -#jobs, tenant)) <= 0 then
+      redis.call('ZREM', fk.backlog, tenant)
+      redis.call('ZREM', fk.turns, tenant)
+      if head > 0 then redis.call('HDEL', fk.head, tenant) end
+    elseif head > #jobs then
+      redis.call('HSET', fk.head, tenant, head - #jobs)
+    elseif head > 0 then
+      redis.call('HDEL', fk.head, tenant)
+      redis.call('ZADD', fk.turns, at + step, tenant)
+    else
+      redis.call('ZADD', fk.turns, at + #jobs * step, tenant)
+    end
+    return jobs
+  end
+
+  -- The next job by turns, and its tenant; nil when no tenant has a turn. ``most``: how
+  -- many more jobs the caller may want in this call. A tenant in its head start keeps
+  -- its turn while the head start lasts. Several jobs of the head tenant are taken in
+  -- one RPOP when they all come before any other tenant's turn (its head start, a
+  -- tenant alone, one with a large weight), and handed out one per call from
+  -- ``fk.run``; fair_flush puts back those the caller did not want. With a tenant limit
+  -- one job at a time: each must be counted against its tenant as it is taken.
+  local function fair_pop(fk, most)
+    local run = fk.run
+    if run and run.given < #run.jobs then
+      run.given = run.given + 1
+      -- a head start keeps its turn
+      local turns_in = run.head > 0 and 0 or (run.given - 1)
+      fk.clock, fk.clock_moved = run.at + turns_in * run.step, true
+      return run.jobs[run.given], run.tenant
+    end
+    fk.run = nil
+    most = fk.limit and 1 or most or 1
+    for _ = 1, 100 do
+      local turn = redis.call('ZRANGE', fk.turns, 0, 1, 'WITHSCORES')
+      if #turn == 0 then return nil end
+      local tenant, at, after = turn[1], tonumber(turn[2]), tonumber(turn[4])
+      local step = 1 / fair_weight(fk, tenant)
+      local head, count = tonumber(redis.call('HGET', fk.head, tenant)) or 0, nil
+      if head > 0 and after == nil then -- alone: a head start gives it nothing more
+        redis.call('HDEL', fk.head, tenant)
+        head = 0
+      end
+      if head > 0 then
+        count = math.min(head, most)
+      else
+        count = fair_run_length(at, step, after, most)
+      end
+      local jobs = fair_take(fk, tenant, at, step, head, count)
+      if #jobs > 0 then
+        fk.clock, fk.clock_moved = at, true
+        if #jobs > 1 then
+          fk.run = {tenant = tenant, at = at, step = step, head = head, jobs = jobs,
+                    given = 1}
+        end
+        return jobs[1], tenant
+      end
+      redis.call('ZREM', fk.turns, tenant) -- a turn without a line (cleared meanwhile)
+      redis.call('ZREM', fk.backlog, tenant)
+      redis.call('HDEL', fk.head, tenant)
+    end
+    return nil
+  end
+
+  -- Jobs taken ahead by fair_pop that the caller did not want go back to the front of
+  -- their tenant's line, with the turn and head start they would have had.
+  local function fair_give_back(fk)
+    local run = fk.run
+    fk.run = nil
+    if not run or run.given >= #run.jobs then return end
+    local back = {}
+    for i = #run.jobs, run.given + 1, -1 do back[#back + 1] = run.jobs[i] end
+    redis.call('RPUSH', fk.line .. run.tenant, unpack(back))
+    redis.call('ZINCRBY', fk.backlog, #back, run.tenant)
+    fk.jobs_delta = fk.jobs_delta + #back
+    if run.head > 0 then -- still in its head start, at its turn
+      redis.call('HSET', fk.head, run.tenant, run.head - run.given)
+      redis.call('ZADD', fk.turns, run.at, run.tenant)
+    else
+      redis.call('ZADD', fk.turns, run.at + run.given * run.step, run.tenant)
+    end
+  end
+
+  -- A job taken from its line runs: with a tenant limit, count it against its tenant
+  -- (which loses its turns at its limit).
+  local function fair_hold(fk, job, tenant)
+    if not fk.limit then return end
+    redis.call('HSET', fk.state, 'r:' .. redis.sha1hex(job), tenant)
+    local running = redis.call('HINCRBY', fk.state, 'b:' .. tenant, 1)
+    if running >= fk.limit then redis.call('ZREM', fk.turns, tenant) end
+  end
+
+  -- Write what this call changed of the counters, once: one HSET (the jobs count as
+  -- read plus this call's moves; an HINCRBY when the call never read it).
+  local function fair_flush(fk)
+    fair_give_back(fk)
+    local fields = {}
+    if fk.jobs_delta ~= 0 and fk.jobs ~= nil then
+      fk.jobs = fk.jobs + fk.jobs_delta
+      fields[#fields + 1], fields[#fields + 2] = 'jobs', fk.jobs
+    elseif fk.jobs_delta ~= 0 then
+      redis.call('HINCRBY', fk.state, 'jobs', fk.jobs_delta)
+    end
+    fk.jobs_delta = 0
+    if fk.clock_moved then
+      fields[#fields + 1], fields[#fields + 2] = 'clock', fk.clock
+      fk.clock_moved = false
+    end
+    if fk.entered_moved then
+      fields[#fields + 1], fields[#fields + 2] = 'entered', fk.entered
+      fk.entered_moved = false
+    end
+    if #fields > 0 then redis.call('HSET', fk.state, unpack(fields)) end
+  end
+
+  -- Whether a fair queue has a job a turn could give now.
+  local function fair_waiting(fk)
+    return redis.call('EXISTS', fk.turns) == 1
+  end
+
+  fair_functions = {keys = fair_keys, tenant_of = fair_tenant_of, jobs = fair_jobs,
+                    enter = fair_enter, release = fair_release, sort = fair_sort,
+                    pop = fair_pop, hold = fair_hold, flush = fair_flush,
+                    waiting = fair_waiting}
+  return fair_functions
 end
 
 -- A queue's fairness as stored in the fair queues' settings hash ("fair", "fair/<tenant
@@ -54,261 +330,8 @@ local function fair_setting(settings_key, template, name)
   local setting = redis.call('HGET', settings_key, name)
   local tenant_limit = setting and string.match(setting, '^fair/(%d+)$')
   if setting == 'fair' or tenant_limit then
-    return fair_keys(string.format(template, name), tonumber(tenant_limit))
+    return fair_library().keys(string.format(template, name), tonumber(tenant_limit))
   end
   return false
 end
 
--- The tenant of a job as pushed. limitd's client writes ``fair_tenant`` as the first key
--- (limitd/fair_queues/middleware.py), so most jobs are read without decoding them; a
--- job that names no tenant anywhere is not decoded either; others (a Ruby client's,
--- an escaped value) are decoded whole.
-local function fair_tenant_of(job)
-  local first = string.match(job, '^{"fair_tenant":"([^"\\]*)"')
-  if first and #first <= FAIR_TENANT_MAX then return first end
-  if not first and not string.find(job, '"fair_tenant"', 1, true) then return '' end
-  local ok, decoded = pcall(cjson.decode, job)
-  if ok and type(decoded) == 'table' then
-    local found = decoded.fair_tenant
-    if type(found) == 'string' and #found <= FAIR_TENANT_MAX then return found end
-  end
-  return ''
-end
-
--- The queue's counters in B:state (the jobs in all lines, the clock, the last entry
--- turn), read together on first use in a call: a call that sorts and takes reads them
--- with one HMGET, and fair_flush writes them back with one HSET.
-local function fair_load(fk)
-  if fk.jobs ~= nil then return end
-  local found = redis.call('HMGET', fk.state, 'jobs', 'clock', 'entered')
-  fk.jobs = tonumber(found[1]) or 0
-  if fk.clock == nil then fk.clock = tonumber(found[2]) or 0 end
-  if fk.entered == nil then fk.entered = tonumber(found[3]) or 0 end
-end
-
--- The jobs in the queue's lines, this call's moves included.
-local function fair_jobs(fk)
-  fair_load(fk)
-  return fk.jobs + fk.jobs_delta
-end
-
-local function fair_clock(fk)
-  if fk.clock == nil then fair_load(fk) end
-  return fk.clock
-end
-
-local function fair_weight(fk, tenant)
-  if fk.weighted == nil then fk.weighted = redis.call('EXISTS', fk.weights) == 1 end
-  return fk.weighted and tonumber(redis.call('HGET', fk.weights, tenant)) or 1
-end
-
-local function fair_has_room(fk, tenant)
-  return not fk.limit
-    or (tonumber(redis.call('HGET', fk.state, 'b:' .. tenant)) or 0) < fk.limit
-end
-
--- The virtual time of a newly active tenant's first turn: now, after those that became
--- active before it at the same clock.
-local function fair_entry_turn(fk)
-  if fk.entered == nil then fair_load(fk) end
-  fk.entered = math.max(fair_clock(fk), fk.entered) + FAIR_ENTRY_GAP
-  fk.entered_moved = true
-  return fk.entered
-end
-
--- Put jobs of one tenant in its line, at the back (new ones, oldest first) or the
--- front (one given back unfinished); a tenant whose line was empty gets a turn now,
--- if it has room, and its head start.
-local function fair_enter(fk, tenant, jobs, front)
-  local length = redis.call(front and 'RPUSH' or 'LPUSH', fk.line .. tenant, unpack(jobs))
-  redis.call('ZINCRBY', fk.backlog, #jobs, tenant)
-  fk.jobs_delta = fk.jobs_delta + #jobs
-  if length == #jobs then
-    local head_start = math.ceil(FAIR_HEAD_START * fair_weight(fk, tenant))
-    redis.call('HSET', fk.head, tenant, head_start)
-    if fair_has_room(fk, tenant) then
-      redis.call('ZADD', fk.turns, 'NX', fair_entry_turn(fk), tenant)
-    end
-  end
-end
-
--- With a tenant limit: a running job (taken from a line) is done or given back. Free
--- its tenant's slot, and give the tenant its turn back if the limit had taken it.
--- Returns the tenant (nil if the job was not running from a line) and whether a turn
--- was given back.
-local function fair_release(fk, job)
-  if not fk.limit then return nil, false end
-  local field = 'r:' .. redis.sha1hex(job)
-  local tenant = redis.call('HGET', fk.state, field)
-  if not tenant then return nil, false end
-  redis.call('HDEL', fk.state, field)
-  local running = redis.call('HINCRBY', fk.state, 'b:' .. tenant, -1)
-  if running <= 0 then redis.call('HDEL', fk.state, 'b:' .. tenant) end
-  if running < fk.limit and (tonumber(redis.call('ZSCORE', fk.backlog, tenant)) or 0) > 0 then
-    return tenant, redis.call('ZADD', fk.turns, 'NX', fair_clock(fk), tenant) == 1
-  end
-  return tenant, false
-end
-
--- Sort up to ``count`` arrivals (oldest first) into their tenants' lines, each tenant's
--- in one LPUSH. With a tenant limit, a job that was running (a reaped process's, or one
--- requeued unsettled) goes back to the front of its tenant's line, its slot freed: that
--- is how a dead process's tenant slots are reaped.
-local function fair_sort(fk, queue_key, count)
-  if count <= 0 then return end
-  local by_tenant, order = {}, {}
-  for _, job in ipairs(redis.call('RPOP', queue_key, count)) do
-    local was = fair_release(fk, job)
-    if was then
-      fair_enter(fk, was, {job}, true)
-    else
-      local tenant = fair_tenant_of(job)
-      if not by_tenant[tenant] then
-        by_tenant[tenant] = {}
-        order[#order + 1] = tenant
-      end
-      local jobs = by_tenant[tenant]
-      jobs[#jobs + 1] = job
-    end
-  end
-  for _, tenant in ipairs(order) do
-    local jobs = by_tenant[tenant]
-    for first = 1, #jobs, 1000 do
-      fair_enter(fk, tenant, {unpack(jobs, first, math.min(first + 999, #jobs))}, false)
-    end
-  end
-end
-
--- How many turns in a row the head tenant (next turn at ``at``, one turn per ``step``)
--- has before the next tenant's turn at ``after`` (nil: no other tenant): at least 1.
-local function fair_run_length(at, step, after, most)
-  if after == nil then return most end
-  return math.max(1, math.min(most, math.ceil((after - at) / step)))
-end
-
--- Take ``count`` jobs from the line of ``tenant``, whose turn is at ``at`` (one turn per
--- ``step``): the line, its backlog, its head start (``head`` jobs left: those are taken
--- without moving its turn, and its turn moves one step when it is spent) and its next
--- turn move as ``count`` single turns would. Returns the jobs, oldest first (fewer if
--- the line was shorter: cleared meanwhile).
-local function fair_take(fk, tenant, at, step, head, count)
-  local jobs = redis.call('RPOP', fk.line .. tenant, count)
-  if not jobs then return {} end
-  fk.jobs_delta = fk.jobs_delta - #jobs
-  if tonumber(redis.call('ZINCRBY', fk.backlog, -#jobs, tenant)) <= 0 then
-    redis.call('ZREM', fk.backlog, tenant)
-    redis.call('ZREM', fk.turns, tenant)
-    if head > 0 then redis.call('HDEL', fk.head, tenant) end
-  elseif head > #jobs then
-    redis.call('HSET', fk.head, tenant, head - #jobs)
-  elseif head > 0 then
-    redis.call('HDEL', fk.head, tenant)
-    redis.call('ZADD', fk.turns, at + step, tenant)
-  else
-    redis.call('ZADD', fk.turns, at + #jobs * step, tenant)
-  end
-  return jobs
-end
-
--- The next job by turns, and its tenant; nil when no tenant has a turn. ``most``: how
--- many more jobs the caller may want in this call. A tenant in its head start keeps its
--- turn while the head start lasts. Several jobs of the head tenant are taken in one
--- RPOP when they all come before any other tenant's turn (its head start, a tenant
--- alone, one with a large weight), and handed out one per call from ``fk.run``;
--- fair_flush puts back those the caller did not want. With a tenant limit one job at a
--- time: each must be counted against its tenant as it is taken.
-local function fair_pop(fk, most)
-  local run = fk.run
-  if run and run.given < #run.jobs then
-    run.given = run.given + 1
-    local turns_in = run.head > 0 and 0 or (run.given - 1) -- a head start keeps its turn
-    fk.clock, fk.clock_moved = run.at + turns_in * run.step, true
-    return run.jobs[run.given], run.tenant
-  end
-  fk.run = nil
-  most = fk.limit and 1 or most or 1
-  for _ = 1, 100 do
-    local turn = redis.call('ZRANGE', fk.turns, 0, 1, 'WITHSCORES')
-    if #turn == 0 then return nil end
-    local tenant, at, after = turn[1], tonumber(turn[2]), tonumber(turn[4])
-    local step = 1 / fair_weight(fk, tenant)
-    local head, count = tonumber(redis.call('HGET', fk.head, tenant)) or 0, nil
-    if head > 0 and after == nil then -- alone: a head start gives it nothing more
-      redis.call('HDEL', fk.head, tenant)
-      head = 0
-    end
-    if head > 0 then
-      count = math.min(head, most)
-    else
-      count = fair_run_length(at, step, after, most)
-    end
-    local jobs = fair_take(fk, tenant, at, step, head, count)
-    if #jobs > 0 then
-      fk.clock, fk.clock_moved = at, true
-      if #jobs > 1 then
-        fk.run = {tenant = tenant, at = at, step = step, head = head, jobs = jobs, given = 1}
-      end
-      return jobs[1], tenant
-    end
-    redis.call('ZREM', fk.turns, tenant) -- a turn without a line (cleared meanwhile)
-    redis.call('ZREM', fk.backlog, tenant)
-    redis.call('HDEL', fk.head, tenant)
-  end
-  return nil
-end
-
--- Jobs taken ahead by fair_pop that the caller did not want go back to the front of
--- their tenant's line, with the turn and head start they would have had.
-local function fair_give_back(fk)
-  local run = fk.run
-  fk.run = nil
-  if not run or run.given >= #run.jobs then return end
-  local back = {}
-  for i = #run.jobs, run.given + 1, -1 do back[#back + 1] = run.jobs[i] end
-  redis.call('RPUSH', fk.line .. run.tenant, unpack(back))
-  redis.call('ZINCRBY', fk.backlog, #back, run.tenant)
-  fk.jobs_delta = fk.jobs_delta + #back
-  if run.head > 0 then -- still in its head start, at its turn
-    redis.call('HSET', fk.head, run.tenant, run.head - run.given)
-    redis.call('ZADD', fk.turns, run.at, run.tenant)
-  else
-    redis.call('ZADD', fk.turns, run.at + run.given * run.step, run.tenant)
-  end
-end
-
--- A job taken from its line runs: with a tenant limit, count it against its tenant
--- (which loses its turns at its limit).
-local function fair_hold(fk, job, tenant)
-  if not fk.limit then return end
-  redis.call('HSET', fk.state, 'r:' .. redis.sha1hex(job), tenant)
-  local running = redis.call('HINCRBY', fk.state, 'b:' .. tenant, 1)
-  if running >= fk.limit then redis.call('ZREM', fk.turns, tenant) end
-end
-
--- Write what this call changed of the counters, once: one HSET (the jobs count as read
--- plus this call's moves; an HINCRBY when the call never read it).
-local function fair_flush(fk)
-  fair_give_back(fk)
-  local fields = {}
-  if fk.jobs_delta ~= 0 and fk.jobs ~= nil then
-    fk.jobs = fk.jobs + fk.jobs_delta
-    fields[#fields + 1], fields[#fields + 2] = 'jobs', fk.jobs
-  elseif fk.jobs_delta ~= 0 then
-    redis.call('HINCRBY', fk.state, 'jobs', fk.jobs_delta)
-  end
-  fk.jobs_delta = 0
-  if fk.clock_moved then
-    fields[#fields + 1], fields[#fields + 2] = 'clock', fk.clock
-    fk.clock_moved = false
-  end
-  if fk.entered_moved then
-    fields[#fields + 1], fields[#fields + 2] = 'entered', fk.entered
-    fk.entered_moved = false
-  end
-  if #fields > 0 then redis.call('HSET', fk.state, unpack(fields)) end
-end
-
--- Whether a fair queue has a job a turn could give now.
-local function fair_waiting(fk)
-  return redis.call('EXISTS', fk.turns) == 1
-end

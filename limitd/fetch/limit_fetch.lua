@@ -110,7 +110,10 @@
 -- EXISTS per call together while none exists. Rate limits add one HGET per queue per
 -- call, and a TIME, a GET and a SET per call for a rate-limited queue, whatever the
 -- jobs it gives. While the recoveries hash exists, each job is popped on its own and
--- looked up (a SHA-1 and an HMGET).
+-- looked up (a SHA-1 and an HMGET). Lua's own work counts too: each call runs this
+-- whole file, and making a local function costs about a quarter of a redis.call, so
+-- fair_lib.lua's functions are made (``fair_library()``) only once a queue is found
+-- fair.
 local limits, process_limits, paused, busy = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local held, capsules, capsule_id, channel = KEYS[5], KEYS[6], ARGV[1], ARGV[2]
 local rate_limits, fair_settings, recoveries = KEYS[7], KEYS[#KEYS - 1], KEYS[#KEYS]
@@ -235,7 +238,7 @@ local function free_slots(name, queue_key, count)
   local left, cap = release(name, count), limit(name)
   if cap and left < cap and left + count >= cap then
     local fair = fair_of(name) -- a fair queue's jobs wait in its tenants' lines too
-    if redis.call('LLEN', queue_key) > 0 or (fair and fair_waiting(fair)) then
+    if redis.call('LLEN', queue_key) > 0 or (fair and fair_library().waiting(fair)) then
       redis.call('PUBLISH', channel, name)
     end
   end
@@ -253,10 +256,11 @@ local function settle(in_progress_key, queue_key, job, name, mode)
   release_suspect(job)
   local fair = fair_of(name)
   if fair then
-    local was, turned = fair_release(fair, job)
+    local lib = fair_library()
+    local was, turned = lib.release(fair, job)
     if mode ~= 'ack' then -- back into its tenant's line, not the arrivals
       release(name, 1)
-      fair_enter(fair, was or fair_tenant_of(job), {job}, mode ~= 'yield')
+      lib.enter(fair, was or lib.tenant_of(job), {job}, mode ~= 'yield')
     end
     if turned or mode ~= 'ack' then redis.call('PUBLISH', channel, name) end
     return 1
@@ -469,11 +473,10 @@ local function queue_state(i)
     local fair = (left > 0 or exists(fair_settings)) and fair_of(name)
     local unsorted = 0
     if fair then -- its arrivals into their tenants' lines; what it has is what turns give
-      fair_sort(fair, KEYS[5 + at], math.min(left, MAX_SORTED))
+      local lib = fair_library()
+      lib.sort(fair, KEYS[5 + at], math.min(left, MAX_SORTED))
       unsorted = left - math.min(left, MAX_SORTED)
-      left = fair_waiting(fair)
-        and math.max(1, fair_jobs(fair))
-        or 0
+      left = lib.waiting(fair) and math.max(1, lib.jobs(fair)) or 0
     end
     if left == 0 and unsorted == 0 then
       if ready then unlist_name(name) end
@@ -576,7 +579,7 @@ end
 -- finds no tenant with a turn is undone, and the queue gives nothing more this call.
 -- ``most``: the jobs this call may still take (a tenant alone gives them in one RPOP).
 local function pop_fair(st, job_charges, most)
-  local job, tenant = fair_pop(st.fair, most)
+  local job, tenant = fair_library().pop(st.fair, most)
   if job == nil then
     st.left, st.taken, st.held = 0, st.taken - 1, st.held - 1
     add_busy(st.name, -1)
@@ -586,7 +589,7 @@ local function pop_fair(st, job_charges, most)
     job = check_suspect(st, job, job_charges)
     if job == nil then return nil end -- back among the arrivals, sorted again later
   end
-  fair_hold(st.fair, job, tenant)
+  fair_library().hold(st.fair, job, tenant)
   return job
 end
 
@@ -689,7 +692,7 @@ local function index_reply()
 end
 
 for _, fair in pairs(fair_of_name) do
-  if fair then fair_flush(fair) end
+  if fair then fair_library().flush(fair) end
 end
 
 local NO_CHARGES = {0, 0}

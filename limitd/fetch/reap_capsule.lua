@@ -89,8 +89,9 @@ for i = 1, queues do
     if not job then break end
     local back = blame and charge(job)
     if fair then
-      local was = fair_release(fair, job)
-      fair_enter(fair, was or fair_tenant_of(job), {job}, not back)
+      local lib = fair_library()
+      local was = lib.release(fair, job)
+      lib.enter(fair, was or lib.tenant_of(job), {job}, not back)
     elseif back then
       redis.call('LPUSH', queue_key, job)
     else
@@ -98,7 +99,7 @@ for i = 1, queues do
     end
     count = count + 1
   end
-  if fair then fair_flush(fair) end
+  if fair then fair_library().flush(fair) end
   if count > 0 then
     if redis.call('HINCRBY', KEYS[3], name, -count) < 0 then
       redis.call('HSET', KEYS[3], name, 0)
