@@ -112,18 +112,15 @@
 -- jobs it gives. While the recoveries hash exists, each job is popped on its own and
 -- looked up (a SHA-1 and an HMGET). Lua's own work counts too: each call runs this
 -- whole file, and making a local function costs about a quarter of a redis.call, so
--- fair_lib.lua's functions are made (``fair_library()``) only once a queue is found
--- fair.
+-- the functions of what most calls never meet are made by the first call that does:
+-- fair_lib.lua's once a queue is found fair (``fair_library()``), the rate limits' once
+-- a queue is looked at while some exist (``rate_library()``), the suspects' once a job
+-- is settled or taken while some exist (``suspect_library()``).
 local limits, process_limits, paused, busy = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local held, capsules, capsule_id, channel = KEYS[5], KEYS[6], ARGV[1], ARGV[2]
 local rate_limits, fair_settings, recoveries = KEYS[7], KEYS[#KEYS - 1], KEYS[#KEYS]
 local fair_at -- ARGV[fair_at]: the fair queues' key template (set once the counts are read)
 local MAX_SORTED = 1000 -- a fair queue's arrivals sorted into lines per call, at most
-
--- Suspects (see the header). Only looked at while the recoveries hash exists.
-local MAX_DEFERRED = 200
-local held_field, running_field = 'held:' .. capsule_id, 'running:' .. capsule_id
-local held_suspect = nil -- sha1 of the suspect this capsule holds, or false; read once
 
 -- Whether a key that most deployments leave absent exists (the paused queues, the
 -- process limits, the fair queues, the rate limits, the recovered suspects), asked at
@@ -154,22 +151,6 @@ end
 -- Whether any job has crashes charged: asked only by a call that settles or takes a job.
 local function any_recovered()
   return exists(recoveries)
-end
-
-local function holds_suspect()
-  if held_suspect == nil then
-    held_suspect = redis.call('HGET', recoveries, held_field) or false
-  end
-  return held_suspect
-end
-
--- A settled job that was this capsule's suspect frees the capsule for another one.
-local function release_suspect(job)
-  if not any_recovered() or not holds_suspect() then return end
-  if held_suspect == redis.sha1hex(job) then
-    redis.call('HDEL', recoveries, held_field, running_field)
-    held_suspect = false
-  end
 end
 
 -- A queue's global limit and busy count, by name: read on first use in this call, then
@@ -210,6 +191,73 @@ local function save_busy()
   for first = 1, #pairs_, 1000 do
     redis.call('HSET', busy, unpack(pairs_, first, math.min(first + 999, #pairs_)))
   end
+end
+
+-- Suspects (see the header). Only looked at while the recoveries hash exists, by a
+-- call that settles or takes a job: their functions are made then, by
+-- ``suspect_library()`` (once a call), not by every call.
+local MAX_DEFERRED = 200
+local deferred = 0 -- suspects passed over in this call
+local suspect_functions = nil
+
+local function suspect_library()
+  if suspect_functions then return suspect_functions end
+  local held_field, running_field = 'held:' .. capsule_id, 'running:' .. capsule_id
+  -- The sha1 of the suspect this capsule holds, or false; read once.
+  local held_suspect = nil
+
+  local function holds_suspect()
+    if held_suspect == nil then
+      held_suspect = redis.call('HGET', recoveries, held_field) or false
+    end
+    return held_suspect
+  end
+
+  -- A settled job that was this capsule's suspect frees the capsule for another one.
+  local function release_suspect(job)
+    if not any_recovered() or not holds_suspect() then return end
+    if held_suspect == redis.sha1hex(job) then
+      redis.call('HDEL', recoveries, held_field, running_field)
+      held_suspect = false
+    end
+  end
+
+  -- The crashes charged to a job, and how many of them it was alone in (0, 0 for most).
+  local function charges(job)
+    if not any_recovered() then return 0, 0, nil end
+    local id = redis.sha1hex(job)
+    local found = redis.call('HMGET', recoveries, id, id .. ':alone')
+    return tonumber(found[1]) or 0, tonumber(found[2]) or 0, id
+  end
+
+  -- While suspects may exist, each job is popped as it is picked, so that a suspect
+  -- this capsule may not hold goes to the back of its queue instead (its pick undone:
+  -- the slot, the rate and the count are as if it had never been looked at, except that
+  -- it is not looked at again in this call). Returns the job kept, or nil.
+  local function check_suspect(st, job, job_charges)
+    local crashes, alone, id = charges(job)
+    if crashes > 0 and holds_suspect() then
+      redis.call('LPUSH', st.queue_key, job)
+      st.taken, st.held, st.deferred = st.taken - 1, st.held - 1, true
+      add_busy(st.name, -1)
+      deferred = deferred + 1
+      return nil
+    end
+    if crashes > 0 then
+      redis.call('HSET', recoveries, held_field, id)
+      held_suspect = id
+    end
+    job_charges[job] = {crashes, alone}
+    return job
+  end
+
+  local function pop_checked(st, job_charges)
+    return check_suspect(st, redis.call('RPOP', st.queue_key), job_charges)
+  end
+
+  suspect_functions = {release = release_suspect, check = check_suspect,
+                       pop_checked = pop_checked}
+  return suspect_functions
 end
 
 -- A fair queue's keys and tenant limit (see fair_lib.lua), by queue name; false for a
@@ -253,7 +301,7 @@ local function settle(in_progress_key, queue_key, job, name, mode)
   if redis.call('LREM', in_progress_key, -1, job) == 0 then
     return 0
   end
-  release_suspect(job)
+  if any_recovered() then suspect_library().release(job) end
   local fair = fair_of(name)
   if fair then
     local lib = fair_library()
@@ -274,25 +322,9 @@ local function settle(in_progress_key, queue_key, job, name, mode)
 end
 
 -- Rate limits. The hash is looked at once per call, each queue's rate once per call.
-local rates, now = {}, nil
-
--- A queue's rate as the GCRA uses it (microseconds), or false when it has none.
-local function rate_of(name)
-  if not exists(rate_limits) then return false end
-  if rates[name] == nil then
-    local count, seconds = string.match(
-      redis.call('HGET', rate_limits, name) or '', '^(%d+)/([%d.]+)$')
-    count, seconds = tonumber(count), tonumber(seconds)
-    if count and seconds and count >= 1 and seconds > 0 then
-      local burst = math.max(1, math.floor(count / 100))
-      local interval = seconds * 1000000 / (count - burst + 1)
-      rates[name] = {interval = interval, tolerance = (burst - 1) * interval}
-    else
-      rates[name] = false
-    end
-  end
-  return rates[name]
-end
+-- Their functions are made only by a call that meets a queue while the hash exists
+-- (``rate_library()``, once a call); ``clock`` is apart: the ready index reads it too.
+local now, rate_functions = nil, nil
 
 local function clock()
   if now == nil then
@@ -306,43 +338,72 @@ local function clock()
   return now
 end
 
--- Arrival times read and moved in this call, by rate key; written back once, at the end.
-local arrivals, moved = {}, {}
+local function rate_library()
+  if rate_functions then return rate_functions end
+  local rates = {}
 
--- The queue's theoretical arrival time: its next job may be taken once the clock has
--- reached it minus the tolerance. A value further ahead than a take now could have
--- left was set under a slower rate: it is pulled back (and stored so).
-local function arrival(rate_key, rate)
-  if arrivals[rate_key] == nil then
-    local tat = tonumber(redis.call('GET', rate_key)) or 0
-    local ceiling = math.ceil(clock() + rate.tolerance + rate.interval)
-    if tat > ceiling then
-      tat = ceiling
-      moved[#moved + 1] = rate_key
+  -- A queue's rate as the GCRA uses it (microseconds), or false when it has none.
+  local function rate_of(name)
+    if not exists(rate_limits) then return false end
+    if rates[name] == nil then
+      local count, seconds = string.match(
+        redis.call('HGET', rate_limits, name) or '', '^(%d+)/([%d.]+)$')
+      count, seconds = tonumber(count), tonumber(seconds)
+      if count and seconds and count >= 1 and seconds > 0 then
+        local burst = math.max(1, math.floor(count / 100))
+        local interval = seconds * 1000000 / (count - burst + 1)
+        rates[name] = {interval = interval, tolerance = (burst - 1) * interval}
+      else
+        rates[name] = false
+      end
     end
-    arrivals[rate_key] = tat
+    return rates[name]
   end
-  return arrivals[rate_key]
-end
 
-local function use_rate(rate_key, rate, tat)
-  -- Rounded up: a schedule rounded down would let N + 1 jobs into some window.
-  arrivals[rate_key] = math.ceil(math.max(tat, clock()) + rate.interval)
-  moved[#moved + 1] = rate_key
-end
+  -- Arrival times read and moved in this call, by rate key; written back once, at the
+  -- end.
+  local arrivals, moved = {}, {}
 
-local function save_arrivals()
-  for _, rate_key in ipairs(moved) do
-    local at = arrivals[rate_key]
-    if at then
-      -- Kept a second past its arrival time: once passed it reads as absent anyway, and
-      -- the grace covers a caller whose clock runs a little behind Redis's.
-      redis.call('SET', rate_key, string.format('%d', at),
-        'PX', math.ceil((at - clock()) / 1000) + 1000)
-      arrivals[rate_key] = false -- written: once is enough
+  -- The queue's theoretical arrival time: its next job may be taken once the clock has
+  -- reached it minus the tolerance. A value further ahead than a take now could have
+  -- left was set under a slower rate: it is pulled back (and stored so).
+  local function arrival(rate_key, rate)
+    if arrivals[rate_key] == nil then
+      local tat = tonumber(redis.call('GET', rate_key)) or 0
+      local ceiling = math.ceil(clock() + rate.tolerance + rate.interval)
+      if tat > ceiling then
+        tat = ceiling
+        moved[#moved + 1] = rate_key
+      end
+      arrivals[rate_key] = tat
+    end
+    return arrivals[rate_key]
+  end
+
+  local function use_rate(rate_key, rate, tat)
+    -- Rounded up: a schedule rounded down would let N + 1 jobs into some window.
+    arrivals[rate_key] = math.ceil(math.max(tat, clock()) + rate.interval)
+    moved[#moved + 1] = rate_key
+  end
+
+  local function save_arrivals()
+    for _, rate_key in ipairs(moved) do
+      local at = arrivals[rate_key]
+      if at then
+        -- Kept a second past its arrival time: once passed it reads as absent anyway,
+        -- and the grace covers a caller whose clock runs a little behind Redis's.
+        redis.call('SET', rate_key, string.format('%d', at),
+          'PX', math.ceil((at - clock()) / 1000) + 1000)
+        arrivals[rate_key] = false -- written: once is enough
+      end
     end
   end
+
+  rate_functions = {of = rate_of, arrival = arrival, use = use_rate,
+                    save = save_arrivals}
+  return rate_functions
 end
+
 
 local settles, want, queues = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 fair_at = 8 + 2 * settles + 2 * queues
@@ -443,11 +504,11 @@ local room_at = nil
 local function rate_allows(st)
   local rate = st.rate
   if rate == nil then
-    rate = rate_of(st.name)
+    rate = exists(rate_limits) and rate_library().of(st.name)
     st.rate = rate
   end
   if not rate then return true end
-  local tat = arrival(st.rate_key, rate)
+  local tat = rate_library().arrival(st.rate_key, rate)
   local free_at = tat - rate.tolerance
   if free_at <= clock() then return true, rate, tat end
   room_at = math.min(room_at or free_at, free_at)
@@ -541,40 +602,6 @@ local function take_one(order)
   return nil
 end
 
--- The crashes charged to a job, and how many of them it was alone in (0, 0 for most).
-local function charges(job)
-  if not any_recovered() then return 0, 0, nil end
-  local id = redis.sha1hex(job)
-  local found = redis.call('HMGET', recoveries, id, id .. ':alone')
-  return tonumber(found[1]) or 0, tonumber(found[2]) or 0, id
-end
-
--- While suspects may exist, each job is popped as it is picked, so that a suspect this
--- capsule may not hold goes to the back of its queue instead (its pick undone: the slot,
--- the rate and the count are as if it had never been looked at, except that it is not
--- looked at again in this call). Returns the job kept, or nil.
-local deferred = 0
-local function check_suspect(st, job, job_charges)
-  local crashes, alone, id = charges(job)
-  if crashes > 0 and holds_suspect() then
-    redis.call('LPUSH', st.queue_key, job)
-    st.taken, st.held, st.deferred = st.taken - 1, st.held - 1, true
-    add_busy(st.name, -1)
-    deferred = deferred + 1
-    return nil
-  end
-  if crashes > 0 then
-    redis.call('HSET', recoveries, held_field, id)
-    held_suspect = id
-  end
-  job_charges[job] = {crashes, alone}
-  return job
-end
-
-local function pop_checked(st, job_charges)
-  return check_suspect(st, redis.call('RPOP', st.queue_key), job_charges)
-end
-
 -- A fair queue's job is popped as it is picked, by turns (fair_lib.lua); a pick that
 -- finds no tenant with a turn is undone, and the queue gives nothing more this call.
 -- ``most``: the jobs this call may still take (a tenant alone gives them in one RPOP).
@@ -586,7 +613,7 @@ local function pop_fair(st, job_charges, most)
     return nil
   end
   if any_recovered() then
-    job = check_suspect(st, job, job_charges)
+    job = suspect_library().check(st, job, job_charges)
     if job == nil then return nil end -- back among the arrivals, sorted again later
   end
   fair_library().hold(st.fair, job, tenant)
@@ -625,7 +652,7 @@ while #picks < want and deferred < MAX_DEFERRED do
     if st.fair then
       job = pop_fair(st, job_charges, want - #picks)
     else
-      job = pop_checked(st, job_charges)
+      job = suspect_library().pop_checked(st, job_charges)
     end
     kept = job ~= nil
     if kept then
@@ -634,7 +661,7 @@ while #picks < want and deferred < MAX_DEFERRED do
     end
   end
   if kept then
-    if rate then use_rate(st.rate_key, rate, tat) end
+    if rate then rate_library().use(st.rate_key, rate, tat) end
     picks[#picks + 1] = st
   end
 end
@@ -706,7 +733,7 @@ for _, st in ipairs(picks) do
   taken[#taken + 1] = found[1]
   taken[#taken + 1] = found[2]
 end
-save_arrivals()
+if rate_functions then rate_functions.save() end
 if room_at then
   taken[2] = math.max(1, math.ceil((room_at - clock()) / 1000))
 end
