@@ -297,8 +297,10 @@ end
 -- one's slot is freed by the caller, with the others of its queue.
 local function settle(in_progress_key, queue_key, job, name, mode)
   -- From the tail, where the oldest jobs are (each call pushes to the head), which
-  -- finish first most of the time: the scan stops at the first match.
-  if redis.call('LREM', in_progress_key, -1, job) == 0 then
+  -- finish first most of the time: the scan stops at the first match. (The count as a
+  -- string: Redis formats a Lua number argument with snprintf("%.17g"), which costs
+  -- about as much as half a command.)
+  if redis.call('LREM', in_progress_key, '-1', job) == 0 then
     return 0
   end
   if any_recovered() then suspect_library().release(job) end
