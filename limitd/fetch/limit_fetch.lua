@@ -154,8 +154,8 @@ local function any_recovered()
 end
 
 -- A queue's global limit and busy count, by name: read on first use in this call, then
--- kept current here. The busy counts this call changed are written once, at the end
--- (``save_busy``): one HSET, not an HINCRBY per queue settled and per queue taken from.
+-- kept current here. The busy counts this call changed are written once, at the end:
+-- one HSET, not an HINCRBY per queue settled and per queue taken from.
 local limit_of, busy_of, busy_changed = {}, {}, {}
 
 local function limit(name)
@@ -179,18 +179,6 @@ end
 
 local function add_busy(name, count)
   set_busy(name, busy_count(name) + count)
-end
-
--- Write the busy counts this call changed, in one HSET (a thousand at a time).
-local function save_busy()
-  local pairs_ = {}
-  for name in pairs(busy_changed) do
-    pairs_[#pairs_ + 1] = name
-    pairs_[#pairs_ + 1] = busy_of[name]
-  end
-  for first = 1, #pairs_, 1000 do
-    redis.call('HSET', busy, unpack(pairs_, first, math.min(first + 999, #pairs_)))
-  end
 end
 
 -- Suspects (see the header). Only looked at while the recoveries hash exists, by a
@@ -683,7 +671,22 @@ if #holding > 0 then
   redis.call('SADD', held, unpack(holding))
   redis.call('SADD', capsules, capsule_id)
 end
-save_busy()
+-- Write the busy counts this call changed (see ``limit_of`` above), in one HSET (a
+-- thousand at a time).
+do
+  local pairs_ = {}
+  for name in pairs(busy_changed) do
+    pairs_[#pairs_ + 1] = name
+    pairs_[#pairs_ + 1] = busy_of[name]
+  end
+  for first = 1, #pairs_, 1000 do
+    redis.call('HSET', busy, unpack(pairs_, first, math.min(first + 999, #pairs_)))
+  end
+end
+
+for _, fair in pairs(fair_of_name) do
+  if fair then fair_library().flush(fair) end
+end
 
 -- The index's part of the reply: {stale, refilled, rate in, names...}. ``stale``: this
 -- call took fewer jobs than wanted and the index may hold queues it was not given, or
@@ -691,7 +694,9 @@ save_busy()
 -- queues (strict) or a random few (sample), read afresh; 0 when they are the queues this
 -- call took out. ``rate in``: when rate_wait changed, the milliseconds until its first
 -- queue may give a job (-1: it is empty), else "".
-local function index_reply()
+-- (A block, not a function: a closure made each call would cost more than the work.)
+local index_part = nil
+if index_mode then
   for _, st in ipairs(looked) do
     if st.left == 0 and st.unsorted == 0 and not st.deferred then unlist(st) end
   end
@@ -715,17 +720,12 @@ local function index_reply()
     rate_in = #soonest > 0 and math.max(0, math.ceil((tonumber(soonest[2]) - clock()) / 1000)) or -1
   end
   -- Queues back from rate_wait were not given to this call: the caller asks again.
-  local reply = {(short and (grew or not complete)) and 1 or 0, refilled and 1 or 0, rate_in}
-  for _, name in ipairs(names) do reply[#reply + 1] = name end
-  return reply
-end
-
-for _, fair in pairs(fair_of_name) do
-  if fair then fair_library().flush(fair) end
+  index_part = {(short and (grew or not complete)) and 1 or 0, refilled and 1 or 0, rate_in}
+  for _, name in ipairs(names) do index_part[#index_part + 1] = name end
 end
 
 local NO_CHARGES = {0, 0}
-local taken, given = {settled, 0, index_mode and index_reply() or {}}, {}
+local taken, given = {settled, 0, index_part or {}}, {}
 for _, st in ipairs(picks) do
   given[st] = (given[st] or 0) + 1
   local job = jobs_of[st][given[st]]
