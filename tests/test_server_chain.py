@@ -128,3 +128,90 @@ def test_hooks_wrap_the_job_outermost_first(on_loop: bool) -> None:
         ["start outer", "start inner", "perform", "end inner NoneType", "end outer LookupError"],
         "raised RuntimeError(replaced by outer) from LookupError during LookupError",
     )
+
+
+class OnErrorRecorder(ServerMiddleware):
+    """Concerned with every job, acting only on one that raised (as the limiters'
+    reschedule): replaces a ValueError with a RuntimeError."""
+
+    ends_only_on_error = True
+
+    def __init__(self, events: list[str]) -> None:
+        self.events = events
+
+    def ended(self, spec: JobSpec, payload: Any, queue: str, error: Any) -> Ending | None:
+        self.events.append(f"end on error {type(error).__name__}")
+        if isinstance(error, ValueError):
+            return Ending(error=RuntimeError("replaced"))
+        return None
+
+
+def run_on_error(job_fails: bool, *, on_loop: bool, beside: bool = False) -> tuple[list[str], str]:
+    """The job through an ``OnErrorRecorder`` (and a ``Recorder`` around it, ``beside``)."""
+    events: list[str] = []
+    entries: list[Any] = [OnErrorRecorder(events)]
+    if beside:
+        entries.insert(0, Recorder("outer", events))
+    chain = ServerChain(entries)
+
+    def perform() -> str:
+        events.append("perform")
+        if job_fails:
+            raise ValueError("job")
+        return "result"
+
+    async def aperform() -> str:
+        return perform()
+
+    try:
+        if on_loop:
+            result = asyncio.run(chain.ainvoke(SPEC, PAYLOAD, "default", aperform))
+        else:
+            result = chain.invoke(SPEC, PAYLOAD, "default", perform)
+    except Exception as error:
+        return events, outcome(error)
+    assert result == "result"
+    return events, outcome(None)
+
+
+@pytest.mark.parametrize("on_loop", [False, True], ids=["thread", "loop"])
+def test_a_middleware_that_ends_only_on_error_sees_only_failed_jobs(on_loop: bool) -> None:
+    assert run_on_error(False, on_loop=on_loop) == (["perform"], "returned")
+    assert run_on_error(True, on_loop=on_loop) == (
+        ["perform", "end on error ValueError"],
+        "raised RuntimeError(replaced) from ValueError during ValueError",
+    )
+    # Beside a middleware that ends every job, the chain runs as always: both are ended.
+    assert run_on_error(False, on_loop=on_loop, beside=True) == (
+        ["start outer", "perform", "end on error NoneType", "end outer NoneType"],
+        "returned",
+    )
+    assert run_on_error(True, on_loop=on_loop, beside=True) == (
+        ["start outer", "perform", "end on error ValueError", "end outer RuntimeError"],
+        "raised RuntimeError(replaced) from ValueError during ValueError",
+    )
+
+
+class FieldRecorder(ServerMiddleware):
+    """Concerned with jobs holding a "tag" field, by its ``concerns_fields``; its own
+    ``concerns`` would say yes to any job, so a call to it shows in ``asked``."""
+
+    concerns_fields = frozenset({"tag"})
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def concerns(self, payload: Any) -> bool:
+        self.asked.append(payload["jid"])
+        return True
+
+
+def test_concerns_fields_spare_the_call_for_jobs_without_them() -> None:
+    fielded, plain = FieldRecorder(), OnErrorRecorder([])
+    chain = ServerChain([fielded, plain])
+    without = {**PAYLOAD, "jid": "without"}
+    tagged = {**PAYLOAD, "jid": "tagged", "tag": 0}
+    assert [entry.middleware for entry in chain.concerned(without)] == [plain]
+    # A job holding the field is asked about as before (its concerns decides).
+    assert [entry.middleware for entry in chain.concerned(tagged)] == [fielded, plain]
+    assert fielded.asked == ["tagged"]

@@ -103,6 +103,8 @@ class BatchProgress(ServerMiddleware):
     def __init__(self, redis: RedisClient) -> None:
         self.keys = keys.of(redis)  # of the capsule's connection, the ack goes through
 
+    concerns_fields = frozenset({"bid"})
+
     def concerns(self, payload: Payload) -> bool:
         return bool(payload.get("bid"))
 

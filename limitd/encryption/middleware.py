@@ -80,6 +80,8 @@ class OpenArgs(ServerMiddleware):
         self.redis = redis
         self.keys = keys
 
+    concerns_fields = frozenset({"encrypt"})
+
     def concerns(self, payload: Payload) -> bool:
         return bool(payload.get("encrypt"))
 

@@ -73,6 +73,8 @@ class ExpiryCheck(ServerMiddleware):
     """Server middleware: a job past its deadline does not run. Only jobs that carry a
     deadline pass through it (``concerns``)."""
 
+    concerns_fields = frozenset({DEADLINE})
+
     def concerns(self, payload: Payload) -> bool:
         """A job with a deadline, unless it is iterable: that one is checked before its
         first run only (``limitd.iteration``), and resumes to its end once started."""

@@ -89,7 +89,10 @@ def _next_count(payload: Payload) -> int | None:
 
 
 class OverLimitReschedule(ServerMiddleware):
-    """Server middleware: ``OverLimit`` out of a job puts it back in ``schedule``."""
+    """Server middleware: ``OverLimit`` out of a job puts it back in ``schedule``. Any
+    job may use a limiter, so every job concerns it, but only one that raised needs it."""
+
+    ends_only_on_error = True
 
     def __init__(self, redis: RedisClient) -> None:
         self.redis = redis

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from limitd.connection import ScriptCall
 from limitd.keys import KeyLayout
@@ -97,10 +97,20 @@ class ServerMiddleware:
     on the event loop, that client's asyncio twin)."""
 
     redis: RedisClient | None = None
+    # The payload fields ``concerns`` looks for, when a job that holds none of them
+    # cannot concern this middleware: the chain then asks one set operation for all such
+    # middleware instead of calling each one's ``concerns`` (every job passes the chain;
+    # most hold none of the fields features add). None: ``concerns`` decides alone.
+    concerns_fields: ClassVar[frozenset[str] | None] = None
+    # True when ``ended`` only ever acts on a job that raised (``error`` set): a job that
+    # returns is then not wrapped for it. For a middleware concerned with every job
+    # that only handles failures (the limiters' reschedule of ``OverLimit``).
+    ends_only_on_error: ClassVar[bool] = False
 
     def concerns(self, payload: Payload) -> bool:
         """False: this middleware is skipped for this job, around perform and at
-        ``settled`` alike (every job passes the chain; most use few features)."""
+        ``settled`` alike (every job passes the chain; most use few features). With
+        ``concerns_fields``, asked only about jobs holding one of those fields."""
         return True
 
     def starting(self, spec: JobSpec, payload: Payload, queue: str) -> Work | None:

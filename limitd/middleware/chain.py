@@ -127,11 +127,23 @@ class ServerEntry:
     its own (no-op defaults are not called: every job passes the chain), or a callable
     one (``wrapped``). A plain class with slots: its fields are read for every job."""
 
-    __slots__ = ("concerns", "ends", "middleware", "quiets", "settles", "starts", "wrapped")
+    __slots__ = (
+        "concerns",
+        "ends",
+        "fields",
+        "middleware",
+        "on_error",
+        "quiets",
+        "settles",
+        "starts",
+        "wrapped",
+    )
 
     def __init__(self, middleware: Any) -> None:
         self.middleware = middleware
         self.wrapped: CallableServer | None = None
+        self.fields: frozenset[str] | None = None
+        self.on_error = False
         if not isinstance(middleware, ServerMiddleware):
             self.wrapped = CallableServer(middleware)
             self.concerns = self.wrapped.concerns
@@ -141,10 +153,27 @@ class ServerEntry:
         kind, base = type(middleware), ServerMiddleware
         own_filter = kind.concerns is not base.concerns
         self.concerns = middleware.concerns if own_filter else None
+        self.fields = kind.concerns_fields if own_filter else None
         self.starts = kind.starting is not base.starting
         self.ends = kind.ended is not base.ended
         self.settles = kind.settled is not base.settled
         self.quiets = kind.quiet is not base.quiet
+        # Nothing to do before perform, and ``ended`` only for a job that raised.
+        self.on_error = self.ends and not self.starts and kind.ends_only_on_error
+
+
+class _Plan:
+    """The chain's middleware as :meth:`ServerChain.concerned` sorts them."""
+
+    __slots__ = ("entries", "fields", "unfielded")
+
+    def __init__(self, entries: list[ServerEntry]) -> None:
+        self.entries = entries
+        # Every field some middleware is concerned with only in jobs that hold it
+        # (``ServerMiddleware.concerns_fields``), and the middleware left to ask about a
+        # job that holds none of them.
+        self.fields = frozenset().union(*(e.fields for e in entries if e.fields is not None))
+        self.unfielded = [e for e in entries if e.fields is None]
 
 
 class ServerChain(Chain):
@@ -154,28 +183,32 @@ class ServerChain(Chain):
 
     def __init__(self, entries: list[Any] | None = None) -> None:
         super().__init__(entries)
-        self._plan: tuple[int, list[ServerEntry]] = (-1, [])
+        self._plan: tuple[int, _Plan] = (-1, _Plan([]))
 
-    def _plan_now(self) -> list[ServerEntry]:
+    def _plan_now(self) -> _Plan:
         """Every middleware as the chain calls it (concerned or not), rebuilt after a
         change."""
         version, plan = self._plan
         if version != self._version:
-            plan = [ServerEntry(m) for m in self._entries]
+            plan = _Plan([ServerEntry(m) for m in self._entries])
             self._plan = (self._version, plan)
         return plan
 
     def concerned(self, payload: Payload) -> list[ServerEntry]:
         """The middleware that want to see this job (see ``concerns``). Asked once per
         job: the executor passes the answer to :meth:`invoke` and :meth:`settle`, so the
-        middleware that saw a job start are the ones told how it ended."""
-        return [e for e in self._plan_now() if e.concerns is None or e.concerns(payload)]
+        middleware that saw a job start are the ones told how it ended. A job holding
+        none of the fields that some middleware look for (most jobs) is asked about by
+        the others only."""
+        plan = self._plan_now()
+        entries = plan.unfielded if payload.keys().isdisjoint(plan.fields) else plan.entries
+        return [e for e in entries if e.concerns is None or e.concerns(payload)]
 
     def quiet(self) -> None:
         """The capsule stopped taking jobs (TSTP, a quiet from afar, the start of a
         stop): tell the middleware that define ``quiet``, so jobs that can stop early
         (iterable jobs) do. One that raises is logged; the others are still told."""
-        for entry in self._plan_now():
+        for entry in self._plan_now().entries:
             if entry.quiets:
                 try:
                     entry.middleware.quiet()
@@ -205,7 +238,12 @@ class ServerChain(Chain):
             entries = self.concerned(payload)
         if not entries:  # no middleware concerned: nothing to wrap
             return perform()
-        if not any(entry.wrapped for entry in entries):  # most jobs: one frame for all
+        if _only_on_error(entries):  # most jobs: only the limiters' reschedule, if it fails
+            try:
+                return perform()
+            except BaseException as error:
+                return _through(entries, spec, payload, queue, _raising(error))
+        if not any(entry.wrapped for entry in entries):  # one frame for all
             return _through(entries, spec, payload, queue, perform)
 
         def step(index: int) -> Any:
@@ -237,6 +275,11 @@ class ServerChain(Chain):
             entries = self.concerned(payload)
         if not entries:
             return await perform()
+        if _only_on_error(entries):
+            try:
+                return await perform()
+            except BaseException as error:
+                return await _athrough(entries, spec, payload, queue, _araising(error))
         if not any(entry.wrapped for entry in entries):
             return await _athrough(entries, spec, payload, queue, perform)
 
@@ -287,6 +330,35 @@ async def _awaited(awaitable: Awaitable[Any]) -> Any:
     """``awaitable`` as a coroutine (what a callable middleware run on a worker thread
     hands back to the loop must be one)."""
     return await awaitable
+
+
+def _only_on_error(entries: list[ServerEntry]) -> bool:
+    """Whether every one of ``entries`` acts only on a job that raised (see
+    ``ServerMiddleware.ends_only_on_error``): a job that returns then runs unwrapped, and
+    one that raises meets them as it would have inside them. (A loop, not ``all()`` of a
+    generator: asked for every job.)"""
+    for entry in entries:  # noqa: SIM110
+        if not entry.on_error:
+            return False
+    return True
+
+
+def _raising(error: BaseException) -> Callable[[], Any]:
+    """A perform that raises what the job raised, for the middleware that act on it."""
+
+    def perform() -> Any:
+        raise error
+
+    return perform
+
+
+def _araising(error: BaseException) -> Callable[[], Awaitable[Any]]:
+    """:func:`_raising` for an async job."""
+
+    async def perform() -> Any:
+        raise error
+
+    return perform
 
 
 def _typed_run_end(entries: list[ServerEntry], index: int) -> int:

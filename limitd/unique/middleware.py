@@ -155,6 +155,8 @@ class UniqueJobs(ClientMiddleware):
 class UniqueRelease(ServerMiddleware):
     """Server middleware: free the lock when the job's policy says so."""
 
+    concerns_fields = frozenset({LOCK_FIELD})
+
     def __init__(self, redis: RedisClient) -> None:
         self.redis = redis
 
