@@ -44,6 +44,7 @@ import time
 import traceback
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 from limitd import clock
 from limitd.config import CapsuleConfig
@@ -62,7 +63,7 @@ FETCH_AHEAD = 50  # jobs a fetch call may take for the loop beyond the threads' 
 ACTIVE_SECONDS = 1.0  # a processor waiting for a slot looks up this often to see a stop
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Entry:
     """One async job the lane holds."""
 
@@ -71,6 +72,11 @@ class _Entry:
     spec: JobSpec
     since: float = 0.0  # when its task started
     task: asyncio.Task[None] | None = None
+
+    def describe(self) -> str:
+        """The job, as logs name it (its task is not named: a name per job costs a
+        format on the loop's thread for what only a warning reads)."""
+        return f"{self.payload.get('class')} jid={self.payload.get('jid')}"
 
 
 class AsyncLane:
@@ -93,7 +99,10 @@ class AsyncLane:
         self._block_warning = block_warning
         # Free slots, and the jobs posted to the loop, under one lock: a processor takes
         # a slot and posts in one step, the loop frees slots as jobs end.
-        self._room = threading.Condition(threading.Lock())
+        # (The loop's thread takes the lock itself, not through the Condition, whose
+        # Python-level enter and exit it would pay for every job that ends.)
+        self._room_lock = threading.Lock()
+        self._room = threading.Condition(self._room_lock)
         self._free = size
         self._waiting = 0  # processors waiting for a slot: only then is a free one told
         self._inbox: list[_Entry] = []
@@ -270,7 +279,7 @@ class AsyncLane:
             if task is None:
                 continue
             stack = "".join(coroutine_stack(task.get_coro()).format())
-            log.warning("async task %s\n%s", task.get_name(), stack or "(not started)\n")
+            log.warning("async task %s\n%s", entry.describe(), stack or "(not started)\n")
 
     # -- on the loop --------------------------------------------------------------
 
@@ -290,7 +299,7 @@ class AsyncLane:
             self._loop.call_later(self._block_warning / 4, self._beat)
 
     def _take_inbox(self) -> None:
-        with self._room:
+        with self._room_lock:
             entries, self._inbox = self._inbox, []
             self._woken = False
         for entry in entries:
@@ -298,9 +307,8 @@ class AsyncLane:
 
     def _start(self, entry: _Entry) -> None:
         """On the loop's thread: run the job of ``entry`` (its slot is taken)."""
-        name = f"{entry.payload.get('class')} jid={entry.payload.get('jid')}"
         entry.since = clock.now()
-        entry.task = self._loop.create_task(self._run(entry), name=name)
+        entry.task = self._loop.create_task(self._run(entry))
         self._started += 1  # only the loop's thread writes it
 
     async def _run(self, entry: _Entry) -> None:
@@ -324,7 +332,7 @@ class AsyncLane:
         """On the loop's thread, as a job ends: its slot goes to the first parked job,
         started here at once, else back to the free slots; a processor waiting for room
         is told there is some."""
-        with self._room:
+        with self._room_lock:  # the Condition's own lock: notify below may use it
             # (After a hard stop the parked jobs are requeued, not started.)
             start = bool(self._parked) and not self._abandoned.is_set()
             following = self._parked.popleft() if start else None
@@ -390,9 +398,16 @@ class AsyncLane:
             "event loop blocked for %.1fs by %s: a sync call in an async job stalls every "
             "job on the loop (move it to a thread: await asyncio.to_thread(...))\n%s",
             late,
-            task.get_name() if task is not None else "no job (limitd's own code)",
+            self._job_of(task),
             where,
         )
+
+    def _job_of(self, task: asyncio.Task[Any] | None) -> str:
+        """The job a task of the loop runs, as logs name it."""
+        for entry in list(self._entries.values()):
+            if task is not None and entry.task is task:
+                return entry.describe()
+        return "no job (limitd's own code)" if task is None else task.get_name()
 
 
 def blocked_for(
