@@ -215,3 +215,45 @@ def test_concerns_fields_spare_the_call_for_jobs_without_them() -> None:
     # A job holding the field is asked about as before (its concerns decides).
     assert [entry.middleware for entry in chain.concerned(tagged)] == [fielded, plain]
     assert fielded.asked == ["tagged"]
+
+
+def through_awaitable(chain: ServerChain, aperform: Any) -> Any:
+    """The job as the executor runs it: ``awaitable`` inside its own ``try``, what it
+    raises through ``afailed``."""
+
+    async def main() -> Any:
+        entries = chain.concerned(PAYLOAD)
+        try:
+            return await chain.awaitable(SPEC, PAYLOAD, "default", aperform, entries)
+        except BaseException as error:
+            await chain.afailed(error, SPEC, PAYLOAD, "default", entries)
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("beside", [False, True], ids=["alone", "beside another"])
+@pytest.mark.parametrize("job_fails", [False, True], ids=["returns", "raises"])
+def test_awaitable_and_afailed_give_what_ainvoke_gives(job_fails: bool, beside: bool) -> None:
+    def run_with(invoke: Any) -> tuple[list[str], str]:
+        events: list[str] = []
+        entries: list[Any] = [OnErrorRecorder(events)]
+        if beside:
+            entries.insert(0, Recorder("outer", events))
+        chain = ServerChain(entries)
+
+        async def aperform() -> str:
+            events.append("perform")
+            if job_fails:
+                raise ValueError("job")
+            return "result"
+
+        try:
+            assert invoke(chain, aperform) == "result"
+        except Exception as error:
+            return events, outcome(error)
+        return events, outcome(None)
+
+    def through_ainvoke(chain: ServerChain, aperform: Any) -> Any:
+        return asyncio.run(chain.ainvoke(SPEC, PAYLOAD, "default", aperform))
+
+    assert run_with(through_awaitable) == run_with(through_ainvoke)

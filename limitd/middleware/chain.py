@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 from limitd.connection import ScriptCall, loop_twin
 from limitd.middleware.base import Ending, ServerMiddleware
@@ -297,6 +297,38 @@ class ServerChain(Chain):
             return _athrough(entries[index:end], spec, payload, queue, inner)
 
         return await step(0)
+
+    def awaitable(
+        self,
+        spec: JobSpec,
+        payload: Payload,
+        queue: str,
+        perform: Callable[[], Awaitable[Any]],
+        entries: list[ServerEntry],
+    ) -> Awaitable[Any]:
+        """What :meth:`ainvoke` awaits, for a caller that awaits it inside its own
+        ``try`` and passes what it raises to :meth:`afailed` (the executor): where no
+        middleware wraps the job (none is concerned, or only those that act on failures),
+        the job's own awaitable, so that a job waiting has no frame of the chain's to
+        pass through each time it suspends and resumes."""
+        if not entries or _only_on_error(entries):
+            return perform()
+        return self.ainvoke(spec, payload, queue, perform, entries=entries)
+
+    async def afailed(
+        self,
+        error: BaseException,
+        spec: JobSpec,
+        payload: Payload,
+        queue: str,
+        entries: list[ServerEntry],
+    ) -> NoReturn:
+        """Raise what ``error``, raised by awaiting :meth:`awaitable`, becomes: through
+        the middleware acting on failures that it left out, else as it is (the chain
+        around it has ended already)."""
+        if entries and _only_on_error(entries):
+            await _athrough(entries, spec, payload, queue, _araising(error))
+        raise error
 
     def settle(
         self,

@@ -139,17 +139,15 @@ class JobExecutor:
         token = running(payload)
         error: BaseException | None = None
         entries = self.chain.concerned(payload)
+        chain = self.chain
         try:
-            await self.chain.ainvoke(
-                spec, payload, unit.queue, lambda: spec.run(payload), entries=entries
-            )
+            try:
+                await chain.awaitable(spec, payload, unit.queue, lambda: spec.run(payload), entries)
+            except BaseException as exc:  # through the middleware that act on failures
+                await chain.afailed(exc, spec, payload, unit.queue, entries)
             outcome = "done"
-        except Rescheduled:
-            outcome = "rescheduled"
-        except Interrupted as interrupted:
-            outcome = _give_back(unit, interrupted)
-        except Dropped as dropped:
-            outcome = dropped.outcome
+        except ENDED_BY_MIDDLEWARE as ended:
+            outcome = _ended_outcome(unit, ended)
         except (Exception, SystemExit) as exc:
             error = exc
             outcome = await asyncio.to_thread(self._failed, spec, payload, unit.queue, exc)
@@ -229,12 +227,8 @@ class JobExecutor:
                 spec, payload, queue, lambda: _perform(spec, payload), entries=entries
             )
             outcome = "done"
-        except Rescheduled:  # a middleware put it back in schedule: it runs again
-            outcome = "rescheduled"
-        except Interrupted as interrupted:  # stopped between steps: back in line
-            outcome = _give_back(unit, interrupted)
-        except Dropped as dropped:  # a middleware decided it must not run
-            outcome = dropped.outcome
+        except ENDED_BY_MIDDLEWARE as ended:
+            outcome = _ended_outcome(unit, ended)
         except (Exception, SystemExit) as exc:  # a job calling sys.exit() has failed
             error = exc
             outcome = self._failed(spec, payload, queue, exc)
@@ -253,6 +247,21 @@ class JobExecutor:
             raise
         _log_failure(payload, queue, exc, fate)
         return fate.outcome
+
+
+# What a middleware raises to end a job other than as done or failed.
+ENDED_BY_MIDDLEWARE = (Rescheduled, Interrupted, Dropped)
+
+
+def _ended_outcome(unit: UnitOfWork, ended: Exception) -> str:
+    """The outcome of a job a middleware ended (one of ``ENDED_BY_MIDDLEWARE``): put
+    back in schedule to run again, stopped between steps and back in line, or dropped
+    (the middleware decided it must not run: its outcome is the one it names)."""
+    if isinstance(ended, Interrupted):
+        return _give_back(unit, ended)
+    if isinstance(ended, Dropped):
+        return ended.outcome
+    return "rescheduled"
 
 
 def _give_back(unit: UnitOfWork, interrupted: Interrupted) -> str:
