@@ -16,6 +16,8 @@ before the workers start (the enqueue is not timed), then one worker process dra
 - ``limitd-async``: ``limitd start``, ``processes: 1``, ``async_concurrency: 1000`` (jobs
   on the loop at once), ``concurrency: 10`` processor threads fetching for it;
   ``limitd-async-10000`` the same with ``async_concurrency: 10000``;
+  ``limitd-async-uvloop-1000`` and ``limitd-async-uvloop-10000`` the same two with
+  ``async_loop: uvloop`` (the ``uvloop`` extra);
 - ``limitd-sync-10`` and ``limitd-sync-100``: ``limitd start``, ``processes: 1``, the same
   work as sync jobs on 10 and 100 threads;
 - ``arq`` (``max_jobs=1000``) and ``saq`` (``concurrency=1000``), one worker process each,
@@ -139,14 +141,18 @@ class IoSystem:
         return System(name=self.name, settings=self.settings, enqueue_api="-", workers=self.workers)
 
 
-def limitd_workers(threads: int, async_slots: int | None) -> Callable[[Context], list[list[str]]]:
+def limitd_workers(
+    threads: int, async_slots: int | None, loop: str = "asyncio"
+) -> Callable[[Context], list[list[str]]]:
     """``limitd start`` on a YAML config written for the run."""
 
     def commands(ctx: Context) -> list[list[str]]:
         text = LIMITD_CONFIG.format(url=ctx.url, queue=limitd_io_app.QUEUE, threads=threads)
         if async_slots is not None:
             text += f"async_concurrency: {async_slots}\n"
-        config = ctx.tmp / f"async-io-{threads}-{async_slots}.yml"
+        if loop != "asyncio":  # (unset otherwise: a checkout older than the key runs too)
+            text += f"async_loop: {loop}\n"
+        config = ctx.tmp / f"async-io-{threads}-{async_slots}-{loop}.yml"
         config.write_text(text)
         return [[str(PROJECT_BIN / "limitd"), "start", str(config)]]
 
@@ -288,6 +294,19 @@ def all_systems() -> list[IoSystem]:
                 ),
                 slots=slots,
                 workers=limitd_workers(ASYNC_PROCESSORS, slots),
+                enqueue=limitd_enqueue(limitd_io_app.wait_io),
+            )
+            for slots in (ASYNC_SLOTS, MANY_SLOTS)
+        ),
+        *(
+            IoSystem(
+                name=f"limitd-async-uvloop-{slots}",
+                settings=(
+                    f"limitd start, 1 process, async_concurrency {slots}, async_loop uvloop, "
+                    f"concurrency {ASYNC_PROCESSORS} (processor threads fetching)"
+                ),
+                slots=slots,
+                workers=limitd_workers(ASYNC_PROCESSORS, slots, loop="uvloop"),
                 enqueue=limitd_enqueue(limitd_io_app.wait_io),
             )
             for slots in (ASYNC_SLOTS, MANY_SLOTS)

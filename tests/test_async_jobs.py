@@ -112,6 +112,12 @@ async def quick(n: int) -> None:
     meter.record(("async", n))
 
 
+@limitd.job(name="async_test.LoopKind")
+async def loop_kind(n: int) -> None:
+    await asyncio.sleep(0.001)  # a timer, which uvloop keeps in libuv
+    meter.record(("loop", type(asyncio.get_running_loop()).__module__))
+
+
 @limitd.job(name="async_test.Sync")
 def sync_job(n: int) -> None:
     meter.record(("sync", n))
@@ -268,6 +274,19 @@ def test_async_and_sync_jobs_run_in_one_capsule(capsules: Capsules, redis) -> No
         [("async", n) for n in range(5)] + [("sync", n) for n in range(5)]
     )
     wait_for(settled(redis), message="every job acknowledged")
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_async_loop_picks_the_event_loop_jobs_run_on(
+    capsules: Capsules, redis, loop: str
+) -> None:
+    capsule = capsules.start(async_loop=loop)
+    loop_kind.perform_bulk([[n] for n in range(20)])
+    wait_for(lambda: len(meter.seen) == 20, message="twenty async jobs")
+    modules = {module for _, module in meter.seen}
+    assert modules == {"uvloop" if loop == "uvloop" else "asyncio.unix_events"}
+    wait_for(settled(redis), message="every job acknowledged")
+    assert capsules.stop(capsule, timeout=2) == 0  # nothing left to requeue
 
 
 def test_the_basic_fetch_runs_async_jobs_too(capsules: Capsules, redis) -> None:

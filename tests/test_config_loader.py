@@ -621,3 +621,21 @@ capsules:
     assert found == {"default": 2, "plain": 2, "own": 1, "free": None}
     again = load(tmp_path, yaml.safe_dump(config_as_dict(config)))
     assert {spec.config.name: spec.config.cpu_affinity for spec in again.capsules} == found
+
+
+def test_async_loop_names_the_event_loop_and_says_what_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert capsule(load(tmp_path, "queues: [a]\n"), "default").config.async_loop == "asyncio"
+    chosen = load(tmp_path, "queues: [a]\nasync_loop: uvloop\n")
+    assert capsule(chosen, "default").config.async_loop == "uvloop"
+    with pytest.raises(ConfigError, match=r"async_loop: expected one of \['asyncio', 'uvloop'\]"):
+        load(tmp_path, "queues: [a]\nasync_loop: trio\n")
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "uvloop" else real(name, *a)
+    )
+    with pytest.raises(ConfigError, match=r"base.yml.*async_loop: uvloop is not installed here"):
+        load(tmp_path, "queues: [a]\nasync_loop: uvloop\n")

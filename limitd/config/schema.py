@@ -29,6 +29,7 @@ of its own.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 from collections.abc import Collection, Iterator, Mapping, Sequence
@@ -39,6 +40,7 @@ from typing import Any
 
 from limitd.config.files import KeyPath, interpolate, merge_files
 from limitd.config.settings import (
+    ASYNC_LOOPS,
     CPU_SCHEDULINGS,
     FETCHES,
     SCHEDULED_POLLS,
@@ -64,6 +66,7 @@ OWN_KEYS = (
     "concurrency",
     "async_concurrency",
     "async_block_warning",
+    "async_loop",
     "limits",
     "process_limits",
     "rate_limits",
@@ -354,6 +357,17 @@ def read_named_capsule(name: str, capsules: Section, shared: Shared) -> CapsuleS
     return read_capsule(name, section, read_shared(section, shared))
 
 
+def async_loop(section: Section) -> str:
+    """``async_loop``: "asyncio", or "uvloop" when it is installed (the config names a
+    loop this machine cannot make: said now, not when the first async job comes)."""
+    chosen = section.choice("async_loop", ASYNC_LOOPS, "asyncio")
+    if chosen == "uvloop" and importlib.util.find_spec("uvloop") is None:
+        raise section.error(
+            "async_loop", "uvloop is not installed here (pip install 'limitd[uvloop]')"
+        )
+    return chosen
+
+
 def read_capsule(name: str, section: Section, shared: Shared) -> CapsuleSpec:
     """One capsule: its own settings from ``section``, the inherited ones from ``shared``."""
     queues = section.queues("queues") or list(_DEFAULTS.queues)
@@ -372,6 +386,7 @@ def read_capsule(name: str, section: Section, shared: Shared) -> CapsuleSpec:
             concurrency=concurrency,
             async_concurrency=section.optional_integer("async_concurrency", 1),
             async_block_warning=section.number("async_block_warning", 1.0, 0, above=True),
+            async_loop=async_loop(section),
             timeout=shared.timeout,
             require=list(shared.require),
             tag=shared.tag,
@@ -497,6 +512,7 @@ def capsule_as_dict(spec: CapsuleSpec) -> dict[str, Any]:
         "concurrency": capsule.concurrency,
         "async_concurrency": capsule.async_concurrency,
         "async_block_warning": capsule.async_block_warning,
+        "async_loop": capsule.async_loop,
         "limits": dict(capsule.limits),
         "process_limits": dict(capsule.process_limits),
         "rate_limits": {

@@ -19,6 +19,7 @@ from limitd.retry import DeadSetPolicy, DeathHandler
 FETCHES = ("limit", "basic")
 SCHEDULED_POLLS = ("due", "interval")  # see supervisor/poller.py
 CPU_SCHEDULINGS = ("batch", "normal")  # see supervisor/cpu_scheduling.py
+ASYNC_LOOPS = ("asyncio", "uvloop")  # see supervisor/async_lane.py
 
 
 @dataclass
@@ -39,6 +40,7 @@ class CapsuleConfig:
     # defines async jobs, else no loop at all (see ``limitd.supervisor.async_lane``).
     async_concurrency: int | None = None
     async_block_warning: float = 1.0  # warn when an async job holds the loop this long
+    async_loop: str = "asyncio"  # the event loop's implementation (ASYNC_LOOPS)
     timeout: float = 25.0
     require: Sequence[str] = ()
     tag: str = ""
