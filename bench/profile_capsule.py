@@ -183,13 +183,15 @@ def flame_svg(profile: Profile, title: str) -> str:
             x += width
 
     draw(tree, 0.0, 0)
+    shares = profile.parts()
+    present = [label for label in colour if shares[label]]  # the legend: parts sampled
     legend = "".join(
         f'<rect x="{10 + 600 * (i % 2)}" y="{24 + ROW * (i // 2)}" width="10" height="10" '
         f'fill="{colour[label]}"/><text x="{24 + 600 * (i % 2)}" y="{33 + ROW * (i // 2)}">'
         f"{html.escape(label)}</text>"
-        for i, label in enumerate([*colour])
+        for i, label in enumerate(present)
     )
-    top = 30 + ROW * ((len(colour) + 1) // 2)
+    top = 30 + ROW * ((len(present) + 1) // 2)
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height + top}" '
         f'font-family="monospace" font-size="11">'
