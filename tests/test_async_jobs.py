@@ -277,9 +277,7 @@ def test_async_and_sync_jobs_run_in_one_capsule(capsules: Capsules, redis) -> No
 
 
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
-def test_async_loop_picks_the_event_loop_jobs_run_on(
-    capsules: Capsules, redis, loop: str
-) -> None:
+def test_async_loop_picks_the_event_loop_jobs_run_on(capsules: Capsules, redis, loop: str) -> None:
     capsule = capsules.start(async_loop=loop)
     loop_kind.perform_bulk([[n] for n in range(20)])
     wait_for(lambda: len(meter.seen) == 20, message="twenty async jobs")
@@ -705,3 +703,20 @@ def test_a_stall_counts_when_the_watch_kept_time_or_the_loop_was_busy(
 ) -> None:
     late = blocked_for(now, pulse, ticked, 0.2, loop_busy=loop_busy)
     assert late == (pytest.approx(blocked) if blocked is not None else None)
+
+
+def test_the_young_generation_threshold_is_raised_unless_the_app_set_one() -> None:
+    import gc
+
+    from limitd.supervisor.launcher import collect_young_less_often
+
+    saved = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        collect_young_less_often()
+        assert gc.get_threshold() == (10_000, 10, 10)
+        gc.set_threshold(5000, 20, 20)  # the app's own tuning stays
+        collect_young_less_often()
+        assert gc.get_threshold() == (5000, 20, 20)
+    finally:
+        gc.set_threshold(*saved)

@@ -47,6 +47,13 @@ APP = textwrap.dedent('''
         pipe.rpush("a:runs", n)
         pipe.execute()
 
+    @limitd.job(name="async_app.Collector", queue="q")
+    async def collector(n):
+        import gc
+        default_client().redis.hset(
+            "a:gc", mapping={"young": gc.get_threshold()[0], "frozen": gc.get_freeze_count()}
+        )
+
     @limitd.job(name="async_app.Forever", queue="q")
     async def forever(n):
         redis = default_client().redis
@@ -129,6 +136,20 @@ def test_a_global_limit_holds_on_the_loops_of_two_processes(
     assert redis.llen("a:runs") == 60, "each ran once"
     wait_for(lambda: queue_limits.busy(redis, "q") == 0, message="the slots freed")
     wait_for(lambda: in_progress_total(redis) == 0, message="every job settled")
+    supervisor.send_signal(signal.SIGTERM)
+    assert supervisor.wait(timeout=15) == 0
+
+
+def test_a_capsule_freezes_what_it_started_with_and_collects_the_young_less_often(
+    processes: LimitdProcesses, redis: redis_py.Redis
+) -> None:
+    supervisor = processes.start("unlimited.yml")
+    wait_capsules(redis, 2)
+    push(redis, "async_app.Collector", [[1]])
+    wait_for(lambda: redis.exists("a:gc"), timeout=20, message="the job's report")
+    report = {k.decode(): int(v) for k, v in redis.hgetall("a:gc").items()}
+    assert report["young"] == 10_000
+    assert report["frozen"] > 1000  # the app, limitd and the capsule, out of the collector's sight
     supervisor.send_signal(signal.SIGTERM)
     assert supervisor.wait(timeout=15) == 0
 

@@ -599,6 +599,7 @@ def test_sidekiq_keys_limitd_has_no_meaning_for_are_refused_saying_what_to_do(
     assert caught.value.key == key
     assert words in caught.value.message
 
+
 def test_cpu_affinity_is_inherited_and_none_undoes_it(tmp_path: Path) -> None:
     """CPUs per capsule process: unset by default, a number at the top level is every
     capsule's unless one sets its own, and ``none`` gives a capsule back to the kernel."""
