@@ -86,6 +86,7 @@ sys.path[:0] = [str(PEERS_DIR), str(PEERS_DIR / "apps"), str(ASYNC_APPS_DIR)]
 
 import limitd_io_app  # noqa: E402
 import measure  # noqa: E402
+from _common import cpu_ticks, machine_load  # noqa: E402
 from peers_venv import ensure_peers_venv  # noqa: E402
 from systems.base import APPS_DIR, PEERS_BIN, PROJECT_BIN, Context, System  # noqa: E402
 
@@ -448,6 +449,7 @@ def run_rounds(
             for outcome in outcomes:
                 if outcome.error or outcome.unavailable:
                     continue
+                ticks = cpu_ticks()
                 try:
                     drained = one_round(outcome, conn, ctx, args.deadline)
                 except measure.RunFailed as exc:
@@ -458,7 +460,10 @@ def run_rounds(
                     )
                     continue
                 outcome.drains.append(drained)
-                print(round_line(number, args.rounds, outcome, drained), flush=True)
+                # The machine's steal and load over the round: a round far off the
+                # others says why.
+                line = round_line(number, args.rounds, outcome, drained)
+                print(f"{line}; {machine_load(ticks)}", flush=True)
 
 
 def spread(values: list[float]) -> str:

@@ -3,7 +3,7 @@ capsule while it drains jobs, and this prints the share of each part of a job's 
 and writes a flame graph.
 
     .venv/bin/python bench/profile_capsule.py [--work noop|async] [--seconds 8]
-        [--jobs 200000] [--all-threads] [--svg docs/img/capsule-flame.svg]
+        [--jobs 200000] [--all-threads] [--loop uvloop] [--svg docs/img/capsule-flame.svg]
 
 ``--work noop`` (the default): the peers' no-op job (bench/peers/apps/limitd_app.py, an
 INCR through ``limitd.redis_client()``), one capsule process of 10 threads on the limit
@@ -60,6 +60,8 @@ WORK_CONFIG = {
     ),
 }
 
+LANE_METHODS = ("take_fetched", "submit", "_take_inbox", "_start", "_run", "_slot_freed")
+
 # A sample belongs to the first part whose test matches its stack (frame names, root
 # first). Names are "Class.method (file)" as py-spy gives them.
 Test = Callable[[list[str]], bool]
@@ -78,11 +80,23 @@ PARTS: list[tuple[str, Test]] = [
     ("the fetch call: its arguments, the round trip, the reply", has("LimitFetch.take ")),
     ("decoding the payload", has("parse (limitd/payload.py", "JobExecutor._admit ")),
     ("server middleware and the executor around the job", has("ServerChain.", "JobExecutor.")),
+    (
+        "the async lane: handing jobs to the loop, starting and ending their tasks",
+        has(*(f"AsyncLane.{name} " for name in LANE_METHODS)),
+    ),
     ("handing fetched jobs to waiting processors", has("Dispatcher._serve ")),
     ("a processor waiting for its lock (woken with a job)", on_top("Dispatcher._wait ")),
-    ("the caller passing the next call on (sleep(0)), its bookkeeping", has("Dispatcher.")),
-    ("the event loop: tasks, timers, callbacks", has("BaseEventLoop.", "Handle._run ")),
-    ("the async lane: slots, parking, finishing", has("AsyncLane.", "async_lane")),
+    (
+        "the dispatch: passing the next call on (sleep(0)), waiting, its bookkeeping",
+        has("Dispatcher."),
+    ),
+    # asyncio's loop is Python; uvloop's is C, on top in the loop thread's own frame.
+    (
+        "the event loop: tasks, timers, callbacks",
+        lambda stack: (
+            has("BaseEventLoop.", "Handle._run ")(stack) or on_top("AsyncLane._run_loop ")(stack)
+        ),
+    ),
 ]
 OTHER = "everything else"
 COLOURS = [
@@ -242,6 +256,7 @@ def profile_capsule(args: argparse.Namespace, raw: Path) -> tuple[float, float]:
             conf.write_text(
                 f"redis:\n  url: {server.url}\nlogging:\n  level: WARNING\n"
                 + WORK_CONFIG[args.work]
+                + (f"async_loop: {args.loop}\n" if args.loop != "asyncio" else "")
             )
             env = dict(os.environ, BENCH_REDIS_URL=server.url)
             # (A PYTHONPATH given, a checkout of another commit say, stays first.)
@@ -289,6 +304,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=8, help="sampling window (8)")
     parser.add_argument("--jobs", type=int, default=200_000, help="jobs enqueued (200000)")
     parser.add_argument("--all-threads", action="store_true", help="not only the GIL's")
+    parser.add_argument(
+        "--loop", choices=("asyncio", "uvloop"), default="asyncio", help="async_loop (asyncio)"
+    )
     parser.add_argument("--svg", type=Path, help="write the flame graph here")
     parser.add_argument("--raw", type=Path, help="keep py-spy's raw samples here")
     args = parser.parse_args()
