@@ -78,7 +78,14 @@ def run(scenario: str, *, nested: bool, on_loop: bool) -> tuple[list[str], str]:
     ]
     if nested:
         entries.insert(1, PassThrough())
-    chain = ServerChain(entries)
+    return drive(ServerChain(entries), events, job_fails, on_loop=on_loop)
+
+
+def drive(
+    chain: ServerChain, events: list[str], job_fails: bool, *, on_loop: bool
+) -> tuple[list[str], str]:
+    """A job (recording "perform", raising ValueError when it fails) through ``chain``,
+    on a processor thread or on a loop: the hooks seen, and how it ended."""
 
     def perform() -> str:
         events.append("perform")
@@ -152,26 +159,7 @@ def run_on_error(job_fails: bool, *, on_loop: bool, beside: bool = False) -> tup
     entries: list[Any] = [OnErrorRecorder(events)]
     if beside:
         entries.insert(0, Recorder("outer", events))
-    chain = ServerChain(entries)
-
-    def perform() -> str:
-        events.append("perform")
-        if job_fails:
-            raise ValueError("job")
-        return "result"
-
-    async def aperform() -> str:
-        return perform()
-
-    try:
-        if on_loop:
-            result = asyncio.run(chain.ainvoke(SPEC, PAYLOAD, "default", aperform))
-        else:
-            result = chain.invoke(SPEC, PAYLOAD, "default", perform)
-    except Exception as error:
-        return events, outcome(error)
-    assert result == "result"
-    return events, outcome(None)
+    return drive(ServerChain(entries), events, job_fails, on_loop=on_loop)
 
 
 @pytest.mark.parametrize("on_loop", [False, True], ids=["thread", "loop"])
