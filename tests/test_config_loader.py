@@ -640,3 +640,10 @@ def test_async_loop_names_the_event_loop_and_says_what_is_missing(
     )
     with pytest.raises(ConfigError, match=r"base.yml.*async_loop: uvloop is not installed here"):
         load(tmp_path, "queues: [a]\nasync_loop: uvloop\n")
+
+
+def test_a_capsule_config_built_in_code_refuses_an_unknown_async_loop() -> None:
+    from limitd.supervisor import CapsuleConfig
+
+    with pytest.raises(ValueError, match=r"async_loop must be one of \('asyncio', 'uvloop'\)"):
+        CapsuleConfig(async_loop="trio")

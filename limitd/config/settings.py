@@ -106,6 +106,7 @@ class CapsuleConfig:
             ("fetch", FETCHES),
             ("scheduled_poll", SCHEDULED_POLLS),
             ("cpu_scheduling", CPU_SCHEDULINGS),
+            ("async_loop", ASYNC_LOOPS),
         ):
             if getattr(self, key) not in choices:
                 raise ValueError(
