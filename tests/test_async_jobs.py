@@ -631,9 +631,13 @@ def test_jobs_waiting_for_a_loop_slot_are_not_counted_as_running(capsules: Capsu
     gated.perform_bulk([[n] for n in range(60)])
     wait_for(lambda: meter.now == 50, message="fifty async jobs at once")
     wait_for(lambda: redis.llen(keys.of(redis).queue("default")) == 5, message="55 fetched")
+    lane = capsule.lane
+    assert lane is not None
+    # The last five reach the lane a moment after Redis gave them (the fetch's reply is
+    # read, then handed over): parked, not running.
+    wait_for(lambda: lane.holding() == 55, message="the five fetched last parked")
     assert capsule.busy() == 50
-    assert capsule.lane is not None and len(capsule.lane.running()) == 50
-    assert capsule.lane.holding() == 55
+    assert len(lane.running()) == 50
     meter.gate.set()
     wait_for(lambda: len(meter.done) == 60, message="all sixty jobs")
     assert meter.peak == 50
