@@ -245,3 +245,23 @@ def test_awaitable_and_afailed_give_what_ainvoke_gives(job_fails: bool, beside: 
         return asyncio.run(chain.ainvoke(SPEC, PAYLOAD, "default", aperform))
 
     assert run_with(through_awaitable) == run_with(through_ainvoke)
+
+
+def test_a_subclass_overriding_the_hook_is_not_judged_by_its_parents_declaration() -> None:
+    class AskedAlways(FieldRecorder):
+        def concerns(self, payload: Any) -> bool:  # no concerns_fields of its own
+            self.asked.append(payload["jid"])
+            return True
+
+    class EndsEveryJob(OnErrorRecorder):
+        def ended(self, spec: JobSpec, payload: Any, queue: str, error: Any) -> Ending | None:
+            self.events.append(f"ended {type(error).__name__}")
+            return None
+
+    asked, events = AskedAlways(), []
+    chain = ServerChain([asked, EndsEveryJob(events)])
+    without = {**PAYLOAD, "jid": "without"}
+    assert len(chain.concerned(without)) == 2
+    assert asked.asked == ["without"]
+    assert chain.invoke(SPEC, without, "default", lambda: "result") == "result"
+    assert events == ["ended NoneType"]  # told of a job that returned, as it asks

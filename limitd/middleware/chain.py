@@ -153,13 +153,27 @@ class ServerEntry:
         kind, base = type(middleware), ServerMiddleware
         own_filter = kind.concerns is not base.concerns
         self.concerns = middleware.concerns if own_filter else None
-        self.fields = kind.concerns_fields if own_filter else None
+        self.fields = _declared_with(kind, "concerns", "concerns_fields") if own_filter else None
         self.starts = kind.starting is not base.starting
         self.ends = kind.ended is not base.ended
         self.settles = kind.settled is not base.settled
         self.quiets = kind.quiet is not base.quiet
         # Nothing to do before perform, and ``ended`` only for a job that raised.
-        self.on_error = self.ends and not self.starts and kind.ends_only_on_error
+        self.on_error = (
+            self.ends
+            and not self.starts
+            and bool(_declared_with(kind, "ended", "ends_only_on_error"))
+        )
+
+
+def _declared_with(kind: type, hook: str, declaration: str) -> Any:
+    """``declaration`` as the class that defines ``hook`` declares it, else None: a
+    subclass that overrides the hook without declaring it anew is not judged by what its
+    parent said of its own hook."""
+    for klass in kind.__mro__:
+        if hook in vars(klass):
+            return vars(klass).get(declaration)
+    return None
 
 
 class _Plan:
