@@ -287,30 +287,10 @@ class ServerChain(Chain):
         without ``acall`` runs on a worker thread)."""
         if entries is None:
             entries = self.concerned(payload)
-        if not entries:
-            return await perform()
-        if _only_on_error(entries):
-            try:
-                return await perform()
-            except BaseException as error:
-                return await _athrough(entries, spec, payload, queue, _araising(error))
-        if not any(entry.wrapped for entry in entries):
-            return await _athrough(entries, spec, payload, queue, perform)
-
-        def step(index: int) -> Awaitable[Any]:
-            """As in :meth:`invoke`; what is left to await, not a coroutine of its own."""
-            if index == len(entries):
-                return perform()
-            entry = entries[index]
-            if entry.wrapped is not None:  # its call_next must give a coroutine
-                return entry.wrapped.ainvoke(
-                    spec, payload, queue, lambda: _awaited(step(index + 1))
-                )
-            end = _typed_run_end(entries, index)
-            inner = perform if end == len(entries) else lambda: step(end)
-            return _athrough(entries[index:end], spec, payload, queue, inner)
-
-        return await step(0)
+        try:
+            return await self.awaitable(spec, payload, queue, perform, entries)
+        except BaseException as error:
+            await self.afailed(error, spec, payload, queue, entries)
 
     def awaitable(
         self,
@@ -327,7 +307,7 @@ class ServerChain(Chain):
         pass through each time it suspends and resumes."""
         if not entries or _only_on_error(entries):
             return perform()
-        return self.ainvoke(spec, payload, queue, perform, entries=entries)
+        return _awrapped(entries, spec, payload, queue, perform)
 
     async def afailed(
         self,
@@ -376,6 +356,34 @@ async def _awaited(awaitable: Awaitable[Any]) -> Any:
     """``awaitable`` as a coroutine (what a callable middleware run on a worker thread
     hands back to the loop must be one)."""
     return await awaitable
+
+
+def _awrapped(
+    entries: list[ServerEntry],
+    spec: JobSpec,
+    payload: Payload,
+    queue: str,
+    perform: Callable[[], Awaitable[Any]],
+) -> Awaitable[Any]:
+    """What to await for a job that middleware wrap: typed ones in one frame
+    (:func:`_athrough`), nesting only around callable ones. (Apart from
+    :meth:`ServerChain.awaitable`, which every async job passes: a closure there would
+    make cells of its arguments for every job.)"""
+    if not any(entry.wrapped for entry in entries):
+        return _athrough(entries, spec, payload, queue, perform)
+
+    def step(index: int) -> Awaitable[Any]:
+        """As in :meth:`ServerChain.invoke`; what is left to await, not a coroutine."""
+        if index == len(entries):
+            return perform()
+        entry = entries[index]
+        if entry.wrapped is not None:  # its call_next must give a coroutine
+            return entry.wrapped.ainvoke(spec, payload, queue, lambda: _awaited(step(index + 1)))
+        end = _typed_run_end(entries, index)
+        inner = perform if end == len(entries) else lambda: step(end)
+        return _athrough(entries[index:end], spec, payload, queue, inner)
+
+    return step(0)
 
 
 def _only_on_error(entries: list[ServerEntry]) -> bool:

@@ -406,10 +406,12 @@ class AsyncLane:
 
     def _job_of(self, task: asyncio.Task[Any] | None) -> str:
         """The job a task of the loop runs, as logs name it."""
+        if task is None:
+            return "no job (limitd's own code)"
         for entry in list(self._entries.values()):
-            if task is not None and entry.task is task:
+            if entry.task is task:
                 return entry.describe()
-        return "no job (limitd's own code)" if task is None else task.get_name()
+        return task.get_name()
 
 
 def blocked_for(

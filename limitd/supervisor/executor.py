@@ -138,8 +138,8 @@ class JobExecutor:
         started = clock.monotonic() if timed else 0.0
         token = running(payload)
         error: BaseException | None = None
-        entries = self.chain.concerned(payload)
         chain = self.chain
+        entries = chain.concerned(payload)
         try:
             try:
                 await chain.awaitable(spec, payload, unit.queue, lambda: spec.run(payload), entries)
@@ -153,7 +153,7 @@ class JobExecutor:
             outcome = await asyncio.to_thread(self._failed, spec, payload, unit.queue, exc)
         finally:
             finished(token)
-        calls = self.chain.settle(spec, payload, unit.queue, outcome, error, entries=entries)
+        calls = chain.settle(spec, payload, unit.queue, outcome, error, entries=entries)
         if calls and unit.defer_is_io:
             await asyncio.to_thread(unit.defer, calls)
         elif calls:
