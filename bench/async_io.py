@@ -284,32 +284,28 @@ def bullmq_unavailable() -> str | None:
     return None
 
 
+def async_name(slots: int, loop: str) -> str:
+    """limitd-async (the reference), limitd-async-10000, limitd-async-uvloop-N."""
+    if loop != "asyncio":
+        return f"limitd-async-{loop}-{slots}"
+    return REFERENCE if slots == ASYNC_SLOTS else f"limitd-async-{slots}"
+
+
 def all_systems() -> list[IoSystem]:
     return [
         *(
             IoSystem(
-                name=REFERENCE if slots == ASYNC_SLOTS else f"limitd-async-{slots}",
+                name=async_name(slots, loop),
                 settings=(
                     f"limitd start, 1 process, async_concurrency {slots}, "
-                    f"concurrency {ASYNC_PROCESSORS} (processor threads fetching)"
+                    + (f"async_loop {loop}, " if loop != "asyncio" else "")
+                    + f"concurrency {ASYNC_PROCESSORS} (processor threads fetching)"
                 ),
                 slots=slots,
-                workers=limitd_workers(ASYNC_PROCESSORS, slots),
+                workers=limitd_workers(ASYNC_PROCESSORS, slots, loop=loop),
                 enqueue=limitd_enqueue(limitd_io_app.wait_io),
             )
-            for slots in (ASYNC_SLOTS, MANY_SLOTS)
-        ),
-        *(
-            IoSystem(
-                name=f"limitd-async-uvloop-{slots}",
-                settings=(
-                    f"limitd start, 1 process, async_concurrency {slots}, async_loop uvloop, "
-                    f"concurrency {ASYNC_PROCESSORS} (processor threads fetching)"
-                ),
-                slots=slots,
-                workers=limitd_workers(ASYNC_PROCESSORS, slots, loop="uvloop"),
-                enqueue=limitd_enqueue(limitd_io_app.wait_io),
-            )
+            for loop in ("asyncio", "uvloop")
             for slots in (ASYNC_SLOTS, MANY_SLOTS)
         ),
         *(
