@@ -3,13 +3,17 @@ capsule while it drains jobs, and this prints the share of each part of a job's 
 and writes a flame graph.
 
     .venv/bin/python bench/profile_capsule.py [--work noop|async] [--seconds 8]
-        [--jobs 200000] [--all-threads] [--loop uvloop] [--svg docs/img/capsule-flame.svg]
+        [--jobs 200000] [--queues 1] [--all-threads] [--loop uvloop]
+        [--svg docs/img/capsule-flame.svg]
 
 ``--work noop`` (the default): the peers' no-op job (bench/peers/apps/limitd_app.py, an
 INCR through ``limitd.redis_client()``), one capsule process of 10 threads on the limit
 fetch with a non-binding limit, as ``limitd-1`` in bench/peers/run.py. ``--work async``:
 bench/async_apps' job that awaits 100 ms, ``async_concurrency: 1000``, as
-``limitd-async`` in bench/async_io.py.
+``limitd-async`` in bench/async_io.py. ``--queues N`` (noop only) lists N queues
+instead of one, each with the same non-binding limit, and spreads the jobs evenly over
+them, as bench/fetch_scale.py does: where the capsule's time goes when each fetch call
+meets many shallow queues (issue 32).
 
 The jobs are enqueued first; once the capsule has run some, py-spy (``pip install
 py-spy``; not a dependency of limitd) samples it for ``--seconds`` at 250 Hz. By default
@@ -224,11 +228,29 @@ def py_spy() -> str:
     return found
 
 
-def enqueue(url: str, work: str, jobs: int) -> None:
+def queue_config(count: int) -> str:
+    """The noop work's config over ``count`` queues (fetch_scale.py's names), each with
+    the non-binding limit of the one-queue config."""
+    import fetch_scale
+
+    names = fetch_scale.queue_names(count)
+    limits = ", ".join(f"{name}: 1000" for name in names)
+    return (
+        WORK_CONFIG["noop"]
+        .replace("queues: [bench]", f"queues: [{', '.join(names)}]")
+        .replace("limits: {bench: 1000}", f"limits: {{{limits}}}")
+    )
+
+
+def enqueue(url: str, work: str, jobs: int, queues: int) -> None:
     import limitd
 
     limitd.set_default_client(limitd.Client(redis_py.Redis.from_url(url)))
-    if work == "noop":
+    if queues > 1:
+        import fetch_scale
+
+        fetch_scale.enqueue(fetch_scale.queue_names(queues), jobs)
+    elif work == "noop":
         import limitd_app
 
         limitd_app.noop.perform_bulk([[i] for i in range(jobs)], batch_size=1000)
@@ -250,12 +272,12 @@ def profile_capsule(args: argparse.Namespace, raw: Path) -> tuple[float, float]:
     server.start()
     try:
         conn = redis_py.Redis.from_url(server.url)
-        enqueue(server.url, args.work, args.jobs)
+        enqueue(server.url, args.work, args.jobs, args.queues)
         with tempfile.TemporaryDirectory() as tmp:
             conf = Path(tmp) / "profile.yml"
             conf.write_text(
                 f"redis:\n  url: {server.url}\nlogging:\n  level: WARNING\n"
-                + WORK_CONFIG[args.work]
+                + (queue_config(args.queues) if args.queues > 1 else WORK_CONFIG[args.work])
                 + (f"async_loop: {args.loop}\n" if args.loop != "asyncio" else "")
             )
             env = dict(os.environ, BENCH_REDIS_URL=server.url)
@@ -307,9 +329,14 @@ def main() -> None:
     parser.add_argument(
         "--loop", choices=("asyncio", "uvloop"), default="asyncio", help="async_loop (asyncio)"
     )
+    parser.add_argument(
+        "--queues", type=int, default=1, help="noop jobs spread over this many queues (1)"
+    )
     parser.add_argument("--svg", type=Path, help="write the flame graph here")
     parser.add_argument("--raw", type=Path, help="keep py-spy's raw samples here")
     args = parser.parse_args()
+    if args.queues > 1 and args.work != "noop":
+        parser.error("--queues is for --work noop")
     raw = args.raw or Path(tempfile.gettempdir()) / f"limitd-profile-{os.getpid()}.txt"
     started = time.time()
     cpu_per_job, rate = profile_capsule(args, raw)
@@ -317,8 +344,9 @@ def main() -> None:
     if not args.raw:
         raw.unlink()
     what = "every busy thread" if args.all_threads else "the thread holding the GIL"
+    spread = f" over {args.queues:,} queues" if args.queues > 1 else ""
     print(
-        f"{args.work}: {rate:,.0f} jobs/s over the window, capsule CPU {cpu_per_job:.0f} "
+        f"{args.work}{spread}: {rate:,.0f} jobs/s over the window, capsule CPU {cpu_per_job:.0f} "
         f"us/job; {profile.total} samples of {what}"
     )
     print("\n| part of the path | share |\n|---|---:|")
