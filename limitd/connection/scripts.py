@@ -22,7 +22,9 @@ from limitd.connection.wire import (
     Conn,
     OwnConnection,
     _connection,
+    bulk,
     client_of,
+    command_from,
     pack_command,
     send_packed,
 )
@@ -149,6 +151,7 @@ class LuaScript:
         self._script = Script(None, self.source)  # type: ignore[arg-type]
         self.sha: str = self._script.sha  # what EVALSHA names it by
         self._sha = self.sha.encode()
+        self._evalsha = bulk(b"EVALSHA") + bulk(self._sha)
 
     def __call__(self, conn: Any, keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> Any:
         """Run on ``conn`` (a client, a pipeline or an own connection)."""
@@ -161,7 +164,11 @@ class LuaScript:
                 conn = conn.wrapped
             if cluster.is_cluster(conn):  # routed by its keys' slot
                 return self._on_cluster(conn, keys, args)
-        command = self.packed(keys, args)
+        return self.send(conn, self.packed(keys, args))
+
+    def send(self, conn: Any, command: bytes) -> Any:
+        """Send this script's packed call (``packed`` or ``packed_from``) on ``conn``, a
+        client or an own connection, loading the script first if Redis lacks it."""
         try:
             return send_packed(conn, command)
         except NoScriptError:
@@ -191,6 +198,13 @@ class LuaScript:
 
     def packed(self, keys: Sequence[Any], args: Sequence[Any]) -> bytes:
         return pack_command(b"EVALSHA", self._sha, len(keys), *keys, *args)
+
+    def packed_from(
+        self, keys: int, key_parts: list[bytes], args: int, arg_parts: list[bytes]
+    ) -> bytes:
+        """The call of ``packed`` from arguments already in RESP (``bulk``): ``keys``
+        keys in ``key_parts``, then ``args`` arguments in ``arg_parts``."""
+        return command_from(3 + keys + args, [self._evalsha, bulk(keys), *key_parts, *arg_parts])
 
     def later(
         self,

@@ -27,6 +27,7 @@ import logging
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import redis as redis_py
@@ -36,6 +37,8 @@ from limitd import clock, keys
 from limitd.connection import (
     Conn,
     LuaScript,
+    OwnConnection,
+    bulk,
     each_pipelined,
     pack_command,
     replication,
@@ -66,6 +69,32 @@ MAX_ASKS = 4  # calls one take makes at most while the index holds queues it was
 # An in-progress entry no thread holds is requeued once it has been so this long: a
 # fetch's reply or a settlement in flight is never that late.
 ORPHAN_SECONDS = 2.0
+
+
+_MODES = {mode: bulk(mode) for mode in (ACK, REQUEUE, YIELD)}
+
+
+@dataclass(frozen=True, slots=True)
+class _CallParts:
+    """What every packed fetch call of one fetch passes whatever its queues, packed."""
+
+    fixed_keys: bytes  # KEYS[1..7]
+    index_keys: bytes  # the ready index's two, when a call uses it
+    last_keys: bytes  # the fair queues' settings and the recoveries hash
+    key_count: int  # keys in fixed_keys and last_keys
+    head: bytes  # ARGV[1..2]: the capsule's id, the wake-up channel
+    fair_template: bytes
+    no_index: bytes  # the index's arguments of a call without it
+
+
+@dataclass(frozen=True, slots=True)
+class _QueueParts:
+    """One queue's keys and arguments in a packed fetch call."""
+
+    settle_keys: bytes  # a settled job's: its in-progress list, its queue
+    name: bytes  # a settled job's argument after the job
+    keys: bytes  # a queue to fetch from: its list, its in-progress list, its rate key
+    args: bytes  # and its arguments: its name, whether it blocks
 
 
 class LimitFetch:
@@ -109,6 +138,8 @@ class LimitFetch:
         self._id = capsule_id.encode()
         self._channel = keys.WAKE_CHANNEL.encode()
         self._per_queue: dict[str, tuple[bytes, bytes, bytes, bytes, bytes]] = {}
+        self._parts_of: dict[str, _QueueParts] = {}  # packed for the wire, by queue
+        self._call_parts: _CallParts | None = None
         self._extra_queues: list[str] = []
         self._extra_refreshed = float("-inf")
         self._lock = threading.Lock()
@@ -377,15 +408,19 @@ class LimitFetch:
         plan: CallPlan | None,
     ) -> list[Any]:
         calls = calls_before_ack(settle) if mode == ACK else []
-        script_keys, args = self._script_input(settle, mode, orders, want, "", plan=plan)
+        if isinstance(conn, OwnConnection):  # a dispatcher's: packed from cached parts
+            command = self._packed_input(settle, mode, orders, want, plan)
+        else:  # a pool's client, or a pipeline's or transaction's wrapper
+            script_keys, args = self._script_input(settle, mode, orders, want, "", plan=plan)
+            if not calls and self._wait is None:
+                return cast("list[Any]", LIMIT_FETCH(conn, script_keys, args))
+            command = LIMIT_FETCH.packed(script_keys, args)
         if not calls and self._wait is None:
-            return cast("list[Any]", LIMIT_FETCH(conn, script_keys, args))
+            return cast("list[Any]", LIMIT_FETCH.send(conn, command))
         try:
-            replies = send_calls_then(
-                conn, calls, LIMIT_FETCH.packed(script_keys, args), *self._wait_command
-            )
+            replies = send_calls_then(conn, calls, command, *self._wait_command)
         except NoScriptError:  # the calls were made; only the fetch script was missing
-            replies = [LIMIT_FETCH(conn, script_keys, args)]
+            replies = [LIMIT_FETCH.send(conn, command)]
             if self._wait_command:
                 replies.append(send_packed(conn, self._wait_command[0]))
         forget_calls(settle)
@@ -444,6 +479,82 @@ class LimitFetch:
             number = {name: str(index) for index, name in enumerate(names, 1)}
             args += [",".join(number[name] for name in order) for order in orders]
         return script_keys, args
+
+    def _packed_input(
+        self,
+        settle: Sequence[UnitOfWork],
+        mode: bytes,
+        orders: list[list[str]],
+        want: int,
+        plan: CallPlan | None,
+    ) -> bytes:
+        """The call ``_script_input`` describes (with the keys all queues share), packed
+        for the wire from parts packed once: each queue's keys and arguments repeat call
+        after call, and packing the hundred arguments of a call over many queues anew
+        each time cost a capsule more than building them (bench/profile_capsule.py
+        --queues 10000). tests/test_fetch_packing.py holds the two to the same bytes."""
+        names = list(dict.fromkeys(name for order in orders for name in order))
+        parts = self._packed_parts
+        key_parts, arg_parts = [parts.fixed_keys], [parts.head, _MODES[mode]]
+        now = b"" if self.rate_clock is None else self.rate_clock()
+        arg_parts += [bulk(len(settle)), bulk(want), bulk(len(names)), bulk(now)]
+        for unit in settle:
+            queue = self._queue_parts(unit.queue)
+            key_parts.append(queue.settle_keys)
+            job = unit.job
+            arg_parts += [b"$%d\r\n%s\r\n" % (len(job), job), queue.name]  # bulk(), inlined
+        for name in names:
+            queue = self._queue_parts(name)
+            key_parts.append(queue.keys)
+            arg_parts.append(queue.args)
+        arg_parts.append(parts.fair_template)
+        keys_count, index_args = parts.key_count + 2 * len(settle) + 3 * len(names), 2
+        if plan is not None and self.index is not None:
+            key_parts.append(parts.index_keys)
+            keys_count += len(self.index.keys)
+            index = plan.args(self.index.mode)
+            arg_parts += [bulk(arg) for arg in index]
+            index_args = len(index)
+        else:
+            arg_parts.append(parts.no_index)
+        key_parts.append(parts.last_keys)
+        if len(orders) > 1:
+            number = {name: str(index) for index, name in enumerate(names, 1)}
+            arg_parts += [bulk(",".join(number[name] for name in order)) for order in orders]
+        per_job = len(orders) if len(orders) > 1 else 0  # the orders' own arguments
+        args_count = 8 + 2 * len(settle) + 2 * len(names) + index_args + per_job
+        return LIMIT_FETCH.packed_from(keys_count, key_parts, args_count, arg_parts)
+
+    @property
+    def _packed_parts(self) -> _CallParts:
+        """The parts of every packed call that do not depend on its queues (built once)."""
+        parts = self._call_parts
+        if parts is None:
+            fixed, fair_key, recoveries_key = self._shared_keys("")
+            index_keys = self.index.keys if self.index is not None else []
+            parts = self._call_parts = _CallParts(
+                fixed_keys=b"".join(bulk(key) for key in fixed),
+                index_keys=b"".join(bulk(key) for key in index_keys),
+                last_keys=bulk(fair_key) + bulk(recoveries_key),
+                key_count=len(fixed) + 2,
+                head=bulk(self._id) + bulk(self._channel),
+                fair_template=bulk(self._fair_template),
+                no_index=bulk(b"") + bulk(0),
+            )
+        return parts
+
+    def _queue_parts(self, name: str) -> _QueueParts:
+        """A queue's keys and arguments as ``_packed_input`` passes them (packed once)."""
+        found = self._parts_of.get(name)
+        if found is None:
+            queue_key, in_progress_key, encoded, blocking, rate_key = self._queue(name)
+            found = self._parts_of[name] = _QueueParts(
+                settle_keys=bulk(in_progress_key) + bulk(queue_key),
+                name=bulk(encoded),
+                keys=bulk(queue_key) + bulk(in_progress_key) + bulk(rate_key),
+                args=bulk(encoded) + bulk(blocking),
+            )
+        return found
 
     def _shared_keys(self, queue: str) -> tuple[list[bytes], bytes, bytes]:
         """The keys every call passes first, and its last two (the fair queues' settings
