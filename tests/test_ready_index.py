@@ -6,6 +6,7 @@ subscription where the behaviour depends on them."""
 from __future__ import annotations
 
 import json
+import random
 from collections import Counter
 from collections.abc import Iterator
 
@@ -408,3 +409,30 @@ def test_a_scan_over_more_queues_than_lua_can_unpack_at_once(redis: redis_py.Red
     push(redis, listed[-1], 1, publish=False)
     fetch = limit_fetch(redis, QueueOrder(listed), "c1", ready_index=False)
     assert [json.loads(unit.job)["args"][0] for unit in fetch.take(1, [])] == [listed[-1]]
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_what_the_index_knows_stays_in_rank_order_as_calls_take_queues_out(
+    redis: redis_py.Redis, weighted: bool
+) -> None:
+    """Over many shallow queues each call takes some out: the capsule drops them from
+    the ranked list it keeps (a strict call's from the queues it was given only, checked
+    by their count) and the list stays what sorting what it knows would give."""
+    listed = names(600)
+    order = QueueOrder([[name, 1] for name in listed] if weighted else listed)
+    fetch = limit_fetch(redis, order, "c1")
+    index = fetch.index
+    assert index is not None
+    index.after_call(
+        [0, 1, b"", *(name.encode() for name in listed[:MAX_KNOWN])], index.plan(1, {})
+    )
+    rng = random.Random(7)
+    for step in range(60):
+        plan = index.plan(5, {})
+        given = list(dict.fromkeys(name for order in plan.orders for name in order))
+        out = rng.sample(given, min(len(given), rng.randint(1, 4)))
+        if step % 10 == 9:  # a queue the call was not given (a hint it found empty)
+            out.append(rng.choice([name for name in index._known if name not in given]))
+        index.after_call([0, 0, b"", *(name.encode() for name in out)], plan)
+        assert index._sorted is None or index._sorted == sorted(index._known, key=index._key)
+        assert not set(out) & set(index._known)

@@ -270,18 +270,27 @@ class ReadyIndex:
             # A sample: nothing known beyond it; the first queues: all up to the last.
             self._bound = None if self.sampled or not names else self._key(names[-1])
         else:
-            for name in names:
-                self._known.pop(name, None)
-            if names and self._sorted is not None:
-                # Still by rank without what left: filtered, not sorted again, since a
-                # call over many queues takes some out every time.
-                known = self._known
-                self._sorted = [name for name in self._sorted if name in known]
+            left = sum(self._known.pop(name, None) is not None for name in names)
+            if left and self._sorted is not None:
+                given = len(plan.orders[0]) if plan.orders else 0
+                self._sorted = self._without_left(self._sorted, left, given)
         if rate_in not in (b"", ""):
             ms = int(rate_in)
             self._rate_due_at = None if ms < 0 else clock.monotonic() + ms / 1000
         self.slack = min(self.slack * 2, MAX_SLACK) if stale else max(SLACK, self.slack - 1)
         return bool(stale)
+
+    def _without_left(self, ranked: list[str], left: int, given: int) -> list[str]:
+        """``ranked`` (the known queues by rank) without the ``left`` of them that a
+        call took out: filtered, not sorted again, since a call over many queues takes
+        some out every time. A strict call takes out only queues it was given, the first
+        ``given``, so only those are looked at, unless the count says otherwise."""
+        known = self._known
+        if not self.sampled:
+            head = [name for name in ranked[:given] if name in known]
+            if given - len(head) == left:
+                return head + ranked[given:]
+        return [name for name in ranked if name in known]
 
     def failed(self) -> None:
         """A call failed: the script may have run, so what it took out is unknown."""
