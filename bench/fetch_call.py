@@ -6,11 +6,13 @@
 Two fetches (two capsules' worth, one thread) share N limited queues holding --jobs
 jobs spread evenly, and take turns: each call settles the jobs its previous call took
 and takes up to --want more, until the queues are empty, as two busy capsules'
-dispatchers do. Reported per queue count: the script's Redis time per call (INFO
-commandstats, EVALSHA usec) and per job, the commands it runs inside per job, and
-redis-server's CPU per job (user + sys). No worker threads and no network wait blur
-them, so a change to ``limit_fetch.lua`` shows here when a full drain
-(bench/fetch_scale.py) is too noisy to tell.
+dispatchers do, each on its own connection as a dispatcher's (``own_connection``).
+Reported per queue count: the script's Redis time per call (INFO commandstats, EVALSHA
+usec) and per job, the commands it runs inside per job, redis-server's CPU per job (user
++ sys), and this process's CPU per job: what building the calls, sending them and
+reading their replies costs the capsule's side. No worker threads and no network wait
+blur them, so a change to ``limit_fetch.lua`` or to how a call is built shows here when
+a full drain (bench/fetch_scale.py) is too noisy to tell.
 
 ``--compare DIR`` runs the same measure with the limitd package of another checkout (a
 ``git worktree`` of an older commit, say) in alternate rounds, and prints the ratio per
@@ -71,6 +73,7 @@ def measure_one(
     ``callgrind``: the pid of the valgrind running the server, to count its instructions."""
     from _common import command_counts, redis_cpu_seconds
 
+    from limitd.connection import own_connection
     from limitd.fetch.factory import limit_fetch
     from limitd.queues.order import QueueOrder
 
@@ -79,6 +82,7 @@ def measure_one(
     names = [f"q{i:05d}" for i in range(count)]
     fill(conn, names, jobs)
     fetches = [limit_fetch(conn, QueueOrder(names), f"bench-{n}") for n in range(2)]
+    own = [own_connection(conn) for _ in fetches]  # each its own, as each dispatcher has
     for fetch in fetches:
         fetch.wake_handlers()  # as a capsule does: one re-check of every queue first
         fetch.maintain(list, reap=False)  # and its first heartbeat, as it starts
@@ -86,17 +90,18 @@ def measure_one(
     if callgrind is not None:
         counted = Callgrind(callgrind)
     conn.config_resetstat()
-    cpu = redis_cpu_seconds(conn)
+    cpu, client_cpu = redis_cpu_seconds(conn), time.process_time()
     done = 0
     while True:
         took = False
         for n, fetch in enumerate(fetches):
-            units = fetch.take(want, held[n])
+            units = fetch.take(want, held[n], conn=own[n])
             done += len(held[n])
             held[n] = units
             took = took or bool(units)
         if not took:
             break
+    client_used = time.process_time() - client_cpu
     used = redis_cpu_seconds(conn) - cpu
     instructions = counted.instructions() if callgrind is not None else 0
     script = conn.info("commandstats")["cmdstat_evalsha"]
@@ -109,6 +114,7 @@ def measure_one(
         "us_per_job": script["usec"] / done,
         "commands_per_job": inner / done,
         "redis_cpu_us_per_job": 1e6 * used / done,
+        "client_cpu_us_per_job": 1e6 * client_used / done,
         "instructions_per_call": instructions / script["calls"],
         "instructions_per_job": instructions / done,
     }
@@ -177,7 +183,8 @@ def line(label: str, figures: dict[str, float]) -> str:
     return (
         f"{label}: {figures['us_per_call']:6.0f} us/call, {figures['us_per_job']:5.1f} us/job "
         f"in the script, {figures['commands_per_job']:.2f} commands/job inside, Redis CPU "
-        f"{figures['redis_cpu_us_per_job']:5.1f} us/job ({figures['calls']:.0f} calls){counted}"
+        f"{figures['redis_cpu_us_per_job']:5.1f} us/job ({figures['calls']:.0f} calls), "
+        f"this process's CPU {figures['client_cpu_us_per_job']:5.1f} us/job{counted}"
     )
 
 
@@ -217,6 +224,14 @@ def compare(url: str, args: argparse.Namespace) -> None:
             print(
                 f"{count:>6} queues: this / other per call, by round "
                 f"{', '.join(f'{r:.2f}' for r in ratios)}; median {statistics.median(ratios):.2f}"
+            )
+            client = [
+                this["client_cpu_us_per_job"] / other["client_cpu_us_per_job"]
+                for this, other in zip(per_root["this"], per_root["other"], strict=True)
+            ]
+            print(
+                f"{count:>6} queues: this / other, this process's CPU per job, by round "
+                f"{', '.join(f'{r:.2f}' for r in client)}; median {statistics.median(client):.2f}"
             )
 
 

@@ -328,7 +328,8 @@ class ReadyIndex:
         listed = self.order.names
         count = min(budget, len(listed))
         start = self._sweep_position % len(listed)
-        names = (listed[start:] + listed[:start])[:count]
+        names = listed[start : start + count]  # (not the whole list rotated: 10,000 names)
+        names += listed[: count - len(names)]
         self._sweep_position = start + count
         if self.dynamic and budget > count:
             cursor, found = cast(
