@@ -28,7 +28,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import redis as redis_py
 from redis.exceptions import NoScriptError
@@ -72,6 +72,7 @@ ORPHAN_SECONDS = 2.0
 
 
 _MODES = {mode: bulk(mode) for mode in (ACK, REQUEUE, YIELD)}
+_BLOCKS, _FLOWS = bulk(b"1"), bulk(b"0")  # a queue's blocking flag, as _queue gives it
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,9 +88,10 @@ class _CallParts:
     no_index: bytes  # the index's arguments of a call without it
 
 
-@dataclass(frozen=True, slots=True)
-class _QueueParts:
-    """One queue's keys and arguments in a packed fetch call."""
+class _QueueParts(NamedTuple):
+    """One queue's keys and arguments in a packed fetch call. (A tuple: over thousands
+    of shallow queues a capsule meets most of them for the first time in the call that
+    passes them, and a frozen dataclass took longer to build than the call to pack.)"""
 
     settle_keys: bytes  # a settled job's: its in-progress list, its queue
     name: bytes  # a settled job's argument after the job
@@ -547,14 +549,28 @@ class LimitFetch:
         """A queue's keys and arguments as ``_packed_input`` passes them (packed once)."""
         found = self._parts_of.get(name)
         if found is None:
-            queue_key, in_progress_key, encoded, blocking, rate_key = self._queue(name)
-            found = self._parts_of[name] = _QueueParts(
-                settle_keys=bulk(in_progress_key) + bulk(queue_key),
-                name=bulk(encoded),
-                keys=bulk(queue_key) + bulk(in_progress_key) + bulk(rate_key),
-                args=bulk(encoded) + bulk(blocking),
-            )
+            found = self._parts_of[name] = self._new_queue_parts(name)
         return found
+
+    def _new_queue_parts(self, name: str) -> _QueueParts:
+        # Packed as bulk() packs, inline: over thousands of shallow queues a call meets
+        # a few queues for the first time, and calling bulk() was much of their cost.
+        k, packed = self.keys, b"$%d\r\n%s\r\n"
+        queue, in_progress, rate, encoded = (
+            k.queue(name).encode(),
+            k.in_progress(self.capsule_id, name).encode(),
+            k.rate_state(name).encode(),
+            name.encode(),
+        )
+        queue = packed % (len(queue), queue)
+        in_progress = packed % (len(in_progress), in_progress)
+        encoded = packed % (len(encoded), encoded)
+        return _QueueParts(
+            in_progress + queue,
+            encoded,
+            queue + in_progress + packed % (len(rate), rate),
+            encoded + (_BLOCKS if name in self.blocking else _FLOWS),
+        )
 
     def _shared_keys(self, queue: str) -> tuple[list[bytes], bytes, bytes]:
         """The keys every call passes first, and its last two (the fair queues' settings
