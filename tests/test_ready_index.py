@@ -436,3 +436,24 @@ def test_what_the_index_knows_stays_in_rank_order_as_calls_take_queues_out(
         index.after_call([0, 0, b"", *(name.encode() for name in out)], plan)
         assert index._sorted is None or index._sorted == sorted(index._known, key=index._key)
         assert not set(out) & set(index._known)
+
+
+def test_the_ranked_queues_a_capsule_keeps_match_its_index_call_after_call(
+    redis: redis_py.Redis,
+) -> None:
+    """Refilled from Redis (the index's first queues, in its order) or followed by what
+    each call took out, the ranked list a capsule keeps is what sorting what it knows
+    would give, with names that sort differently as bytes and as text if they could."""
+    listed = [f"q{i:03d}" for i in range(150)] + [f"é{i:03d}" for i in range(150)]
+    for name in listed:
+        push(redis, name, 1 + len(name) % 2)
+    fetches = [limit_fetch(redis, QueueOrder(listed), f"c{n}") for n in range(2)]
+    held: list[list] = [[], []]
+    for _ in range(400):
+        for n, fetch in enumerate(fetches):
+            held[n] = fetch.take(3, held[n])
+            index = fetch.index
+            assert index is not None
+            if index._sorted is not None:
+                assert index._sorted == sorted(index._known, key=index._key)
+    assert not any(held) and all(redis.llen(keys.of(redis).queue(q)) == 0 for q in listed)

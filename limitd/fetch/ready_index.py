@@ -264,8 +264,11 @@ class ReadyIndex:
         stale, refilled, rate_in = int(reply[0]), int(reply[1]), reply[2]
         names = [name.decode() for name in reply[3:]]
         if refilled:
-            self._sorted = None
-            self._known = {name: self._rank_or_last(name) for name in names}
+            ranks = self.ranks
+            self._known = {name: ranks.get(name, DYNAMIC_RANK) for name in names}
+            # The index's first queues come in its order, by score (the rank) and then
+            # name, which is the order plan() keeps: not sorted again (a random few are).
+            self._sorted = None if self.sampled else names
             self._complete = len(names) < plan.size
             # A sample: nothing known beyond it; the first queues: all up to the last.
             self._bound = None if self.sampled or not names else self._key(names[-1])
