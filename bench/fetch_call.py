@@ -217,22 +217,22 @@ def compare(url: str, args: argparse.Namespace) -> None:
             )
             print(f"{count:>6} queues: this / other, instructions per call: {this / other:.3f}")
         if args.compare:
-            ratios = [
-                this["us_per_call"] / other["us_per_call"]
-                for this, other in zip(per_root["this"], per_root["other"], strict=True)
-            ]
-            print(
-                f"{count:>6} queues: this / other per call, by round "
-                f"{', '.join(f'{r:.2f}' for r in ratios)}; median {statistics.median(ratios):.2f}"
-            )
-            client = [
-                this["client_cpu_us_per_job"] / other["client_cpu_us_per_job"]
-                for this, other in zip(per_root["this"], per_root["other"], strict=True)
-            ]
-            print(
-                f"{count:>6} queues: this / other, this process's CPU per job, by round "
-                f"{', '.join(f'{r:.2f}' for r in client)}; median {statistics.median(client):.2f}"
-            )
+            print_ratios(count, per_root, "us_per_call", "per call")
+            print_ratios(count, per_root, "client_cpu_us_per_job", "this process's CPU per job")
+
+
+def print_ratios(
+    count: int, per_root: dict[str, list[dict[str, float]]], figure: str, what: str
+) -> None:
+    """this / other of one figure, round by round, and their median."""
+    ratios = [
+        this[figure] / other[figure]
+        for this, other in zip(per_root["this"], per_root["other"], strict=True)
+    ]
+    print(
+        f"{count:>6} queues: this / other, {what}, by round "
+        f"{', '.join(f'{r:.2f}' for r in ratios)}; median {statistics.median(ratios):.2f}"
+    )
 
 
 def parse_args() -> argparse.Namespace:

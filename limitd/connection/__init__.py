@@ -34,6 +34,7 @@ from limitd.connection.scripts import (
     send_calls_then,
 )
 from limitd.connection.wire import (
+    BULK,
     Conn,
     OwnConnection,
     bulk,
@@ -45,6 +46,7 @@ from limitd.connection.wire import (
 )
 
 __all__ = [
+    "BULK",
     "DEFAULT_URL",
     "TWIN_WAIT",
     "URL_ENV_VARS",

@@ -40,7 +40,11 @@ def bulk(value: bytes | str | int) -> bytes:
     if type(value) is int and 0 <= value < len(_SMALL_INTS):
         return _SMALL_INTS[value]  # counts and flags: most of a fetch's numbers
     data = value if type(value) is bytes else str(value).encode()
-    return b"$%d\r\n%s\r\n" % (len(data), data)
+    return BULK % (len(data), data)
+
+
+# One bulk string: % (its length, its bytes). Hot paths that pack many apply it inline.
+BULK = b"$%d\r\n%s\r\n"
 
 
 _SMALL_INTS = [b"$%d\r\n%d\r\n" % (len(str(n)), n) for n in range(1024)]

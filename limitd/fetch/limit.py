@@ -35,6 +35,7 @@ from redis.exceptions import NoScriptError
 
 from limitd import clock, keys
 from limitd.connection import (
+    BULK,
     Conn,
     LuaScript,
     OwnConnection,
@@ -504,7 +505,7 @@ class LimitFetch:
             queue = self._queue_parts(unit.queue)
             key_parts.append(queue.settle_keys)
             job = unit.job
-            arg_parts += [b"$%d\r\n%s\r\n" % (len(job), job), queue.name]  # bulk(), inlined
+            arg_parts += [BULK % (len(job), job), queue.name]  # bulk(), inlined
         for name in names:
             queue = self._queue_parts(name)
             key_parts.append(queue.keys)
@@ -555,7 +556,7 @@ class LimitFetch:
     def _new_queue_parts(self, name: str) -> _QueueParts:
         # Packed as bulk() packs, inline: over thousands of shallow queues a call meets
         # a few queues for the first time, and calling bulk() was much of their cost.
-        k, packed = self.keys, b"$%d\r\n%s\r\n"
+        k, packed = self.keys, BULK
         queue, in_progress, rate, encoded = (
             k.queue(name).encode(),
             k.in_progress(self.capsule_id, name).encode(),
