@@ -199,7 +199,12 @@ PEERS_DIR = Path(__file__).resolve().parent / "peers"
 def draw_bars(data: dict[str, object], png: Path) -> None:
     """A bar chart of ``data`` (bench/peers/chart.py's DATA.json: a title, the bars and
     optionally the x label), drawn by that script in the peers' venv, where matplotlib
-    is installed."""
+    is installed (built first, on a machine that has none yet)."""
+    if str(PEERS_DIR) not in sys.path:
+        sys.path.append(str(PEERS_DIR))
+    from peers_venv import ensure_peers_venv
+
+    ensure_peers_venv()
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as file:
         json.dump(data, file)
     try:
