@@ -22,7 +22,11 @@ the same instant, scheduled in bulk a few seconds ahead (as ``push_bulk`` with `
 writes them), run by ``--burst-supervisors`` (2) supervisors x 10 threads in ``due``
 mode; print how late the first, median, p99 and last of them started. The target is the
 last within 5 s of the due time, which needs the pollers to move due jobs faster than
-the capsules run them.
+the capsules run them. Each job pushes its own lateness (one round trip, as the peers'
+jobs INCR). ``--burst-work async`` makes the job ``async def`` (for the modes' jobs too; ``--modes``
+with nothing after it runs the burst alone): run on each capsule's event loop
+(``async_concurrency: 1000`` in the burst), it keeps its lateness in the process and one
+thread pushes them in batches, so what is timed is the scheduling and the dispatch.
 """
 
 from __future__ import annotations
@@ -58,6 +62,34 @@ APP = textwrap.dedent("""
         started = time.time()
         limitd.redis_client().rpush("bench:lateness", repr(started - at))
 """)
+# ``--burst-work async``: the same job as ``async def``, run on the capsule's event loop.
+# It keeps its lateness in the process, and one thread per process pushes what came in
+# every 5 ms (as bench/async_apps' jobs count themselves done): the figure is then the
+# scheduling and the dispatch, not an asyncio Redis client's cost per call.
+ASYNC_APP = textwrap.dedent("""
+    import os, threading, time
+
+    import redis
+
+    import limitd
+
+    _late, _started_in = [], [0]
+
+    def _report():
+        client = redis.Redis.from_url(os.environ["LIMITD_REDIS_URL"])
+        while True:
+            time.sleep(0.005)
+            batch, _late[:] = _late[:], []  # the loop appends between these only
+            if batch:
+                client.rpush("bench:lateness", *batch)
+
+    @limitd.job(name="bench.Lateness", queue="sched", retry=False)
+    async def lateness(at):
+        _late.append(repr(time.time() - at))
+        if _started_in[0] != os.getpid():  # one reporter per capsule process
+            _started_in[0] = os.getpid()
+            threading.Thread(target=_report, daemon=True).start()
+""")
 CONFIG = textwrap.dedent("""
     require: [bench_scheduled_app]
     queues: [sched]
@@ -65,6 +97,7 @@ CONFIG = textwrap.dedent("""
     scheduled_poll: {mode}
     logging: {{level: WARNING}}
 """)
+ASYNC_SLOTS = 1000  # async_concurrency for --burst-work async
 MODES = ("interval", "due")
 SETTLE_SECONDS = INITIAL_WAIT + 5 + 1  # past every poller's start-up wait (10-15 s)
 POLLER_READS = ("zrange", "zrangebyscore")
@@ -86,10 +119,10 @@ class Result:
 
 
 @contextmanager
-def supervisors(url: str, app_dir: Path, mode: str, count: int) -> Iterator[None]:
+def supervisors(url: str, app_dir: Path, mode: str, count: int, extra: str = "") -> Iterator[None]:
     """``count`` separate ``limitd start`` subprocesses, stopped with TERM at the end."""
     conf = app_dir / f"{mode}.yml"
-    conf.write_text(CONFIG.format(mode=mode))
+    conf.write_text(CONFIG.format(mode=mode) + extra)
     env = {**os.environ, "LIMITD_REDIS_URL": url}
     command = [sys.executable, "-m", "limitd.cli", "start", str(conf)]
     procs = [
@@ -147,7 +180,8 @@ def run_mode(
 def run_burst(conn: redis_py.Redis, url: str, app_dir: Path, args: argparse.Namespace) -> Result:
     """``args.burst`` jobs due at one instant (see the module docstring)."""
     conn.flushall()
-    with supervisors(url, app_dir, "due", args.burst_supervisors):
+    extra = f"async_concurrency: {ASYNC_SLOTS}\n" if args.burst_work == "async" else ""
+    with supervisors(url, app_dir, "due", args.burst_supervisors, extra):
         wait_until(lambda: conn.scard("processes") == args.burst_supervisors, 60, "the processes")
         time.sleep(SETTLE_SECONDS)  # every poller past its start-up wait
         client = limitd.Client(conn)
@@ -179,7 +213,8 @@ def report_burst(burst: Result, args: argparse.Namespace) -> None:
     late = sorted(burst.lateness_ms)
     print(
         f"\n{args.burst} jobs due at one instant, {args.burst_supervisors} supervisors x 1 "
-        f"process x 10 threads, scheduled_poll: due"
+        f"process x 10 threads, scheduled_poll: due, {args.burst_work} jobs"
+        + (f" (async_concurrency: {ASYNC_SLOTS})" if args.burst_work == "async" else "")
     )
     print(f"{'first ms':>10}{'p50 ms':>10}{'p99 ms':>10}{'last ms':>10}{'moved by ms':>13}")
     print(
@@ -224,10 +259,18 @@ def main() -> None:
     parser.add_argument(
         "--burst-lead", type=float, default=10.0, help="seconds between scheduling and due"
     )
+    parser.add_argument(
+        "--burst-work",
+        choices=("sync", "async"),
+        default="sync",
+        help="the burst's job: a sync function on the threads, or async def on the loop",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp, redis_for_bench(None) as conn:
         app_dir = Path(tmp)
-        (app_dir / "bench_scheduled_app.py").write_text(APP)
+        (app_dir / "bench_scheduled_app.py").write_text(
+            ASYNC_APP if args.burst_work == "async" else APP
+        )
         kwargs = conn.connection_pool.connection_kwargs
         url = f"redis://{kwargs['host']}:{kwargs['port']}/0"  # the private server
         results = [run_mode(conn, url, app_dir, mode, args) for mode in args.modes]
