@@ -210,3 +210,35 @@ def test_failover_retry_happens_only_once(redis: redis_py.Redis, replica: RedisS
         client.redis.close()
         proxy.close()
     assert proxy.connections == 2
+
+
+class _CountingSocket:
+    """A connected socket that counts its writes and passes everything else through."""
+
+    def __init__(self, sock: object) -> None:
+        self._sock = sock
+        self.writes = 0
+
+    def sendall(self, data: bytes) -> None:
+        self.writes += 1
+        self._sock.sendall(data)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._sock, name)
+
+
+def test_a_push_goes_to_redis_in_one_write(redis_server: RedisServer) -> None:
+    # A push is several commands (the queue's LPUSH, the queues set, the wake-up); sent
+    # as separate writes, Redis reads and answers each apart, a system call and a
+    # wake-up more per command on both sides.
+    conn = redis_server.client()
+    conn.flushdb()
+    pool = conn.connection_pool
+    connection = pool.get_connection()
+    connection.connect()
+    counting = _CountingSocket(connection._sock)
+    connection._sock = counting
+    pool.release(connection)  # the push borrows it back: the pool's only connection
+    limitd.Client(conn).push({"class": "client_test.Ping", "args": [1]})
+    assert counting.writes == 1
+    assert conn.llen(keys.of(conn).queue("default")) == 1
