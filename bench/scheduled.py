@@ -23,10 +23,11 @@ writes them), run by ``--burst-supervisors`` (2) supervisors x 10 threads in ``d
 mode; print how late the first, median, p99 and last of them started. The target is the
 last within 5 s of the due time, which needs the pollers to move due jobs faster than
 the capsules run them. Each job pushes its own lateness (one round trip, as the peers'
-jobs INCR). ``--burst-work async`` makes the job ``async def`` (for the modes' jobs too; ``--modes``
-with nothing after it runs the burst alone): run on each capsule's event loop
-(``async_concurrency: 1000`` in the burst), it keeps its lateness in the process and one
-thread pushes them in batches, so what is timed is the scheduling and the dispatch.
+jobs INCR). ``--burst-work async`` makes the job ``async def`` (for the modes' jobs
+too; ``--modes`` with nothing after it runs the burst alone): run on each capsule's
+event loop (``async_concurrency: 1000`` in the burst), it keeps its lateness in the
+process and one thread pushes them in batches, so what is timed is the scheduling and
+the dispatch.
 """
 
 from __future__ import annotations
@@ -67,19 +68,20 @@ APP = textwrap.dedent("""
 # every 5 ms (as bench/async_apps' jobs count themselves done): the figure is then the
 # scheduling and the dispatch, not an asyncio Redis client's cost per call.
 ASYNC_APP = textwrap.dedent("""
-    import os, threading, time
+    import collections, os, threading, time
 
     import redis
 
     import limitd
 
-    _late, _started_in = [], [0]
+    _late, _started_in = collections.deque(), [0]
 
     def _report():
         client = redis.Redis.from_url(os.environ["LIMITD_REDIS_URL"])
         while True:
             time.sleep(0.005)
-            batch, _late[:] = _late[:], []  # the loop appends between these only
+            # popleft and append are atomic: what the loop adds meanwhile waits its turn
+            batch = [_late.popleft() for _ in range(len(_late))]
             if batch:
                 client.rpush("bench:lateness", *batch)
 
