@@ -121,7 +121,7 @@ def test_a_sigkill_among_thousands_of_queues_loses_no_job_and_keeps_every_limit(
     try:
         supervisor = processes.start(str(config))
         wait_for(
-            lambda: redis.pubsub_numsub("limitd:wake")[0][1] >= 2,
+            lambda: redis.pubsub_numsub(keys.WAKE_CHANNEL)[0][1] >= 2,
             timeout=60,
             message="both capsules listening",
         )
