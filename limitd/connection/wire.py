@@ -32,6 +32,10 @@ def pack_command(*parts: object) -> bytes:
         return cast(bytes, hiredis.pack_command(cast(Any, plain)))
 
 
+# One bulk string: % (its length, its bytes). Hot paths that pack many apply it inline.
+BULK = b"$%d\r\n%s\r\n"
+
+
 def bulk(value: bytes | str | int) -> bytes:
     """One argument of a command as RESP packs it, for :func:`command_from`: a caller
     that sends the same arguments call after call (a fetch's queue keys) packs them once
@@ -41,10 +45,6 @@ def bulk(value: bytes | str | int) -> bytes:
         return _SMALL_INTS[value]  # counts and flags: most of a fetch's numbers
     data = value if type(value) is bytes else str(value).encode()
     return BULK % (len(data), data)
-
-
-# One bulk string: % (its length, its bytes). Hot paths that pack many apply it inline.
-BULK = b"$%d\r\n%s\r\n"
 
 
 _SMALL_INTS = [b"$%d\r\n%d\r\n" % (len(str(n)), n) for n in range(1024)]

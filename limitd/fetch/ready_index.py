@@ -264,7 +264,7 @@ class ReadyIndex:
         stale, refilled, rate_in = int(reply[0]), int(reply[1]), reply[2]
         names = [name.decode() for name in reply[3:]]
         if refilled:
-            ranks = self.ranks
+            ranks = self.ranks  # _rank_or_last's rule, inline: a refill reads 256 names
             self._known = {name: ranks.get(name, DYNAMIC_RANK) for name in names}
             # The index's first queues come in its order, by score (the rank) and then
             # name, which is the order plan() keeps: not sorted again (a random few are).
