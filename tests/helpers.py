@@ -71,6 +71,11 @@ class LimitdProcesses:
                 proc.wait()
 
 
+def in_progress_total(redis: Any) -> int:
+    """Jobs held in every capsule's in-progress lists: 0 once nothing is running or lost."""
+    return sum(int(redis.llen(k)) for k in redis.scan_iter("limitd:capsule:*:inprogress:*"))
+
+
 def children(pid: int) -> list[int]:
     """Pids of the Python processes ``pid`` forked and still has: its capsule processes.
     Other programs it runs are left out: importing limitd imports croniter, which runs

@@ -19,7 +19,7 @@ import limitd
 from limitd import keys
 from limitd.connection.embedded import RedisServer
 from limitd.queues import limits as queue_limits
-from tests.helpers import LimitdProcesses, children, wait_for
+from tests.helpers import LimitdProcesses, children, in_progress_total, wait_for
 
 APP = textwrap.dedent('''
     import asyncio, os
@@ -115,10 +115,6 @@ def push(redis: redis_py.Redis, job: str, args: list[list[object]]) -> None:
 
 def done(redis: redis_py.Redis) -> set[int]:
     return {int(n) for n in redis.smembers("a:done")}
-
-
-def in_progress_total(redis: redis_py.Redis) -> int:
-    return sum(int(redis.llen(k)) for k in redis.scan_iter("limitd:capsule:*:inprogress:*"))
 
 
 def running_in(redis: redis_py.Redis, pid: int) -> int:

@@ -23,7 +23,7 @@ import redis as redis_py
 import limitd
 from limitd import keys
 from limitd.connection.embedded import RedisServer
-from tests.helpers import LimitdProcesses, children, wait_for
+from tests.helpers import LimitdProcesses, children, in_progress_total, wait_for
 
 APP = textwrap.dedent("""
     import os, time, json, limitd
@@ -33,7 +33,6 @@ APP = textwrap.dedent("""
     def work(n, queue, hold):
         r = default_client().redis
         start = time.time()
-        r.rpush("m:started", n)
         time.sleep(hold)
         pipe = r.pipeline()
         pipe.rpush("m:ran", json.dumps([n, queue, os.getpid(), start, time.time()]))
@@ -94,10 +93,6 @@ def overlaps(redis: redis_py.Redis, limit: int) -> dict[str, int]:
 def busy_total(redis: redis_py.Redis) -> int:
     """Slots held in every queue (the hash-table marker field reads as 0)."""
     return sum(int(count) for count in redis.hvals(keys.of(redis).BUSY))
-
-
-def in_progress_total(redis: redis_py.Redis) -> int:
-    return sum(int(redis.llen(k)) for k in redis.scan_iter("limitd:capsule:*:inprogress:*"))
 
 
 @pytest.mark.parametrize(

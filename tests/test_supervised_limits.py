@@ -19,7 +19,7 @@ import limitd
 from limitd import keys
 from limitd.connection.embedded import RedisServer
 from limitd.queues import limits as queue_limits
-from tests.helpers import LimitdProcesses, children, running, wait_for
+from tests.helpers import LimitdProcesses, children, in_progress_total, running, wait_for
 
 APP = textwrap.dedent('''
     import os, time, limitd
@@ -102,10 +102,6 @@ def peaks(redis: redis_py.Redis) -> dict[str, int]:
 
 def done(redis: redis_py.Redis) -> int:
     return int(redis.scard("m:done"))
-
-
-def in_progress_total(redis: redis_py.Redis) -> int:
-    return sum(int(redis.llen(k)) for k in redis.scan_iter("limitd:capsule:*:inprogress:*"))
 
 
 @pytest.mark.parametrize(
