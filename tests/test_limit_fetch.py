@@ -133,6 +133,27 @@ def test_blocking_queue_holds_back_lower_queues(redis: redis_py.Redis) -> None:
     assert {u.queue for u in take_all(fetch)} == {"low"}
 
 
+@pytest.mark.parametrize("ready_index", [False, True])
+def test_only_the_blocking_queues_block_wherever_they_are_listed(
+    redis: redis_py.Redis, ready_index: bool
+) -> None:
+    """The call names its blocking queues by their number among the queues it gives:
+    a full queue before the blocking one and one after it do not block, the third and
+    fourth queues (the blocking one first) hold back the fifth."""
+    names = ["full", "second", "blocks", "also", "last"]
+    for name in names:
+        push(redis, name, 3)
+    for name in ("full", "blocks", "also"):
+        queue_limits.set_limit(redis, name, 1)
+    redis.delete(keys.of(redis).queue("second"))
+    fetch = fetcher(redis, names, blocking=["blocks", "also"], ready_index=ready_index)
+    assert sorted(u.queue for u in take_all(fetch)) == ["blocks", "full"]
+    redis.delete(keys.of(redis).queue("blocks"))  # nothing waits there: "also" blocks now
+    assert [u.queue for u in take_all(fetch)] == ["also"]
+    redis.delete(keys.of(redis).queue("also"))
+    assert {u.queue for u in take_all(fetch)} == {"last"}
+
+
 def test_weighted_order_still_holds_with_a_limited_queue(redis: redis_py.Redis) -> None:
     """With 'limited' always at its limit, the other two keep their 4:1 ratio."""
     push(redis, "limited", 50)

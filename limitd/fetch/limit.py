@@ -73,7 +73,7 @@ ORPHAN_SECONDS = 2.0
 
 
 _MODES = {mode: bulk(mode) for mode in (ACK, REQUEUE, YIELD)}
-_BLOCKS, _FLOWS = bulk(b"1"), bulk(b"0")  # a queue's blocking flag, as _queue gives it
+_NONE_BLOCKING = bulk(b"")  # the blocking queues' numbers of a call that gives none
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +97,6 @@ class _QueueParts(NamedTuple):
     settle_keys: bytes  # a settled job's: its in-progress list, its queue
     name: bytes  # a settled job's argument after the job
     keys: bytes  # a queue to fetch from: its list, its in-progress list, its rate key
-    args: bytes  # and its arguments: its name, whether it blocks
 
 
 class LimitFetch:
@@ -140,7 +139,7 @@ class LimitFetch:
         self._shared_of: dict[str, tuple[list[bytes], bytes, bytes]] = {}
         self._id = capsule_id.encode()
         self._channel = keys.WAKE_CHANNEL.encode()
-        self._per_queue: dict[str, tuple[bytes, bytes, bytes, bytes, bytes]] = {}
+        self._per_queue: dict[str, tuple[bytes, bytes, bytes, bytes]] = {}
         self._parts_of: dict[str, _QueueParts] = {}  # packed for the wire, by queue
         self._call_parts: _CallParts | None = None
         self._extra_queues: list[str] = []
@@ -464,14 +463,14 @@ class LimitFetch:
         now = b"" if self.rate_clock is None else self.rate_clock()
         args = [self._id, self._channel, mode, len(settle), want, len(names), now]
         for unit in settle:
-            queue_key, in_progress_key, name, _, _ = self._queue(unit.queue)
+            queue_key, in_progress_key, name, _ = self._queue(unit.queue)
             script_keys += [in_progress_key, queue_key]
             args += [unit.job, name]
         for queue_name in names:
-            queue_key, in_progress_key, name, blocking, rate_key = self._queue(queue_name)
+            queue_key, in_progress_key, name, rate_key = self._queue(queue_name)
             script_keys += [queue_key, in_progress_key, rate_key]
-            args += [name, blocking]
-        args.append(self._fair_template)
+            args.append(name)
+        args += [self._blocking_numbers(names), self._fair_template]
         if plan is not None and self.index is not None:
             script_keys += self.index.keys
             args += plan.args(self.index.mode)
@@ -509,8 +508,9 @@ class LimitFetch:
         for name in names:
             queue = self._queue_parts(name)
             key_parts.append(queue.keys)
-            arg_parts.append(queue.args)
-        arg_parts.append(parts.fair_template)
+            arg_parts.append(queue.name)
+        blocking = bulk(self._blocking_numbers(names)) if self.blocking else _NONE_BLOCKING
+        arg_parts += [blocking, parts.fair_template]
         keys_count, index_args = parts.key_count + 2 * len(settle) + 3 * len(names), 2
         if plan is not None and self.index is not None:
             key_parts.append(parts.index_keys)
@@ -525,7 +525,7 @@ class LimitFetch:
             number = {name: str(index) for index, name in enumerate(names, 1)}
             arg_parts += [bulk(",".join(number[name] for name in order)) for order in orders]
         per_job = len(orders) if len(orders) > 1 else 0  # the orders' own arguments
-        args_count = 8 + 2 * len(settle) + 2 * len(names) + index_args + per_job
+        args_count = 9 + 2 * len(settle) + len(names) + index_args + per_job
         return LIMIT_FETCH.packed_from(keys_count, key_parts, args_count, arg_parts)
 
     @property
@@ -570,7 +570,6 @@ class LimitFetch:
             in_progress + queue,
             encoded,
             queue + in_progress + packed % (len(rate), rate),
-            encoded + (_BLOCKS if name in self.blocking else _FLOWS),
         )
 
     def _shared_keys(self, queue: str) -> tuple[list[bytes], bytes, bytes]:
@@ -614,7 +613,7 @@ class LimitFetch:
                 ),
             )
 
-    def _queue(self, name: str) -> tuple[bytes, bytes, bytes, bytes, bytes]:
+    def _queue(self, name: str) -> tuple[bytes, bytes, bytes, bytes]:
         """Encoded once: keys and arguments are rebuilt for every fetch."""
         cached = self._per_queue.get(name)
         if cached is None:
@@ -622,11 +621,18 @@ class LimitFetch:
                 self.keys.queue(name).encode(),
                 self.keys.in_progress(self.capsule_id, name).encode(),
                 name.encode(),
-                b"1" if name in self.blocking else b"0",
                 self.keys.rate_state(name).encode(),
             )
             self._per_queue[name] = cached
         return cached
+
+    def _blocking_numbers(self, names: list[str]) -> bytes:
+        """The blocking queues among the ``names`` a call gives, by number ("2,5"), as
+        the script takes them: one argument for all, empty in most calls."""
+        if not self.blocking:
+            return b""
+        blocking = self.blocking
+        return ",".join(str(i) for i, name in enumerate(names, 1) if name in blocking).encode()
 
     def _dynamic_queues(self) -> list[str]:
         now = clock.monotonic()

@@ -24,7 +24,9 @@
 -- ARGV[7]  the time in microseconds for rate limits, or "" for Redis's own clock (TIME);
 --          only tests pass one
 -- ARGV[6 + 2j], ARGV[7 + 2j]  the j-th settled job exactly as fetched, and its queue name
--- ARGV[6 + 2s + 2i], ARGV[7 + 2s + 2i]  the i-th queue: its name, "1" if it is blocking
+-- ARGV[7 + 2s + i]  the i-th queue's name
+-- ARGV[8 + 2s + n]  the blocking queues among them, by number ("2,5"), or "" (most
+--          calls: one argument, not one per queue)
 -- KEYS[#KEYS - 3], KEYS[#KEYS - 2]  with the ready index only (ARGV[F + 1] not ""):
 --          limitd:capsule:<id>:ready (zset queue -> rank: the queues this capsule's
 --          fetch looks at) and limitd:capsule:<id>:rate_wait (zset "<rank>:<queue>" ->
@@ -38,7 +40,7 @@
 --          sha1(job) -> crashes charged, sha1(job):alone -> of those, crashes while it
 --          ran as its process's only suspect, held:<capsule id> -> the suspect this
 --          capsule holds, running:<capsule id> -> the same once it started
--- ARGV[F], F = 8 + 2s + 2n  the fair queues' key template (limitd.keys.fair_template)
+-- ARGV[F], F = 9 + 2s + n  the fair queues' key template (limitd.keys.fair_template)
 -- ARGV[F + 1]  "" (no ready index: the queues given are all there is) or the index's
 --          order, "strict" or "sample"; then h, the number of hints
 -- with the index: ARGV[F + 3] "1" if the queues given are every queue the index holds
@@ -128,13 +130,21 @@ local MAX_SORTED = 1000 -- a fair queue's arrivals sorted into lines per call, a
 -- paused, limited per process, fair or rate-limited, no job is a suspect, and none is
 -- asked about it. An idle poll asks it once. When some exist, the count says how many
 -- are still to be found, so a deployment that uses one of them (fair queues, say) asks
--- only until it has found that one, not all five.
+-- only until it has found that one, not all five. Once the first EXISTS found none,
+-- ``none_rare`` says so, and the places met per queue and per job test it before they
+-- call ``exists`` (a Lua function call costs as much as the test it would make).
 local RARE_KEYS = {paused, process_limits, fair_settings, rate_limits, recoveries}
 local exists_once, rare_unknown, rare_unfound = nil, #RARE_KEYS, 0
+local none_rare = false
 local function exists(key)
+  if none_rare then return false end
   if exists_once == nil then
     exists_once = {}
     rare_unfound = redis.call('EXISTS', unpack(RARE_KEYS))
+    if rare_unfound == 0 then
+      none_rare = true
+      return false
+    end
   end
   if exists_once[key] == nil then
     if rare_unfound == 0 or rare_unfound == rare_unknown then
@@ -150,13 +160,21 @@ end
 
 -- Whether any job has crashes charged: asked only by a call that settles or takes a job.
 local function any_recovered()
-  return exists(recoveries)
+  return not none_rare and exists(recoveries)
 end
 
 -- A queue's global limit and busy count, by name: read on first use in this call, then
 -- kept current here. The busy counts this call changed are written once, at the end:
 -- one HSET, not an HINCRBY per queue settled and per queue taken from.
 local limit_of, busy_of, busy_changed = {}, {}, {}
+
+-- Small counts as strings, for the counts this call passes to Redis (each queue's RPOP
+-- count, each busy count it writes): a Lua number argument is formatted with
+-- snprintf("%.17g"), which costs half as much again as the argument itself, and a call
+-- over many shallow queues passes several per job. COUNT_TEXT[n + 1] is n, for n < 16
+-- (a longer table costs more to build each call than it saves).
+local COUNT_TEXT = {'0', '1', '2', '3', '4', '5', '6', '7', '8', '9', '10', '11', '12',
+                    '13', '14', '15'}
 
 local function limit(name)
   if limit_of[name] == nil then
@@ -273,7 +291,7 @@ end
 local function free_slots(name, queue_key, count)
   local left, cap = release(name, count), limit(name)
   if cap and left < cap and left + count >= cap then
-    local fair = fair_of(name) -- a fair queue's jobs wait in its tenants' lines too
+    local fair = not none_rare and fair_of(name) -- its jobs wait in its tenants' lines too
     if redis.call('LLEN', queue_key) > 0 or (fair and fair_library().waiting(fair)) then
       redis.call('PUBLISH', channel, name)
     end
@@ -291,8 +309,8 @@ local function settle(in_progress_key, queue_key, job, name, mode)
   if redis.call('LREM', in_progress_key, '-1', job) == 0 then
     return 0
   end
-  if any_recovered() then suspect_library().release(job) end
-  local fair = fair_of(name)
+  if not none_rare and any_recovered() then suspect_library().release(job) end
+  local fair = not none_rare and fair_of(name)
   if fair then
     local lib = fair_library()
     local was, turned = lib.release(fair, job)
@@ -396,7 +414,12 @@ end
 
 
 local settles, want, queues = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-fair_at = 8 + 2 * settles + 2 * queues
+fair_at = 9 + 2 * settles + queues
+local blocks = nil -- queue number -> true, for the blocking queues given
+if ARGV[fair_at - 1] ~= '' then
+  blocks = {}
+  for number in string.gmatch(ARGV[fair_at - 1], '%d+') do blocks[tonumber(number)] = true end
+end
 
 -- The ready index (this capsule's; see the header). The caller mirrors it: it passes
 -- the queues it knows the index holds (and hints: queues to add), says whether those are
@@ -494,7 +517,7 @@ local room_at = nil
 local function rate_allows(st)
   local rate = st.rate
   if rate == nil then
-    rate = exists(rate_limits) and rate_library().of(st.name)
+    rate = not none_rare and exists(rate_limits) and rate_library().of(st.name)
     st.rate = rate
   end
   if not rate then return true end
@@ -519,9 +542,9 @@ local function queue_state(i)
     -- LLEN (and one SISMEMBER) per queue, and a call over many queues builds nothing
     -- for the empty ones.
     local left = redis.call('LLEN', KEYS[5 + at])
-    local name = ARGV[6 + 2 * settles + 2 * i]
+    local name = ARGV[7 + 2 * settles + i]
     -- (A fair queue may have jobs in its tenants' lines with none among its arrivals.)
-    local fair = (left > 0 or exists(fair_settings)) and fair_of(name)
+    local fair = not none_rare and exists(fair_settings) and fair_of(name)
     local unsorted = 0
     if fair then -- its arrivals into their tenants' lines; what it has is what turns give
       local lib = fair_library()
@@ -534,10 +557,10 @@ local function queue_state(i)
       state[i] = EMPTY
       return EMPTY
     end
-    st = {name = name, blocking = ARGV[7 + 2 * settles + 2 * i] == '1',
+    st = {name = name, blocking = blocks ~= nil and blocks[i] == true,
           queue_key = KEYS[5 + at], in_progress_key = KEYS[6 + at], rate_key = KEYS[7 + at],
           left = left, taken = 0, fair = fair, unsorted = unsorted}
-    st.open = not exists(paused) or redis.call('SISMEMBER', paused, name) == 0
+    st.open = none_rare or not exists(paused) or redis.call('SISMEMBER', paused, name) == 0
     if not st.open then unlist(st) end
     state[i] = st
     looked[#looked + 1] = st
@@ -547,7 +570,7 @@ end
 
 local function at_limit(st)
   if st.held == nil then
-    st.process_limit = exists(process_limits)
+    st.process_limit = not none_rare and exists(process_limits)
       and tonumber(redis.call('HGET', process_limits, st.name)) or false
     st.held = st.process_limit and redis.call('LLEN', st.in_progress_key) or 0
   end
@@ -637,7 +660,7 @@ while #picks < want and deferred < MAX_DEFERRED do
   local st, rate, tat = take_one(order_of(#picks + 1))
   if st == nil or st == 'stop' then break end
   local kept = true
-  if st.fair or any_recovered() then
+  if st.fair or (not none_rare and any_recovered()) then
     local job
     if st.fair then
       job = pop_fair(st, job_charges, want - #picks)
@@ -662,7 +685,8 @@ end
 local holding = {}
 for _, st in ipairs(looked) do
   if st.taken > 0 then
-    jobs_of[st] = jobs_of[st] or redis.call('RPOP', st.queue_key, st.taken)
+    jobs_of[st] = jobs_of[st]
+      or redis.call('RPOP', st.queue_key, COUNT_TEXT[st.taken + 1] or st.taken)
     redis.call('LPUSH', st.in_progress_key, unpack(jobs_of[st]))
     holding[#holding + 1] = st.name
   end
@@ -677,7 +701,7 @@ do
   local pairs_ = {}
   for name in pairs(busy_changed) do
     pairs_[#pairs_ + 1] = name
-    pairs_[#pairs_ + 1] = busy_of[name]
+    pairs_[#pairs_ + 1] = COUNT_TEXT[busy_of[name] + 1] or busy_of[name]
   end
   for first = 1, #pairs_, 1000 do
     redis.call('HSET', busy, unpack(pairs_, first, math.min(first + 999, #pairs_)))
