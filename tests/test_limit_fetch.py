@@ -105,6 +105,28 @@ def test_both_limits_hold(redis: redis_py.Redis) -> None:
     assert counts == [2, 1, 0]
 
 
+@pytest.mark.parametrize("ready_index", [False, True])
+def test_one_call_takes_no_more_than_either_limit_allows(
+    redis: redis_py.Redis, ready_index: bool
+) -> None:
+    """A call that wants more jobs than a queue has room for takes up to its room and
+    goes on to the next queue: the global limit (3, one job already running elsewhere)
+    and the per-process limit (2) each hold within one call, not only across calls."""
+    push(redis, "q", 10)
+    push(redis, "next", 10)
+    queue_limits.set_limit(redis, "q", 3)
+    other = fetcher(redis, ["q"], "c0", ready_index=ready_index)
+    assert len(other.take(1)) == 1
+    fetch = fetcher(redis, ["q", "next"], ready_index=ready_index)
+    assert Counter(u.queue for u in fetch.take(10)) == {"q": 2, "next": 8}
+    queue_limits.set_limit(redis, "next", 1, process=True)
+    queue_limits.set_limit(redis, "q", 10)
+    again = fetcher(redis, ["q", "next"], "c2", ready_index=ready_index)
+    assert Counter(u.queue for u in again.take(10)) == {"q": 7, "next": 1}
+    k = keys.of(redis)
+    assert [int(redis.hget(k.busy_of(name), name) or 0) for name in ("q", "next")] == [10, 9]
+
+
 def test_pause_skips_the_queue_and_keeps_its_limit(redis: redis_py.Redis) -> None:
     push(redis, "q", 5)
     queue_limits.set_limit(redis, "q", 2)

@@ -118,6 +118,9 @@
 -- fair_lib.lua's once a queue is found fair (``fair_library()``), the rate limits' once
 -- a queue is looked at while some exist (``rate_library()``), the suspects' once a job
 -- is settled or taken while some exist (``suspect_library()``).
+-- (KEYS and ARGV as locals: a global is a table lookup at each use, and a call over
+-- many queues reads them dozens of times.)
+local KEYS, ARGV = KEYS, ARGV
 local limits, process_limits, paused, busy = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local held, capsules, capsule_id, channel = KEYS[5], KEYS[6], ARGV[1], ARGV[2]
 local rate_limits, fair_settings, recoveries = KEYS[7], KEYS[#KEYS - 1], KEYS[#KEYS]
@@ -656,11 +659,25 @@ end
 -- strict, weights apply per job, and every job sees the busy counts the previous one
 -- updated (and the rate schedules it moved).
 local picks, jobs_of, job_charges = {}, {}, {}
+-- The jobs a plain queue (not fair, no rate limit, no suspects) can still give while it
+-- has jobs and room, beside the one just picked from it: in the shared order, each of
+-- the next jobs would be picked from it again (the queues before it gave way, and
+-- nothing that made them give way changes within a call).
+local function room_beside(st)
+  local room = st.left
+  if st.process_limit then room = math.min(room, st.process_limit - st.held) end
+  local cap = limit(st.name)
+  if cap then room = math.min(room, cap - busy_count(st.name)) end
+  return room
+end
+
 while #picks < want and deferred < MAX_DEFERRED do
-  local st, rate, tat = take_one(order_of(#picks + 1))
+  local order = order_of(#picks + 1)
+  local st, rate, tat = take_one(order)
   if st == nil or st == 'stop' then break end
   local kept = true
-  if st.fair or (not none_rare and any_recovered()) then
+  local plain = not st.fair and (none_rare or not any_recovered())
+  if not plain then
     local job
     if st.fair then
       job = pop_fair(st, job_charges, want - #picks)
@@ -676,6 +693,14 @@ while #picks < want and deferred < MAX_DEFERRED do
   if kept then
     if rate then rate_library().use(st.rate_key, rate, tat) end
     picks[#picks + 1] = st
+  end
+  if plain and not rate and order == natural then -- the rest of its share at once
+    local more = math.min(room_beside(st), want - #picks)
+    if more > 0 then
+      st.left, st.taken, st.held = st.left - more, st.taken + more, st.held + more
+      add_busy(st.name, more)
+      for _ = 1, more do picks[#picks + 1] = st end
+    end
   end
 end
 
