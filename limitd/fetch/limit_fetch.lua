@@ -773,16 +773,16 @@ if index_mode then
   for _, name in ipairs(names) do index_part[#index_part + 1] = name end
 end
 
-local NO_CHARGES = {0, 0}
-local taken, given = {settled, 0, index_part or {}}, {}
+-- (Four fields a job: counted, not found with #, which searches the table each time.)
+local taken, filled = {settled, 0, index_part or {}}, 3
 for _, st in ipairs(picks) do
-  given[st] = (given[st] or 0) + 1
-  local job = jobs_of[st][given[st]]
-  local found = job_charges[job] or NO_CHARGES
-  taken[#taken + 1] = st.name
-  taken[#taken + 1] = job
-  taken[#taken + 1] = found[1]
-  taken[#taken + 1] = found[2]
+  local given = (st.given or 0) + 1 -- the queue's jobs, in the order they were popped
+  st.given = given
+  local job = jobs_of[st][given]
+  local found = job_charges[job]
+  taken[filled + 1], taken[filled + 2] = st.name, job
+  taken[filled + 3], taken[filled + 4] = found and found[1] or 0, found and found[2] or 0
+  filled = filled + 4
 end
 if rate_functions then rate_functions.save() end
 if room_at then
