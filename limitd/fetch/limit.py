@@ -95,7 +95,7 @@ class _QueueParts(NamedTuple):
     passes them, and a frozen dataclass took longer to build than the call to pack.)"""
 
     settle_keys: bytes  # a settled job's: its in-progress list, its queue
-    name: bytes  # a settled job's argument after the job
+    name: bytes  # its name as an argument: after a settled job, and as a queue to fetch from
     keys: bytes  # a queue to fetch from: its list, its in-progress list, its rate key
 
 
