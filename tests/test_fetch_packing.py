@@ -37,7 +37,7 @@ def both(  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("mode", [ACK, REQUEUE, YIELD])
-@pytest.mark.parametrize("settled", [0, 1, 3])
+@pytest.mark.parametrize("settled", [0, 1, 3, 5])
 def test_packed_call_matches_without_the_index(
     redis: redis_py.Redis, mode: bytes, settled: int
 ) -> None:

@@ -215,6 +215,35 @@ def test_requeue_frees_the_slot_and_puts_the_job_first(redis: redis_py.Redis) ->
     assert again.job == jobs[0]
 
 
+def test_one_call_settles_jobs_of_several_queues_given_interleaved(
+    redis: redis_py.Redis,
+) -> None:
+    """The call passes each queue's jobs together: jobs of two queues requeued in one
+    call, interleaved, come back first in line in the order given, each queue's in its
+    own list; acknowledged the same way, each queue's slots are all freed."""
+    a_jobs, b_jobs = push(redis, "a", 3), push(redis, "b", 3)
+    for name in ("a", "b"):
+        queue_limits.set_limit(redis, name, 10)
+    fetch = fetcher(redis, [["a", 1], ["b", 1]])
+    held = fetch.take(6)
+    assert Counter(u.queue for u in held) == {"a": 3, "b": 3}
+    a_held, b_held = [u for u in held if u.queue == "a"], [u for u in held if u.queue == "b"]
+    mixed = [a_held[2], b_held[1], a_held[0], b_held[2], a_held[1], b_held[0]]
+    assert fetch.requeue(mixed) == 6
+    k = keys.of(redis)
+    # The first given is first in line again (the right end), each queue apart.
+    assert redis.lrange(k.queue("a"), 0, -1) == [a_held[1].job, a_held[0].job, a_held[2].job]
+    assert redis.lrange(k.queue("b"), 0, -1) == [b_held[0].job, b_held[2].job, b_held[1].job]
+    assert sorted(a_jobs) == sorted(u.job for u in a_held)
+    assert sorted(b_jobs) == sorted(u.job for u in b_held)
+    again = fetch.take(6)
+    assert [queue_limits.busy(redis, name) for name in ("a", "b")] == [3, 3]
+    interleaved = sorted(again, key=lambda u: (again.index(u) % 2, u.queue))
+    assert fetch.settle(interleaved) == 6
+    assert [queue_limits.busy(redis, name) for name in ("a", "b")] == [0, 0]
+    assert not redis.exists(k.in_progress("c1", "a"), k.in_progress("c1", "b"))
+
+
 def test_release_is_fenced_by_ownership(redis: redis_py.Redis) -> None:
     """A capsule reaped while stalled acks late: its ack frees nothing it no longer
     holds, and its requeue pushes no duplicate."""

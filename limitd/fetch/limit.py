@@ -94,9 +94,22 @@ class _QueueParts(NamedTuple):
     of shallow queues a capsule meets most of them for the first time in the call that
     passes them, and a frozen dataclass took longer to build than the call to pack.)"""
 
-    settle_keys: bytes  # a settled job's: its in-progress list, its queue
-    name: bytes  # its name as an argument: after a settled job, and as a queue to fetch from
+    settle_keys: bytes  # a queue with jobs to settle: its in-progress list, its queue
+    name: bytes  # its name as an argument (to settle jobs of, or to fetch from)
     keys: bytes  # a queue to fetch from: its list, its in-progress list, its rate key
+
+
+def _by_queue(settle: Sequence[UnitOfWork]) -> dict[str, list[bytes]]:
+    """The jobs to settle, by queue (in the order met, each queue's in its own order):
+    a call passes a queue's keys and name once for all its jobs."""
+    settled: dict[str, list[bytes]] = {}
+    for unit in settle:
+        jobs = settled.get(unit.queue)
+        if jobs is None:
+            settled[unit.queue] = [unit.job]
+        else:
+            jobs.append(unit.job)
+    return settled
 
 
 class LimitFetch:
@@ -461,11 +474,14 @@ class LimitFetch:
         fixed, fair_key, recoveries_key = self._shared_keys(shared)
         script_keys = list(fixed)
         now = b"" if self.rate_clock is None else self.rate_clock()
-        args = [self._id, self._channel, mode, len(settle), want, len(names), now]
-        for unit in settle:
-            queue_key, in_progress_key, name, _ = self._queue(unit.queue)
+        settled = _by_queue(settle)
+        args = [self._id, self._channel, mode, len(settled), want, len(names), now]
+        for queue_name, jobs in settled.items():
+            queue_key, in_progress_key, name, _ = self._queue(queue_name)
             script_keys += [in_progress_key, queue_key]
-            args += [unit.job, name]
+            args += [name, len(jobs)]
+        for jobs in settled.values():
+            args += jobs
         for queue_name in names:
             queue_key, in_progress_key, name, rate_key = self._queue(queue_name)
             script_keys += [queue_key, in_progress_key, rate_key]
@@ -499,19 +515,21 @@ class LimitFetch:
         parts = self._packed_parts
         key_parts, arg_parts = [parts.fixed_keys], [parts.head, _MODES[mode]]
         now = b"" if self.rate_clock is None else self.rate_clock()
-        arg_parts += [bulk(len(settle)), bulk(want), bulk(len(names)), bulk(now)]
-        for unit in settle:
-            queue = self._queue_parts(unit.queue)
+        settled = _by_queue(settle)
+        arg_parts += [bulk(len(settled)), bulk(want), bulk(len(names)), bulk(now)]
+        for queue_name, jobs in settled.items():
+            queue = self._queue_parts(queue_name)
             key_parts.append(queue.settle_keys)
-            job = unit.job
-            arg_parts += [BULK % (len(job), job), queue.name]  # bulk(), inlined
+            arg_parts += [queue.name, bulk(len(jobs))]
+        for jobs in settled.values():
+            arg_parts += [BULK % (len(job), job) for job in jobs]  # bulk(), inlined
         for name in names:
             queue = self._queue_parts(name)
             key_parts.append(queue.keys)
             arg_parts.append(queue.name)
         blocking = bulk(self._blocking_numbers(names)) if self.blocking else _NONE_BLOCKING
         arg_parts += [blocking, parts.fair_template]
-        keys_count, index_args = parts.key_count + 2 * len(settle) + 3 * len(names), 2
+        keys_count, index_args = parts.key_count + 2 * len(settled) + 3 * len(names), 2
         if plan is not None and self.index is not None:
             key_parts.append(parts.index_keys)
             keys_count += len(self.index.keys)
@@ -525,7 +543,7 @@ class LimitFetch:
             number = {name: str(index) for index, name in enumerate(names, 1)}
             arg_parts += [bulk(",".join(number[name] for name in order)) for order in orders]
         per_job = len(orders) if len(orders) > 1 else 0  # the orders' own arguments
-        args_count = 9 + 2 * len(settle) + len(names) + index_args + per_job
+        args_count = 9 + 2 * len(settled) + len(settle) + len(names) + index_args + per_job
         return LIMIT_FETCH.packed_from(keys_count, key_parts, args_count, arg_parts)
 
     @property

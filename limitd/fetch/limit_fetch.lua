@@ -8,9 +8,9 @@
 -- KEYS[5]  limitd:capsule:<id>:queues  set of queues this capsule holds jobs from
 -- KEYS[6]  limitd:capsules        set   capsule ids that may hold jobs
 -- KEYS[7]  limitd:rate_limits     hash  queue -> rate limit "count/seconds" (else none)
--- KEYS[6 + 2j], KEYS[7 + 2j]  for the j-th settled job (j = 1..s): its in-progress list
---          and its queue list
--- KEYS[5 + 2s + 3i], KEYS[6 + 2s + 3i], KEYS[7 + 2s + 3i]  for the i-th queue to fetch
+-- KEYS[6 + 2k], KEYS[7 + 2k]  for the k-th queue with jobs to settle (k = 1..u): its
+--          in-progress list and its queue list
+-- KEYS[5 + 2u + 3i], KEYS[6 + 2u + 3i], KEYS[7 + 2u + 3i]  for the i-th queue to fetch
 --          from (i = 1..n): queue:<name>, limitd:capsule:<id>:inprogress:<name> and
 --          limitd:rate:<name> (its rate schedule; only read when it has a rate limit)
 -- ARGV[1]  this capsule's id
@@ -18,14 +18,18 @@
 -- ARGV[3]  "ack" (done with the settled jobs), "requeue" (push them back to the front)
 --          or "yield" (push them back to the end: an iterable job giving way to the
 --          jobs queued after it)
--- ARGV[4]  s, the number of jobs to settle
+-- ARGV[4]  u, the number of queues with jobs to settle
 -- ARGV[5]  want, the most jobs to take
 -- ARGV[6]  n, the number of queues
 -- ARGV[7]  the time in microseconds for rate limits, or "" for Redis's own clock (TIME);
 --          only tests pass one
--- ARGV[6 + 2j], ARGV[7 + 2j]  the j-th settled job exactly as fetched, and its queue name
--- ARGV[7 + 2s + i]  the i-th queue's name
--- ARGV[8 + 2s + n]  the blocking queues among them, by number ("2,5"), or "" (most
+-- ARGV[6 + 2k], ARGV[7 + 2k]  the k-th queue with jobs to settle: its name, and how many
+--          of its jobs are settled
+-- ARGV[7 + 2u + j]  the j-th job to settle, exactly as fetched (j = 1..s, s the sum of
+--          those counts): the first queue's jobs, then the second's... (a queue's keys
+--          and name once, not once per job: a call settles several jobs of a queue)
+-- ARGV[7 + 2u + s + i]  the i-th queue's name
+-- ARGV[8 + 2u + s + n]  the blocking queues among them, by number ("2,5"), or "" (most
 --          calls: one argument, not one per queue)
 -- KEYS[#KEYS - 3], KEYS[#KEYS - 2]  with the ready index only (ARGV[F + 1] not ""):
 --          limitd:capsule:<id>:ready (zset queue -> rank: the queues this capsule's
@@ -40,7 +44,7 @@
 --          sha1(job) -> crashes charged, sha1(job):alone -> of those, crashes while it
 --          ran as its process's only suspect, held:<capsule id> -> the suspect this
 --          capsule holds, running:<capsule id> -> the same once it started
--- ARGV[F], F = 9 + 2s + n  the fair queues' key template (limitd.keys.fair_template)
+-- ARGV[F], F = 9 + 2u + s + n  the fair queues' key template (limitd.keys.fair_template)
 -- ARGV[F + 1]  "" (no ready index: the queues given are all there is) or the index's
 --          order, "strict" or "sample"; then h, the number of hints
 -- with the index: ARGV[F + 3] "1" if the queues given are every queue the index holds
@@ -423,8 +427,11 @@ local function rate_library()
 end
 
 
-local settles, want, queues = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-fair_at = 9 + 2 * settles + queues
+local settled_queues, want, queues = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local settles = 0 -- the jobs to settle
+for k = 1, settled_queues do settles = settles + tonumber(ARGV[7 + 2 * k]) end
+local names_at = 2 * settled_queues + settles -- ARGV[7 + names_at + i]: queue i's name
+fair_at = 9 + names_at + queues
 local blocks = nil -- queue number -> true, for the blocking queues given
 if ARGV[fair_at - 1] ~= '' then
   blocks = {}
@@ -547,12 +554,12 @@ local EMPTY = {open = false, left = 0, taken = 0} -- shared by every empty queue
 local function queue_state(i)
   local st = state[i]
   if st == nil then
-    local at = 2 * settles + 3 * i -- queue i's keys are at 5 + at, 6 + at, 7 + at
+    local at = 2 * settled_queues + 3 * i -- queue i's keys: 5 + at, 6 + at, 7 + at
     -- An empty queue is skipped before anything else is read: an idle poll costs one
     -- LLEN (and one SISMEMBER) per queue, and a call over many queues builds nothing
     -- for the empty ones.
     local left = redis.call('LLEN', KEYS[5 + at])
-    local name = ARGV[7 + 2 * settles + i]
+    local name = ARGV[7 + names_at + i]
     -- (A fair queue may have jobs in its tenants' lines with none among its arrivals.)
     local fair = not none_rare and exists(fair_settings) and fair_of(name)
     local unsorted = 0
@@ -643,23 +650,20 @@ local function pop_fair(st, job_charges, most)
   return job
 end
 
--- Settle first, so the slots freed are free for the jobs taken next.
+-- Settle first, so the slots freed are free for the jobs taken next: each queue's jobs,
+-- then its slots (of the jobs that were still this capsule's) at once.
 
-local settled, acked, acked_names, queue_key_of = 0, {}, {}, {}
-for j = 1, settles do
-  local name, queue_key = ARGV[7 + 2 * j], KEYS[7 + 2 * j]
-  local done = settle(KEYS[6 + 2 * j], queue_key, ARGV[6 + 2 * j], name, ARGV[3])
-  settled = settled + done
-  if done == 1 and ARGV[3] == 'ack' then
-    if acked[name] == nil then
-      acked_names[#acked_names + 1] = name
-      queue_key_of[name] = queue_key
-    end
-    acked[name] = (acked[name] or 0) + 1
+local settled, mode, job_at = 0, ARGV[3], 7 + 2 * settled_queues -- ARGV[job_at + 1]: next
+for k = 1, settled_queues do
+  local name, in_progress_key, queue_key = ARGV[6 + 2 * k], KEYS[6 + 2 * k], KEYS[7 + 2 * k]
+  local count, acked = tonumber(ARGV[7 + 2 * k]), 0
+  for j = job_at + 1, job_at + count do
+    local done = settle(in_progress_key, queue_key, ARGV[j], name, mode)
+    settled = settled + done
+    if mode == 'ack' then acked = acked + done end
   end
-end
-for _, name in ipairs(acked_names) do
-  free_slots(name, queue_key_of[name], acked[name])
+  job_at = job_at + count
+  if acked > 0 then free_slots(name, queue_key, acked) end
 end
 
 -- Each job starts again from the first queue of its order, so a strict order stays
