@@ -174,7 +174,7 @@ end
 
 -- Whether any job has crashes charged: asked only by a call that settles or takes a job.
 local function any_recovered()
-  return not none_rare and exists(recoveries)
+  return exists(recoveries)
 end
 
 -- A queue's global limit and busy count, by name: read on first use in this call, then
