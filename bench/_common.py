@@ -180,6 +180,20 @@ def children(pid: int) -> list[int]:
     return found
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU (user + sys) used so far by ``pid`` and its children (a supervisor and its
+    capsules): a difference over a run is what the run cost them."""
+    ticks = 0
+    for member in [pid, *children(pid)]:
+        try:
+            text = Path(f"/proc/{member}/stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        fields = text[text.rfind(")") + 2 :].split()
+        ticks += int(fields[11]) + int(fields[12])  # utime stime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def wait_subscribed(conn: redis_py.Redis, proc: subprocess.Popen[bytes], capsules: int) -> None:
     """Until ``capsules`` capsules listen for wake-ups (so they fetch pushes at once)."""
 

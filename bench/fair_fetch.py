@@ -59,9 +59,12 @@ from pathlib import Path
 import redis as redis_py
 from _common import (
     bench_redis_url,
+    command_calls,
     cpu_ticks,
     limitd_started,
     machine_load,
+    redis_cpu_seconds,
+    tree_cpu_seconds,
     wait_subscribed,
     wait_until,
 )
@@ -154,6 +157,12 @@ class FloodRun:
     machine: str
     small_push: float = 0.0  # seconds the small tenants' pushes took
     flood_ahead: int = 0  # flood jobs started while a small tenant's job waited
+    # What the whole drain cost per job, from the first push to the last job's end:
+    # redis-server's CPU, the workers' (supervisor and capsules), Redis commands served
+    # (inside the fetch script too; the pushes' and the jobs' own included).
+    redis_us: float = 0.0
+    worker_us: float = 0.0
+    commands: float = 0.0
 
 
 @dataclass
@@ -201,6 +210,8 @@ def flood_run(
     before = cpu_ticks()
     with workers(url, app_dir, mode, args) as proc:
         wait_subscribed(conn, proc, args.processes)
+        redis_before, worker_before = redis_cpu_seconds(conn), tree_cpu_seconds(proc.pid)
+        calls_before = command_calls(conn)
         start = time.time()
         job.perform_bulk([["flood", n] for n in range(args.flood)])
         small_from = time.time()
@@ -211,6 +222,9 @@ def flood_run(
             job.perform_bulk([[f"small{tenant:04d}", n] for n in range(each)])
         small_push = time.time() - small_from
         wait_until(lambda: conn.llen(STARTS) >= total, args.deadline, f"{total} jobs")
+        worker_cpu = tree_cpu_seconds(proc.pid) - worker_before
+        redis_cpu = redis_cpu_seconds(conn) - redis_before
+        calls = command_calls(conn) - calls_before
     starts = read_starts(conn)
     small = starts.waits(lambda t: t.startswith("small"))
     return FloodRun(
@@ -221,6 +235,9 @@ def flood_run(
         machine=str(machine_load(before)),
         small_push=small_push,
         flood_ahead=starts.flood_ahead(),
+        redis_us=redis_cpu * 1e6 / total,
+        worker_us=worker_cpu * 1e6 / total,
+        commands=calls / total,
     )
 
 
@@ -278,9 +295,10 @@ def report(rows: Rows, args: argparse.Namespace) -> None:
     )
     print(
         "| mode | small tenants' p50 wait | p99 wait | flood's last start | whole drain "
-        "| small pushes took | flood jobs started meanwhile |"
+        "| small pushes took | flood jobs started meanwhile | Redis CPU per job "
+        "| worker CPU per job | Redis cmds per job |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for mode in MODES:
         runs = rows.flood.get(mode, [])
         if not runs:
@@ -293,7 +311,8 @@ def report(rows: Rows, args: argparse.Namespace) -> None:
             f"| {mode} | {med(lambda r: r.small_p50) * 1000:,.1f} ms | "
             f"{med(lambda r: r.small_p99) * 1000:,.1f} ms | {med(lambda r: r.flood_done):.2f} s | "
             f"{med(lambda r: r.total):.2f} s | {med(lambda r: r.small_push) * 1000:,.0f} ms | "
-            f"{med(lambda r: r.flood_ahead):,.0f} |"
+            f"{med(lambda r: r.flood_ahead):,.0f} | {med(lambda r: r.redis_us):.1f} us | "
+            f"{med(lambda r: r.worker_us):.0f} us | {med(lambda r: r.commands):.1f} |"
         )
     fifo = rows.flood.get("fifo")
     for mode in ("rerouting", "fair"):
@@ -340,9 +359,10 @@ def one_tenant_rate(
 def main() -> None:
     args = parse_args()
     rows = Rows()
-    with tempfile.TemporaryDirectory(prefix="limitd-fair-bench-") as tmp, bench_redis_url(
-        args.redis
-    ) as url:
+    with (
+        tempfile.TemporaryDirectory(prefix="limitd-fair-bench-") as tmp,
+        bench_redis_url(args.redis) as url,
+    ):
         app_dir = Path(tmp)
         (app_dir / "bench_fair_app.py").write_text(APP)
         sys.path.insert(0, str(app_dir))
@@ -356,7 +376,9 @@ def main() -> None:
                     f"round {number} flood {mode:>9}: small p50 {run.small_p50 * 1000:,.0f} ms, "
                     f"p99 {run.small_p99 * 1000:,.0f} ms; flood done {run.flood_done:.2f} s, "
                     f"all {run.total:.2f} s; small pushes {run.small_push * 1000:,.0f} ms, "
-                    f"flood started meanwhile {run.flood_ahead:,}; {run.machine}",
+                    f"flood started meanwhile {run.flood_ahead:,}; per job: Redis CPU "
+                    f"{run.redis_us:.1f} us, worker CPU {run.worker_us:.0f} us, "
+                    f"{run.commands:.1f} Redis cmds; {run.machine}",
                     flush=True,
                 )
             for shape in args.shapes:

@@ -1,7 +1,7 @@
 """What one limit-fetch call costs Redis, without capsules around it (issue 32).
 
     .venv/bin/python bench/fetch_call.py [--queues 1,10000] [--jobs 20000] [--want 5]
-        [--rounds 5] [--compare OTHER_CHECKOUT] [--redis URL]
+        [--rounds 5] [--compare OTHER_CHECKOUT] [--fair TENANTS] [--redis URL]
 
 Two fetches (two capsules' worth, one thread) share N limited queues holding --jobs
 jobs spread evenly, and take turns: each call settles the jobs its previous call took
@@ -13,6 +13,9 @@ usec) and per job, the commands it runs inside per job, redis-server's CPU per j
 reading their replies costs the capsule's side. No worker threads and no network wait
 blur them, so a change to ``limit_fetch.lua`` or to how a call is built shows here when
 a full drain (bench/fetch_scale.py) is too noisy to tell.
+
+``--fair T`` makes every queue fair (``make_fair``) and names T tenants in turn in its
+jobs: what the fair fetch adds to a call (T = 1: one tenant alone, a flood's drain).
 
 ``--compare DIR`` runs the same measure with the limitd package of another checkout (a
 ``git worktree`` of an older commit, say) in alternate rounds, and prints the ratio per
@@ -49,7 +52,10 @@ ROOT = HERE.parent.parent
 CALLGRIND_OUT = os.path.join(tempfile.gettempdir(), "limitd-fetch-call.callgrind")
 
 
-def fill(conn: redis_py.Redis, names: list[str], jobs: int) -> None:
+def fill(conn: redis_py.Redis, names: list[str], jobs: int, tenants: int = 0) -> None:
+    """``jobs`` spread evenly over the queues ``names``, each limited (1,000); with
+    ``tenants``, the queues are fair and their jobs name that many tenants in turn, with
+    ``fair_tenant`` as the first key, as limitd's client writes it."""
     from limitd import keys
     from limitd.queues import limits
 
@@ -57,8 +63,12 @@ def fill(conn: redis_py.Redis, names: list[str], jobs: int) -> None:
     per_queue = max(1, jobs // len(names))
     pipe = conn.pipeline(transaction=False)
     for name in names:
-        payloads = [
-            json.dumps({"class": "Noop", "args": [i], "queue": name, "jid": f"{name}-{i}"})
+        tenant = [{"fair_tenant": f"t{i % tenants}"} if tenants else {} for i in range(per_queue)]
+        payloads = [  # compact, as limitd's client writes them (limitd.codec)
+            json.dumps(
+                {**tenant[i], "class": "Noop", "args": [i], "queue": name, "jid": f"{name}-{i}"},
+                separators=(",", ":"),
+            )
             for i in range(per_queue)
         ]
         pipe.sadd(k.QUEUES, name)
@@ -66,10 +76,15 @@ def fill(conn: redis_py.Redis, names: list[str], jobs: int) -> None:
     pipe.execute()
     for name in names:
         limits.set_limit(conn, name, 1_000)
+    if tenants:
+        from limitd.fair_queues.admin import make_fair
+
+        for name in names:
+            make_fair(name, redis=conn)
 
 
 def measure_one(
-    url: str, count: int, jobs: int, want: int, callgrind: int | None = None
+    url: str, count: int, jobs: int, want: int, callgrind: int | None = None, *, tenants: int = 0
 ) -> dict[str, float]:
     """In this process, with whatever ``limitd`` it imports: one drain by two fetches;
     ``callgrind``: the pid of the valgrind running the server, to count its instructions."""
@@ -82,7 +97,7 @@ def measure_one(
     conn = redis_py.Redis.from_url(url)
     conn.flushall()
     names = [f"q{i:05d}" for i in range(count)]
-    fill(conn, names, jobs)
+    fill(conn, names, jobs, tenants)
     fetches = [limit_fetch(conn, QueueOrder(names), f"bench-{n}") for n in range(2)]
     own = [own_connection(conn) for _ in fetches]  # each its own, as each dispatcher has
     for fetch in fetches:
@@ -177,7 +192,7 @@ def run_in(root: Path, url: str, count: int, args: argparse.Namespace) -> dict[s
     """``measure_one`` in a fresh process importing limitd from ``root``."""
     env = dict(os.environ, PYTHONPATH=str(root))
     command = [sys.executable, str(HERE), "--one", str(count), "--url", url]
-    command += ["--jobs", str(args.jobs), "--want", str(args.want)]
+    command += ["--jobs", str(args.jobs), "--want", str(args.want), "--fair", str(args.fair)]
     if args.callgrind_pid is not None:
         command += ["--callgrind-pid", str(args.callgrind_pid)]
     out = subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
@@ -258,6 +273,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--want", type=int, default=5, help="jobs a call takes at most (5)")
     parser.add_argument("--rounds", type=int, default=5, help="rounds per queue count (5)")
     parser.add_argument("--compare", help="another checkout's root, run in alternate rounds")
+    parser.add_argument(
+        "--fair", type=int, default=0, help="make the queues fair, with this many tenants (0)"
+    )
     parser.add_argument("--redis", help="Redis URL (default: a private redis-server)")
     parser.add_argument(
         "--callgrind", action="store_true", help="count Redis's instructions (valgrind)"
@@ -272,7 +290,9 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     if args.one is not None:
-        figures = measure_one(args.url, args.one, args.jobs, args.want, args.callgrind_pid)
+        figures = measure_one(
+            args.url, args.one, args.jobs, args.want, args.callgrind_pid, tenants=args.fair
+        )
         print(json.dumps(figures))
         return
     sys.path.insert(0, str(ROOT))
