@@ -307,10 +307,12 @@ def test_a_queue_ruby_sidekiq_fetches_cannot_be_made_fair(redis: redis_py.Redis)
     assert fair_queue_status(QUEUE, redis=redis) is None
 
 
-def test_a_take_costs_the_same_with_10000_tenants_as_with_one(redis: redis_py.Redis) -> None:
+def test_a_take_costs_the_same_with_10000_tenants_as_with_ten(redis: redis_py.Redis) -> None:
     """Commands Redis runs for two jobs taken and settled one by one, once the
-    arrivals are sorted, with one tenant waiting and with 10,000 (each job taken
-    leaves its tenant more to do, in both)."""
+    arrivals are sorted, with ten tenants waiting and with 10,000 (each job taken
+    leaves its tenant more to do, and some tenant is in its head start, in both). A
+    tenant alone has dropped its head start, and its takes read none: one command less
+    each."""
 
     def commands_for_three(tenants: int, each: int) -> int:
         redis.flushdb()
@@ -331,7 +333,9 @@ def test_a_take_costs_the_same_with_10000_tenants_as_with_one(redis: redis_py.Re
         after = sum(int(v["calls"]) for v in redis.info("commandstats").values())
         return after - before - 1  # the INFO itself
 
-    assert commands_for_three(10_000, 3) == commands_for_three(1, 30_000)
+    many = commands_for_three(10_000, 3)
+    assert many == commands_for_three(10, 3_000)
+    assert commands_for_three(1, 30_000) == many - 2  # alone: no head start to read
 
 
 def test_the_fair_command_steers_and_shows_a_queue(
@@ -505,26 +509,28 @@ def test_a_tenant_alone_gives_a_whole_take_in_one_pop(redis: redis_py.Redis) -> 
 def test_a_fair_call_asks_only_the_rare_keys_it_must_and_writes_its_counters_once(
     redis: redis_py.Redis,
 ) -> None:
-    """With fair queues the only rare feature in use, a call that finds the fair
-    settings asks nothing more about paused queues, process limits, rate limits or
-    suspects (the first EXISTS counted one key), and writes the queue's jobs count and
-    clock in one HSET (the busy counts take the other)."""
+    """With fair queues the only rare feature in use, a call that settles jobs and
+    takes more asks the fair settings first, and finding them tells it that nothing is
+    paused, limited per process or by rate, and no job is a suspect (the first EXISTS
+    counted one key); the jobs count in the lines says the tenant has a turn. It writes
+    the queue's jobs count and clock in one HSET (the busy counts take the other)."""
     make_fair(QUEUE, redis=redis)
     push(redis, "solo", 20)
     fetch = limit_fetch(redis, QueueOrder([QUEUE]), "c1", ready_index=False)
-    fetch.settle(fetch.take(1, []))  # the arrivals sorted into the line
+    first = fetch.take(1, [])  # the arrivals sorted into the line
 
     def calls(stats: dict, name: str) -> int:
         return int(stats.get(f"cmdstat_{name}", {}).get("calls", 0))
 
     before = redis.info("commandstats")
-    units = fetch.take(5, [])
+    units = fetch.take(5, first)
     after = redis.info("commandstats")
     assert jids_of(units) == [f"solo-{i}" for i in range(1, 6)]
     ran = {name: calls(after, name) - calls(before, name) for name in ("exists", "hincrby", "hset")}
-    # The rare keys together, the fair settings, the queue's turns and weights.
+    # The rare keys together, the fair settings, the queue's weights and head starts.
     assert ran == {"exists": 4, "hincrby": 0, "hset": 2}, ran
     assert redis.hget(keys.of(redis).fair_part(QUEUE, "state"), "jobs") == b"14"
+    assert redis.llen(keys.of(redis).in_progress("c1", QUEUE)) == 5  # the first one settled
 
 
 def test_jobs_popped_ahead_but_not_taken_go_back_in_order(redis: redis_py.Redis) -> None:
@@ -569,3 +575,41 @@ def test_a_newly_active_tenant_gets_a_head_start_then_joins_the_rounds(
     assert taken == ["zeta"] * 3 + ["alpha"] * 3 + ["mid"] * 3 + ["steady"] * 10
     push(redis, "steady", 5)  # its line never emptied: no second head start
     assert Counter(take_all_n(fetch, 20)) == Counter({"flood": 10, "steady": 10})
+
+
+def test_virtual_times_are_whole_numbers_whatever_the_weights(redis: redis_py.Redis) -> None:
+    """Turns, the clock and the last entry are whole units of virtual time, so Redis
+    keeps a small queue's turns as integers (a fraction is text it parses at every
+    insert among them), weights that do not divide a turn included."""
+    make_fair(QUEUE, weights={"gold": 3, "odd": 7}, redis=redis)
+    for tenant in ("gold", "odd", "basic"):
+        push(redis, tenant, 300)
+    fetch = fetcher(redis)
+    take_all_n(fetch, 110)  # their head starts: 10 turns each, times the weight
+    assert Counter(take_all_n(fetch, 110)) == Counter({"gold": 30, "odd": 70, "basic": 10})
+    part = keys.of(redis).fair_part
+    scores = [score for _, score in redis.zrange(part(QUEUE, "turns"), 0, -1, withscores=True)]
+    state = redis.hgetall(part(QUEUE, "state"))
+    assert len(scores) == 3 and all(score == int(score) for score in scores), scores
+    assert all(value.isdigit() for value in (state[b"clock"], state[b"entered"])), state
+
+
+def test_virtual_times_an_earlier_version_wrote_in_fractions_are_rounded_as_read(
+    redis: redis_py.Redis,
+) -> None:
+    """An earlier version counted virtual time in turns, with fractions: such a queue
+    keeps serving every tenant in turn, and after a round every time is whole."""
+    make_fair(QUEUE, redis=redis)
+    for tenant in ("a", "b", "c"):
+        push(redis, tenant, 30)
+    fetch = fetcher(redis)
+    take_all_n(fetch, 30)  # the head starts: every tenant in the rounds now
+    part = keys.of(redis).fair_part
+    turns = part(QUEUE, "turns")
+    old = {b"a": 3.0000009536743164, b"b": 3.0000019073486328, b"c": 3.000002861022949}
+    redis.zadd(turns, {name.decode(): score for name, score in old.items()})
+    redis.hset(part(QUEUE, "state"), mapping={"clock": "2.0000028610229492", "entered": "0.5"})
+    assert Counter(take_all_n(fetch, 30)) == Counter({"a": 10, "b": 10, "c": 10})
+    scores = [score for _, score in redis.zrange(turns, 0, -1, withscores=True)]
+    assert len(scores) == 3 and all(score == int(score) for score in scores), scores
+    assert take_all(fetch) == ["a", "b", "c"] * 10

@@ -147,6 +147,9 @@ local MAX_SORTED = 1000 -- a fair queue's arrivals sorted into lines per call, a
 -- only until it has found that one, not all five. Once the first EXISTS found none,
 -- ``none_rare`` says so, and the places met per queue and per job test it before they
 -- call ``exists`` (a Lua function call costs as much as the test it would make).
+-- Once some exist, the fair queues' settings are asked first: every call that looks at
+-- a queue asks them, and where they are the one rare key (fair queues, nothing paused,
+-- no suspects) finding them tells the rest.
 local RARE_KEYS = {paused, process_limits, fair_settings, rate_limits, recoveries}
 local exists_once, rare_unknown, rare_unfound = nil, #RARE_KEYS, 0
 local none_rare = false
@@ -159,6 +162,7 @@ local function exists(key)
       none_rare = true
       return false
     end
+    if key ~= fair_settings then exists(fair_settings) end
   end
   if exists_once[key] == nil then
     if rare_unfound == 0 or rare_unfound == rare_unknown then
@@ -567,7 +571,15 @@ local function queue_state(i)
       local lib = fair_library()
       lib.sort(fair, KEYS[5 + at], math.min(left, MAX_SORTED))
       unsorted = left - math.min(left, MAX_SORTED)
-      left = lib.waiting(fair) and math.max(1, lib.jobs(fair)) or 0
+      -- Without a tenant limit every tenant with a line has a turn, so the count of
+      -- the jobs in the lines says whether one waits; with one, or when the count says
+      -- none, the turns are asked (a pick that finds no turn is undone anyway).
+      local jobs = lib.jobs(fair)
+      if fair.limit or jobs == 0 then
+        left = lib.waiting(fair) and math.max(1, jobs) or 0
+      else
+        left = jobs
+      end
     end
     if left == 0 and unsorted == 0 then
       if ready then unlist_name(name) end
@@ -711,6 +723,21 @@ while #picks < want and deferred < MAX_DEFERRED do
       st.left, st.taken, st.held = st.left - more, st.taken + more, st.held + more
       add_busy(st.name, more)
       for _ = 1, more do picks[#picks + 1] = st end
+    end
+  elseif kept and st.fair and not rate and order == natural and not any_recovered() then
+    -- A fair queue whose head tenant's next turns all come first (a tenant alone, say)
+    -- popped them together: the rest of them at once, as for a plain queue.
+    local more = math.min(room_beside(st), want - #picks)
+    local jobs, from, to = nil, 0, -1
+    if more > 0 then jobs, from, to = fair_library().run_rest(st.fair, more) end
+    if jobs then
+      local n, mine = to - from + 1, jobs_of[st]
+      st.left, st.taken, st.held = st.left - n, st.taken + n, st.held + n
+      add_busy(st.name, n)
+      for k = from, to do
+        mine[#mine + 1] = jobs[k]
+        picks[#picks + 1] = st
+      end
     end
   end
 end
