@@ -104,15 +104,26 @@ local function fair_library()
     return fk.clock
   end
 
+  -- Whether the queue has weights and whether any tenant is in its head start, asked
+  -- once a call, both in one EXISTS while neither is there (a queue's steady rounds,
+  -- a tenant alone): turns taken then read no weight and no head start each.
+  local function fair_extras(fk)
+    local found = redis.call('EXISTS', fk.weights, fk.head)
+    if found == 1 then
+      fk.weighted = redis.call('EXISTS', fk.weights) == 1
+    else
+      fk.weighted = found == 2
+    end
+    if fk.any_head == nil then fk.any_head = found == 2 or (found == 1 and not fk.weighted) end
+  end
+
   local function fair_weight(fk, tenant)
-    if fk.weighted == nil then fk.weighted = redis.call('EXISTS', fk.weights) == 1 end
+    if fk.weighted == nil then fair_extras(fk) end
     return fk.weighted and tonumber(redis.call('HGET', fk.weights, tenant)) or 1
   end
 
-  -- Whether any tenant is in its head start, asked once a call: turns taken while
-  -- none is (a queue's steady rounds) read no head start each.
   local function fair_any_head(fk)
-    if fk.any_head == nil then fk.any_head = redis.call('EXISTS', fk.head) == 1 end
+    if fk.weighted == nil then fair_extras(fk) end
     return fk.any_head
   end
 

@@ -329,7 +329,9 @@ local function settle(in_progress_key, queue_key, job, name, mode)
   end
   if not none_rare and any_recovered() then suspect_library().release(job) end
   local fair = not none_rare and fair_of(name)
-  if fair then
+  if fair and mode == 'ack' and not fair.limit then
+    return 1 -- nothing is kept per running job without a tenant limit (fair_lib.lua)
+  elseif fair then
     local lib = fair_library()
     local was, turned = lib.release(fair, job)
     if mode ~= 'ack' then -- back into its tenant's line, not the arrivals
