@@ -647,3 +647,24 @@ def test_a_capsule_config_built_in_code_refuses_an_unknown_async_loop() -> None:
 
     with pytest.raises(ValueError, match=r"async_loop must be one of \('asyncio', 'uvloop'\)"):
         CapsuleConfig(async_loop="trio")
+
+
+def test_a_config_of_10000_queues_and_their_limits_loads_through_libyaml(tmp_path: Path) -> None:
+    """Every listed queue's limit is checked against the list (a set, not a scan per
+    limit), a limit on an unlisted one is still refused, and the file is parsed by
+    libyaml where PyYAML has it (its pure-Python parser took seconds of a start here),
+    refusing a key twice as the Python one does."""
+    from limitd.config import files
+
+    queues = [f"tenant_{n:05d}" for n in range(10_000)]
+    limits = ", ".join(f"{name}: {n % 7 + 1}" for n, name in enumerate(queues))
+    text = f"queues: [{', '.join(queues)}]\nlimits: {{{limits}}}\n"
+    config = load(tmp_path, text)
+    spec = config.capsules[0].config
+    assert len(spec.limits) == 10_000 and spec.limits["tenant_09999"] == 9_999 % 7 + 1
+    with pytest.raises(ConfigError, match="queue 'typo' is not in this capsule's queues"):
+        load(tmp_path, text.replace("tenant_00000: 1", "typo: 1"))
+    if yaml.__with_libyaml__:
+        assert issubclass(files._StrictLoader, yaml.CSafeLoader)
+    with pytest.raises(ConfigError, match="duplicate key 'tenant_00001'"):
+        load(tmp_path, text.replace("tenant_00000: 1", "tenant_00001: 1"))

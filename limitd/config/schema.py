@@ -424,7 +424,8 @@ def check_listed(
 ) -> None:
     """A limit or a blocking flag on a queue the capsule does not fetch is a mistake (a
     typo, most likely), unless the capsule is dynamic and fetches what it finds."""
-    listed = QueueOrder(queues).names
+    names = QueueOrder(queues).names
+    listed = set(names)  # looked up once per limit: 10,000 queues and their limits, say
     unlisted: list[tuple[KeyPath, str]] = [
         *((("limits", queue), queue) for queue in limits if queue not in listed),
         *((("process_limits", queue), queue) for queue in process_limits if queue not in listed),
@@ -441,7 +442,7 @@ def check_listed(
     source = _queues_source(section, where)
     raise section.error(
         where,
-        f"queue {queue!r} is not in this capsule's queues {listed}{source} "
+        f"queue {queue!r} is not in this capsule's queues {names}{source} "
         "(list it there, or set dynamic: true)",
     )
 
