@@ -615,3 +615,20 @@ def test_virtual_times_an_earlier_version_wrote_in_fractions_are_rounded_as_read
     scores = [score for _, score in redis.zrange(turns, 0, -1, withscores=True)]
     assert len(scores) == 3 and all(score == int(score) for score in scores), scores
     assert take_all(fetch) == ["a", "b", "c"] * 10
+
+
+@pytest.mark.parametrize("count", ["0", "-3"])
+def test_a_jobs_count_gone_wrong_does_not_hide_a_tenants_line(
+    redis: redis_py.Redis, count: str
+) -> None:
+    """The count of jobs in the lines says whether a tenant waits; one that says none
+    (a key edited by hand, a partial restore) makes the fetch ask the turns instead, so
+    the jobs in the lines still come out, all of them."""
+    make_fair(QUEUE, redis=redis)
+    push(redis, "a", 4)
+    push(redis, "b", 4)
+    fetch = fetcher(redis)
+    first = fetch.take(1, [])  # sorts the arrivals into their lines
+    redis.hset(keys.of(redis).fair_part(QUEUE, "state"), "jobs", count)
+    fetch.settle(first)
+    assert sorted(tenants_of(first) + take_all(fetch)) == ["a"] * 4 + ["b"] * 4

@@ -575,9 +575,10 @@ local function queue_state(i)
       unsorted = left - math.min(left, MAX_SORTED)
       -- Without a tenant limit every tenant with a line has a turn, so the count of
       -- the jobs in the lines says whether one waits; with one, or when the count says
-      -- none, the turns are asked (a pick that finds no turn is undone anyway).
+      -- none (or less: a count gone wrong must not hide a line), the turns are asked
+      -- (a pick that finds no turn is undone anyway).
       local jobs = lib.jobs(fair)
-      if fair.limit or jobs == 0 then
+      if fair.limit or jobs <= 0 then
         left = lib.waiting(fair) and math.max(1, jobs) or 0
       else
         left = jobs
