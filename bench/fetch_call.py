@@ -63,14 +63,12 @@ def fill(conn: redis_py.Redis, names: list[str], jobs: int, tenants: int = 0) ->
     per_queue = max(1, jobs // len(names))
     pipe = conn.pipeline(transaction=False)
     for name in names:
-        tenant = [{"fair_tenant": f"t{i % tenants}"} if tenants else {} for i in range(per_queue)]
-        payloads = [  # compact, as limitd's client writes them (limitd.codec)
-            json.dumps(
-                {**tenant[i], "class": "Noop", "args": [i], "queue": name, "jid": f"{name}-{i}"},
-                separators=(",", ":"),
-            )
-            for i in range(per_queue)
-        ]
+        payloads = []
+        for i in range(per_queue):
+            job = {"fair_tenant": f"t{i % tenants}"} if tenants else {}
+            job.update({"class": "Noop", "args": [i], "queue": name, "jid": f"{name}-{i}"})
+            # compact, as limitd's client writes them (limitd.codec)
+            payloads.append(json.dumps(job, separators=(",", ":")))
         pipe.sadd(k.QUEUES, name)
         pipe.lpush(k.queue(name), *payloads)
     pipe.execute()

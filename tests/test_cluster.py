@@ -257,6 +257,7 @@ def test_limitd_start_drains_queues_on_every_shard_with_exact_limits(
         processes.kill_all()
     for queue, limit in LIMITS.items():
         assert int(clustered.get("{m:" + queue + "}peak")) == limit, queue
+        assert queue_limits.busy(clustered, queue) == 0
 
 
 def test_start_refuses_a_cluster_it_cannot_reach_or_mixed_layouts(

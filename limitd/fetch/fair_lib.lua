@@ -114,7 +114,7 @@ local function fair_library()
     else
       fk.weighted = found == 2
     end
-    if fk.any_head == nil then fk.any_head = found == 2 or (found == 1 and not fk.weighted) end
+    fk.any_head = found == 2 or (found == 1 and not fk.weighted)
   end
 
   local function fair_weight(fk, tenant)
@@ -243,6 +243,19 @@ local function fair_library()
     return jobs
   end
 
+  -- Up to ``most`` more jobs of the run fair_pop took ahead (the head tenant's next
+  -- turns), as that many more fair_pop calls would give them, for a caller that takes
+  -- them in one step: the run's jobs and the first and last given now, or nil.
+  local function fair_run_rest(fk, most)
+    local run = fk.run
+    if not run or run.given >= #run.jobs then return nil end
+    local from, to = run.given + 1, math.min(#run.jobs, run.given + most)
+    run.given = to
+    local turns_in = run.head > 0 and 0 or (to - 1) -- a head start keeps its turn
+    fk.clock, fk.clock_moved = run.at + turns_in * run.step, true
+    return run.jobs, from, to
+  end
+
   -- The next job by turns, and its tenant; nil when no tenant has a turn. ``most``: how
   -- many more jobs the caller may want in this call. A tenant in its head start keeps
   -- its turn while the head start lasts. Several jobs of the head tenant are taken in
@@ -251,14 +264,8 @@ local function fair_library()
   -- ``fk.run``; fair_flush puts back those the caller did not want. With a tenant limit
   -- one job at a time: each must be counted against its tenant as it is taken.
   local function fair_pop(fk, most)
-    local run = fk.run
-    if run and run.given < #run.jobs then
-      run.given = run.given + 1
-      -- a head start keeps its turn
-      local turns_in = run.head > 0 and 0 or (run.given - 1)
-      fk.clock, fk.clock_moved = run.at + turns_in * run.step, true
-      return run.jobs[run.given], run.tenant
-    end
+    local jobs, from = fair_run_rest(fk, 1)
+    if jobs then return jobs[from], fk.run.tenant end
     fk.run = nil
     most = fk.limit and 1 or most or 1
     for _ = 1, 100 do
@@ -291,19 +298,6 @@ local function fair_library()
       redis.call('HDEL', fk.head, tenant)
     end
     return nil
-  end
-
-  -- Up to ``most`` more jobs of the run fair_pop took ahead (the head tenant's next
-  -- turns), as that many more fair_pop calls would give them, for a caller that takes
-  -- them in one step: the run's jobs and the first and last given now, or nil.
-  local function fair_run_rest(fk, most)
-    local run = fk.run
-    if not run or run.given >= #run.jobs then return nil end
-    local from, to = run.given + 1, math.min(#run.jobs, run.given + most)
-    run.given = to
-    local turns_in = run.head > 0 and 0 or (to - 1) -- a head start keeps its turn
-    fk.clock, fk.clock_moved = run.at + turns_in * run.step, true
-    return run.jobs, from, to
   end
 
   -- Jobs taken ahead by fair_pop that the caller did not want go back to the front of
