@@ -18,9 +18,11 @@ from limitd.batch.plug import BATCH
 from limitd.batch.store import prune_index_hourly
 from limitd.config import CapsuleConfig, ConfigError, load_config
 from limitd.fetch.wakeup import WakeupListener
+from limitd.payload import parse
 from limitd.retry import RetryHandler
+from limitd.retry.moves import enqueue_page
 from limitd.supervisor.capsule import Capsule
-from limitd.supervisor.poller import ScheduledPoller
+from limitd.supervisor.poller import PEEK, ScheduledPoller
 from tests.helpers import wait_for
 
 NOW = 1_795_262_400.0
@@ -107,6 +109,64 @@ def test_a_burst_due_at_once_moves_a_page_per_call_in_due_order(
         fetched_first = [json.loads(job)["args"][0] for job in reversed(raw)]
         assert fetched_first == list(range(offset, total, 2)), "due first, fetched first"
     assert redis.smembers(keys.of(redis).QUEUES) == {b"mail", b"sms"}
+
+
+class RacedPoller(ScheduledPoller):
+    """A poller whose first page another process's poller moves between this one's read
+    and its move, as when two processes' pollers wake for a burst together; it records
+    the offset of each read."""
+
+    def __init__(self, redis: redis_py.Redis) -> None:
+        super().__init__(redis, rng=random.Random(7))
+        self.offsets: list[int] = []
+
+    def _page(self, zset: str, now: float, offset: int) -> list[bytes]:
+        page = super()._page(zset, now, offset)
+        if page and not self.offsets:  # the rival takes the same first page first
+            enqueue_page(self.redis, zset, [(member, parse(member)) for member in page], now)
+        if page:
+            self.offsets.append(offset)
+        return page
+
+
+@pytest.mark.standalone_only("counts the reads of the standalone move")
+def test_a_poller_that_loses_a_page_to_another_reads_its_next_pages_spread_out(
+    redis: redis_py.Redis,
+) -> None:
+    """Two processes' pollers reading the same first page of a burst each time decode,
+    encode and send the same jobs twice, one of them moving each: after losing jobs to
+    another, a poller reads pages at random among the first few instead, and still
+    moves each job exactly once (a read past the end goes back to the start)."""
+    total = 12 * PEEK
+    redis.zadd(
+        keys.of(redis).SCHEDULE,
+        {
+            json.dumps({"class": "X", "args": [i], "queue": "q"}): NOW - total + i
+            for i in range(total)
+        },
+    )
+    poller = RacedPoller(redis)
+    assert poller.enqueue_due(now=NOW) == total - PEEK  # the rival moved the first page
+    assert poller.offsets[0] == 0
+    assert any(offset > 0 for offset in poller.offsets[1:]), poller.offsets
+    args = sorted(json.loads(j)["args"][0] for j in redis.lrange(keys.of(redis).queue("q"), 0, -1))
+    assert args == list(range(total))
+    assert redis.zcard(keys.of(redis).SCHEDULE) == 0
+
+
+@pytest.mark.standalone_only("counts the reads of the standalone move")
+def test_a_lone_due_job_costs_one_read(redis: redis_py.Redis) -> None:
+    """The spread reads start only after a lost page: a lone due job is found and moved
+    in one read of its set (and one of the empty retry set), so a scheduled job is as
+    punctual as before."""
+    schedule(redis, NOW - 1)
+
+    def reads() -> int:
+        return int(redis.info("commandstats").get("cmdstat_zrangebyscore", {}).get("calls", 0))
+
+    before = reads()
+    assert ScheduledPoller(redis).enqueue_due(now=NOW) == 1
+    assert reads() - before == 2
 
 
 def test_unreadable_scheduled_member_goes_to_dead(redis: redis_py.Redis) -> None:

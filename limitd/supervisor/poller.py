@@ -55,6 +55,7 @@ def sorted_sets(layout: keys.KeyLayout) -> tuple[str, str]:
 
 MODES = ("due", "interval")
 PEEK = 500  # due jobs read and moved per call
+SPREAD = 8  # pages of a burst among which each call picks one (see _drain_set)
 INITIAL_WAIT = 10.0
 ERROR_PAUSE = 5.0
 CLEANUP_LOCK_SECONDS = 60
@@ -179,11 +180,21 @@ class ScheduledPoller:
 
     def _drain_set(self, zset: str, now: float) -> int:
         """Move the jobs of ``zset`` due at ``now``, a page (``PEEK`` jobs) per call: a
-        burst of jobs due at the same second reaches the queues in a few calls. An
-        unreadable member goes to the dead set (and counts as moved)."""
-        moved = 0
+        burst of jobs due at the same second reaches the queues in a few calls, in due
+        order. An unreadable member goes to the dead set (and counts as moved).
+
+        Pollers of other processes drain the same burst at the same moment. Reading the
+        same first page each time, they decoded, re-encoded and sent the same jobs, only
+        one of them moving each (a 100,000-job burst from two processes: 167,000 read
+        for 100,000 moved). So once another poller took jobs of a page from under this
+        one, each later call reads a page chosen at random among the first ``SPREAD``
+        due: the burst moves in pages out of order, each page still in due order."""
+        moved, offset, racing = 0, 0, False
         while not self._done.is_set():
-            due = cast("list[bytes]", self.redis.zrangebyscore(zset, "-inf", now, 0, PEEK))
+            due = self._page(zset, now, offset)
+            if not due and offset:  # past the end of the burst: back to its start
+                offset = 0
+                due = self._page(zset, now, 0)
             if not due:
                 break
             readable = []
@@ -192,10 +203,16 @@ class ScheduledPoller:
                     readable.append((member, parse(member)))
                 except MalformedPayload as exc:
                     moved += self._bury(zset, member, exc, now)
-            moved += enqueue_page(self.redis, zset, readable, now)
-            if len(due) < PEEK:
+            page_moved = enqueue_page(self.redis, zset, readable, now)
+            moved += page_moved
+            if len(due) < PEEK and not offset:
                 break
+            racing = racing or page_moved < len(readable)
+            offset = self.rng.randrange(SPREAD) * PEEK if racing else 0
         return moved
+
+    def _page(self, zset: str, now: float, offset: int) -> list[bytes]:
+        return cast("list[bytes]", self.redis.zrangebyscore(zset, "-inf", now, offset, PEEK))
 
     def _bury(self, zset: str, member: bytes, exc: MalformedPayload, now: float) -> bool:
         log.error("unreadable job in %s sent to the dead set: %s", zset, exc)
