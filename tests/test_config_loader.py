@@ -601,9 +601,10 @@ def test_sidekiq_keys_limitd_has_no_meaning_for_are_refused_saying_what_to_do(
 
 
 def test_cpu_affinity_is_inherited_and_none_undoes_it(tmp_path: Path) -> None:
-    """CPUs per capsule process: unset by default, a number at the top level is every
-    capsule's unless one sets its own, and ``none`` gives a capsule back to the kernel."""
-    assert load(tmp_path, "queues: [a]\n").capsules[0].config.cpu_affinity is None
+    """CPUs per capsule process: ``auto`` by default, a number or ``auto`` at the top
+    level is every capsule's unless one sets its own, and ``none`` gives a capsule back
+    to the kernel."""
+    assert load(tmp_path, "queues: [a]\n").capsules[0].config.cpu_affinity == "auto"
     text = """
 queues: [a]
 cpu_affinity: 2
@@ -616,10 +617,13 @@ capsules:
   free:
     queues: [d]
     cpu_affinity: none
+  watched:
+    queues: [e]
+    cpu_affinity: auto
 """
     config = load(tmp_path, text)
     found = {spec.config.name: spec.config.cpu_affinity for spec in config.capsules}
-    assert found == {"default": 2, "plain": 2, "own": 1, "free": None}
+    assert found == {"default": 2, "plain": 2, "own": 1, "free": None, "watched": "auto"}
     again = load(tmp_path, yaml.safe_dump(config_as_dict(config)))
     assert {spec.config.name: spec.config.cpu_affinity for spec in again.capsules} == found
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 import pytest
 
@@ -102,3 +103,148 @@ def test_a_platform_without_affinity_runs_as_it_is(
 )
 def test_cpus_are_listed_as_linux_lists_them(cpus: list[int], expected: str) -> None:
     assert cpu_affinity.listed(cpus) == expected
+
+
+# cpu_affinity: auto. The kernel's per-CPU counters and the process's own are fed in.
+
+PROC_STAT = """cpu  400 0 200 9000 10 0 5 0 0 0
+cpu0 300 0 100 4000 5 0 3 0 0 0
+cpu1 100 0 100 5000 5 0 2 7 0 0
+intr 12345 0 0
+ctxt 999
+"""
+
+
+def test_cpu_times_are_read_per_cpu_from_proc_stat() -> None:
+    """Busy: user, nice, system, irq, softirq; total: every tick, steal included."""
+    times = cpu_affinity.read_cpu_times(PROC_STAT)
+    assert times == {
+        0: cpu_affinity.CpuTimes(busy=403, total=4408),
+        1: cpu_affinity.CpuTimes(busy=202, total=5214),
+    }
+    assert cpu_affinity.read_own_ticks() >= 0  # this process, from /proc/self/stat
+
+
+def auto_kernel(monkeypatch: pytest.MonkeyPatch, shares: dict[int, float]) -> FakeKernel:
+    kernel = FakeKernel(monkeypatch, [101])
+    monkeypatch.setattr(cpu_affinity, "sample_cpu_times", lambda seconds: shares)
+    monkeypatch.setattr(cpu_affinity.ForeignLoadWatch, "start", lambda self: None)
+    return kernel
+
+
+def test_auto_keeps_the_process_on_the_quietest_cpu(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another supervisor's capsule already busy on CPU 0 (the k-th for both): this one
+    takes a quiet CPU instead; a difference under a tenth is noise, and the k-th wins."""
+    kernel = auto_kernel(monkeypatch, {0: 0.9, 1: 0.12, 2: 0.05, 3: 0.3})
+    with caplog.at_level(logging.INFO, logger="limitd.supervisor"):
+        cpu_affinity.apply("auto", 0, 1)
+    assert kernel.cpus == dict.fromkeys([0, 101], frozenset({1}))
+    assert "keeps its threads on CPU 1 while no other process needs it" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("process_number", "shares", "expected"),
+    [
+        (0, {}, 0),  # an idle machine: the k-th CPU, as cpu_affinity: 1
+        (1, {}, 1),
+        (3, {0: 0.0, 1: 0.0, 2: 0.0, 3: 0.0}, 3),
+        (1, {0: 0.0, 1: 0.5}, 0),
+    ],
+)
+def test_auto_spreads_a_supervisor_s_children_over_idle_cpus(
+    monkeypatch: pytest.MonkeyPatch, process_number: int, shares: dict[int, float], expected: int
+) -> None:
+    kernel = auto_kernel(monkeypatch, shares)
+    cpu_affinity.apply("auto", process_number, 4)
+    assert kernel.cpus[0] == frozenset({expected})
+
+
+@pytest.mark.parametrize(
+    ("allowed", "process_count"),
+    [({0, 1, 2, 3}, 5), ({2}, 1)],  # more children than CPUs; nothing to choose from
+)
+def test_auto_leaves_the_threads_alone_when_no_cpu_can_be_a_process_s_own(
+    monkeypatch: pytest.MonkeyPatch, allowed: set[int], process_count: int
+) -> None:
+    kernel = auto_kernel(monkeypatch, {})
+    kernel.cpus = dict.fromkeys(kernel.cpus, frozenset(allowed))
+    cpu_affinity.apply("auto", 0, process_count)
+    assert set(kernel.cpus.values()) == {frozenset(allowed)}
+
+
+def test_auto_leaves_a_python_without_a_gil_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Free-threaded CPython runs the threads in parallel: one CPU would be a cap."""
+    kernel = auto_kernel(monkeypatch, {})
+    monkeypatch.setattr(sys, "_is_gil_enabled", lambda: False, raising=False)
+    cpu_affinity.apply("auto", 0, 1)
+    assert set(kernel.cpus.values()) == {frozenset({0, 1, 2, 3})}
+
+
+class Counters:
+    """/proc/stat and /proc/self/stat as the watch reads them, advanced by hand: each
+    step is 100 ticks of every CPU, of which ``busy[cpu]`` ran something, ``own`` of
+    them this process."""
+
+    def __init__(self) -> None:
+        self.cpus = {cpu: cpu_affinity.CpuTimes(0, 0) for cpu in range(3)}
+        self.own = 0
+        self.pins: list[set[int]] = []
+
+    def step(self, busy: dict[int, int], own: int) -> None:
+        for cpu, times in self.cpus.items():
+            self.cpus[cpu] = cpu_affinity.CpuTimes(times.busy + busy.get(cpu, 0), times.total + 100)
+        self.own += own
+
+    def watch(self, cpu: int) -> cpu_affinity.ForeignLoadWatch:
+        def pin_to(cpus: set[int]) -> bool:
+            self.pins.append(cpus)
+            return True
+
+        return cpu_affinity.ForeignLoadWatch(
+            cpu, self.cpus, lambda: dict(self.cpus), lambda: self.own, pin_to
+        )
+
+
+def test_the_watch_ignores_the_process_s_own_load_and_a_single_busy_reading() -> None:
+    counters = Counters()
+    watch = counters.watch(0)
+    counters.step({0: 100, 1: 40}, own=95)  # its own CPU full, of its own work
+    watch.check()
+    counters.step({0: 90, 1: 10}, own=40)  # one reading with 50% foreign
+    watch.check()
+    counters.step({0: 95, 1: 10}, own=90)
+    watch.check()
+    assert counters.pins == [] and watch.strikes == 0 and not watch.done.is_set()
+
+
+def test_a_cpu_shared_twice_in_a_row_makes_the_process_move_once_then_let_go(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Another busy process on its CPU: it moves to the quietest CPU; shared there too,
+    it lets the kernel place its threads (and its children's) for good."""
+    counters = Counters()
+    watch = counters.watch(0)
+    with caplog.at_level(logging.INFO, logger="limitd.supervisor"):
+        for _ in range(2):
+            counters.step({0: 100, 1: 60, 2: 5}, own=50)
+            watch.check()
+        assert counters.pins == [{2}] and watch.cpu == 2
+        assert "other processes took 50% of CPU 0; moving to CPU 2" in caplog.text
+        for _ in range(2):
+            counters.step({0: 5, 1: 60, 2: 100}, own=55)
+            watch.check()
+    assert counters.pins == [{2}, {0, 1, 2}]
+    assert watch.done.is_set()
+    assert "threads left to the kernel on CPU 0-2 from now on" in caplog.text
+
+
+def test_with_no_quiet_cpu_to_go_to_the_process_lets_go_at_once() -> None:
+    counters = Counters()
+    watch = counters.watch(1)
+    for _ in range(2):
+        counters.step({0: 80, 1: 100, 2: 70}, own=50)
+        watch.check()
+    assert counters.pins == [{0, 1, 2}]
+    assert watch.done.is_set()

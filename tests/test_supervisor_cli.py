@@ -159,10 +159,11 @@ def test_capsule_processes_keep_their_threads_on_the_cpus_cpu_affinity_gives(
 ) -> None:
     """``cpu_affinity: 1`` on a capsule of two processes: each keeps every thread on one
     CPU of the supervisor's set (children 1 and 2, so two different CPUs when there are
-    two or more), while the capsule without it and the supervisor keep the whole set.
+    two or more), while the capsule with ``none`` and the supervisor keep the whole set.
     Each process record says where its process may run (``limitd status``)."""
     (app_dir / "pinned.yml").write_text(
         TWO_CAPSULES.replace("    processes: 2\n", "    processes: 2\n    cpu_affinity: 1\n")
+        + "cpu_affinity: none\n"
     )
     proc = supervisor("pinned.yml")
     wait_for_titles(proc.pid, 3)
@@ -180,6 +181,40 @@ def test_capsule_processes_keep_their_threads_on_the_cpus_cpu_affinity_gives(
     recorded = {process.pid: process.cpus for process in Processes(redis)}
     expected = {pid: cpu_affinity.listed(next(iter(cpu_sets(pid)))) for pid in side + default}
     assert recorded == expected
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU: nothing to choose")
+def test_auto_keeps_a_capsule_on_one_cpu_until_another_process_needs_it(
+    app_dir: Path, supervisor: Callable[..., subprocess.Popen[bytes]], redis: redis_py.Redis
+) -> None:
+    """The default, ``cpu_affinity: auto``: a lone capsule process keeps every thread on
+    one CPU; a busy process pinned to that CPU makes it move, or let go, within a few
+    readings, its process record following (``limitd status``)."""
+    (app_dir / "auto.yml").write_text(
+        "require: [supervisor_app]\nqueues: [work]\nconcurrency: 2\nheartbeat_period: 0.5\n"
+    )
+    proc = supervisor("auto.yml")
+    wait_for_titles(proc.pid, 1)
+    [capsule] = children(proc.pid)
+    [[cpu]] = [sorted(cpus) for cpus in cpu_sets(capsule)]
+    hog = subprocess.Popen(
+        [sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"]
+    )
+    try:
+        wait_for(
+            lambda: all(cpus != {cpu} for cpus in cpu_sets(capsule)),
+            timeout=60,
+            message=f"the capsule off CPU {cpu}, which another process keeps busy",
+        )
+    finally:
+        hog.kill()
+        hog.wait()
+    [now_on] = cpu_sets(capsule)
+    wait_for(
+        lambda: [p.cpus for p in Processes(redis)] == [cpu_affinity.listed(now_on)],
+        timeout=30,
+        message="the process record showing where it runs now",
+    )
 
 
 def test_term_requeues_a_long_job_and_leaves_no_child(

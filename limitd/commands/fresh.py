@@ -98,6 +98,8 @@ def capsule_config(config: Config, settings: dict[str, Any]) -> CapsuleConfig | 
         spec.config,
         capsule_id=settings["capsule_id"],
         process_number=settings["process_number"],
+        # a supervisor older than the setting does not say: auto then pins as for one
+        process_count=settings.get("process_count", 1),
     )
 
 

@@ -251,7 +251,7 @@ def run_capsule(
     that enqueue jobs use the same Redis and the config's feature settings
     (``sections``, e.g. ``fair_tenant``). ``ready`` is called once the capsule runs."""
     cpu_scheduling.apply(config.cpu_scheduling)  # before any thread: they inherit it
-    cpu_affinity.apply(config.cpu_affinity, config.process_number)  # the same
+    cpu_affinity.apply(config.cpu_affinity, config.process_number, config.process_count)
     redis = connect_for(settings, url, pool_for=config)
     set_default_client(Client(redis, middleware=default_client_chain(sections)))
     context = ProcessContext(redis, sections or {}, config, default_server_chain(redis))

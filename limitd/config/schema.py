@@ -136,7 +136,7 @@ class Shared:
     ready_index: bool = _DEFAULTS.ready_index
     index_sweep: float = _DEFAULTS.index_sweep
     cpu_scheduling: str = _DEFAULTS.cpu_scheduling
-    cpu_affinity: int | None = _DEFAULTS.cpu_affinity
+    cpu_affinity: int | str | None = _DEFAULTS.cpu_affinity
 
 
 def load_config(paths: Sequence[str | Path], env: Mapping[str, str] | None = None) -> Config:
@@ -201,19 +201,23 @@ def read_shared(section: Section, base: Shared) -> Shared:
     )
 
 
-def read_cpu_affinity(section: Section, base: int | None) -> int | None:
-    """``cpu_affinity``: CPUs per capsule process (an integer >= 1), or ``none`` (the
-    kernel places the threads; it undoes an inherited number); absent: ``base``."""
+def read_cpu_affinity(section: Section, base: int | str | None) -> int | str | None:
+    """``cpu_affinity``: CPUs per capsule process (an integer >= 1), ``auto`` (one CPU
+    while it is the process's own), or ``none`` (the kernel places the threads; it undoes
+    an inherited setting); absent: ``base``."""
     raw = section.data.get("cpu_affinity")
     if raw is None:
         return base
     if raw == "none":
         return None
+    if raw == "auto":
+        return "auto"
     found = as_int(raw)
     if found is None or found < 1:
         raise section.error(
             "cpu_affinity",
-            f"expected none or an integer >= 1 (CPUs per capsule process), got {describe(raw)}",
+            f"expected auto, none or an integer >= 1 (CPUs per capsule process), "
+            f"got {describe(raw)}",
         )
     return found
 

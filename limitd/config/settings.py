@@ -65,13 +65,16 @@ class CapsuleConfig:
     index_sweep: float = 50.0
     # The kernel policy of a capsule process's threads (limitd.supervisor.cpu_scheduling).
     cpu_scheduling: str = "batch"
-    # CPUs each capsule process keeps its threads on, or None: where the kernel puts them
+    # CPUs each capsule process keeps its threads on: a number, "auto" (one CPU while it
+    # is the process's own), or None: where the kernel puts them
     # (limitd.supervisor.cpu_affinity).
-    cpu_affinity: int | None = None
+    cpu_affinity: int | str | None = "auto"
     capsule_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     # Which of the supervisor's children runs this (0, 1, ...), kept across restarts: a
     # per-process port is the configured one plus this number.
     process_number: int = 0
+    # How many children the supervisor runs, every capsule's (cpu_affinity: auto).
+    process_count: int = 1
 
     def __post_init__(self) -> None:
         where = f"capsule {self.name}"
@@ -83,10 +86,10 @@ class CapsuleConfig:
         if self.timeout < 0:
             raise ValueError(f"{where}: timeout must be >= 0 seconds")
         self._check_choices(where)
-        if self.cpu_affinity is not None and not _is_count(self.cpu_affinity):
+        if self.cpu_affinity not in (None, "auto") and not _is_count(self.cpu_affinity):
             raise ValueError(
-                f"{where}: cpu_affinity must be an integer >= 1 (CPUs per capsule process) "
-                f"or None, got {self.cpu_affinity!r}"
+                f"{where}: cpu_affinity must be an integer >= 1 (CPUs per capsule process), "
+                f"'auto' or None, got {self.cpu_affinity!r}"
             )
         if self.heartbeat_period <= 0:
             raise ValueError(f"{where}: heartbeat_period must be > 0 seconds")

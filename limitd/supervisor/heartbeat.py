@@ -91,12 +91,23 @@ class ProcessRecord:
         ttl: float = MIN_RECORD_TTL,
     ) -> None:
         self.identity = identity
-        # Fixed for the life of the process, and it names every queue: encoded once,
-        # not at every refresh (at 40,000 queues that was 7% of a busy capsule's GIL).
-        self._info_json = json.dumps({**info, "identity": identity, "started_at": clock.now()})
+        # It names every queue: encoded once, not at every refresh (at 40,000 queues that
+        # was 7% of a busy capsule's GIL), and again only if the process's CPUs change.
+        self._info = {**info, "identity": identity, "started_at": clock.now()}
+        self._info_json = json.dumps(self._info)
         self.work = work
         self.ttl = max(MIN_RECORD_TTL, int(ttl))
         self.quiet = False
+
+    def _current_info(self) -> str:
+        """The info JSON, with ``cpus`` as they are now: ``cpu_affinity: auto`` moves a
+        process, or lets it go, when another process needs its CPU."""
+        if "cpus" in self._info:
+            cpus = cpu_affinity.current()
+            if cpus != self._info["cpus"]:
+                self._info["cpus"] = cpus
+                self._info_json = json.dumps(self._info)
+        return self._info_json
 
     def write(self, redis: redis_py.Redis) -> str | None:
         """Refresh the record, in one round trip, and take the oldest signal sent to this
@@ -108,7 +119,7 @@ class ProcessRecord:
         pipe.hset(
             self.identity,
             mapping={
-                "info": self._info_json,
+                "info": self._current_info(),
                 "busy": len(work),
                 "beat": clock.now(),
                 "quiet": "true" if self.quiet else "false",

@@ -104,6 +104,7 @@ def exec_fresh(
             "capsule": child.config.name,
             "capsule_id": child.config.capsule_id,
             "process_number": child.config.process_number,
+            "process_count": child.config.process_count,
             "ready_fd": write_end,
             "supervisor": os.getpid(),
         }

@@ -192,6 +192,7 @@ class Supervisor:
             child.config,
             capsule_id=uuid.uuid4().hex,
             process_number=self.children.index(child) if child in self.children else 0,
+            process_count=len(self.children),
         )
 
     def _started(self, child: Child) -> None:

@@ -4,9 +4,11 @@ with a limit of 1,000 on the queue (never binding, so the limit-aware fetch is w
 measured); ``limitd-basic-N`` the basic fetch, no limits, to show what the limit fetch
 costs on top of it. Their job counts through ``limitd.redis_client()``;
 ``limitd-plain-N`` is ``limitd-N`` with a job that counts through a plain ``redis.Redis``
-(apps/limitd_plain_app.py), as the Python peers' jobs do; ``limitd-pinned-N`` is
-``limitd-N`` with ``cpu_affinity: 1`` (each capsule process keeps its threads on one
-CPU)."""
+(apps/limitd_plain_app.py), as the Python peers' jobs do. ``limitd-N`` runs with the
+default ``cpu_affinity: auto``; ``limitd-pinned-N`` with ``cpu_affinity: 1`` (each
+capsule process keeps its threads on one CPU, whatever else runs there), and
+``limitd-unpinned-N`` with ``cpu_affinity: none`` (the kernel places the threads: the
+default before ``auto``)."""
 
 from __future__ import annotations
 
@@ -160,6 +162,15 @@ SYSTEMS = (
             p,
             "cpu_affinity: 1 (each process on one CPU)",
             extra="cpu_affinity: 1\n",
+        )
+        for p in (1, 2)
+    ]
+    + [
+        _limit_variant(
+            f"limitd-unpinned-{p}",
+            p,
+            "cpu_affinity: none (the kernel places the threads)",
+            extra="cpu_affinity: none\n",
         )
         for p in (1, 2)
     ]
