@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import sys
+import time
 
 import pytest
 
@@ -240,11 +242,45 @@ def test_a_cpu_shared_twice_in_a_row_makes_the_process_move_once_then_let_go(
     assert "threads left to the kernel on CPU 0-2 from now on" in caplog.text
 
 
-def test_with_no_quiet_cpu_to_go_to_the_process_lets_go_at_once() -> None:
+def test_with_no_quiet_cpu_but_room_elsewhere_the_process_lets_go_at_once() -> None:
     counters = Counters()
     watch = counters.watch(1)
     for _ in range(2):
-        counters.step({0: 80, 1: 100, 2: 70}, own=50)
+        counters.step({0: 30, 1: 100, 2: 25}, own=50)
         watch.check()
     assert counters.pins == [{0, 1, 2}]
     assert watch.done.is_set()
+
+
+def test_where_every_cpu_is_as_busy_the_process_stays_and_keeps_reading() -> None:
+    """Two capsules and Redis on two cores: Redis takes part of each capsule's CPU, but
+    the kernel has no better place for either, and spread out they would lose the
+    switches in place."""
+    counters = Counters()
+    watch = counters.watch(0)
+    for _ in range(4):
+        counters.step({0: 100, 1: 95, 2: 90}, own=60)
+        watch.check()
+    assert counters.pins == []
+    assert not watch.done.is_set()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU: nothing to share")
+def test_a_busy_process_on_the_cpu_reads_as_foreign_load() -> None:
+    """The real counters: a process spinning on CPU ``c`` takes well over the limit of
+    ``c`` in a reading (on a busy machine too: it is kept on ``c``, and takes at least
+    its fair share of it), and the reading leaves this process's own ticks out."""
+    cpu = min(os.sched_getaffinity(0))
+    watch = cpu_affinity.ForeignLoadWatch(cpu, os.sched_getaffinity(0), pin_to=lambda cpus: True)
+    spinner = subprocess.Popen(
+        [sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"]
+    )
+    try:
+        watch.reading()  # from now on
+        time.sleep(1.0)  # the window read: a second of the spinner's ticks
+        share, shares = watch.reading()
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert share is not None and share > cpu_affinity.FOREIGN_LIMIT, share
+    assert shares[cpu] >= share

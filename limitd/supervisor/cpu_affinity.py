@@ -23,7 +23,9 @@ children than CPUs), chooses the quietest CPU (ties: the k-th, as ``1`` would), 
 then watches: a :class:`ForeignLoadWatch` thread reads, every few seconds, how much of
 its CPU went to other processes. Over :data:`FOREIGN_LIMIT` in two readings in a row,
 the process moves once to the quietest CPU if one is quiet, and else (or the second
-time) lets the kernel place its threads again, as ``none`` does, for good. A free-
+time) lets the kernel place its threads again, as ``none`` does, for good, provided
+another CPU has clearly more room than it is left: where every CPU is as busy (two
+capsules and Redis on two cores), it stays. A free-
 threaded Python (no GIL) is never pinned by ``auto``: its threads do run in parallel.
 """
 
@@ -48,6 +50,9 @@ AUTO = "auto"
 # 0.6x the jobs per CPU second) below roughly a third; two busy capsules on one CPU
 # show about a half.
 FOREIGN_LIMIT = 0.35
+# ... and how much more idle another CPU must be than what is left of the process's own
+# for letting go to be worth it.
+ROOM_MARGIN = 0.15
 WATCH_PERIOD = 2.0  # seconds between readings
 STRIKES = 2  # readings over the limit in a row before acting on them
 START_SAMPLE = 0.1  # seconds of /proc/stat read to choose the quietest CPU
@@ -217,25 +222,33 @@ class ForeignLoadWatch:
 
     def check(self) -> None:
         """One reading, and what it calls for."""
+        share, shares = self.reading()
+        if share is None:
+            return
+        self.strikes = self.strikes + 1 if share > FOREIGN_LIMIT else 0
+        if self.strikes >= STRIKES:
+            self._act(share, shares)
+
+    def reading(self) -> tuple[float | None, dict[int, float]]:
+        """Since the last reading: the share of this process's CPU that other processes
+        took (None if no tick passed), and every CPU's busy share."""
         cpus, own = self._read_cpus(), self._read_own()
         mine_before, mine = self._cpus[self.cpu], cpus[self.cpu]
         ticks = mine.total - mine_before.total
         foreign = (mine.busy - mine_before.busy) - (own - self._own)
         shares = busy_shares(self._cpus, cpus)
         self._cpus, self._own = cpus, own
-        if ticks <= 0:
-            return
-        self.strikes = self.strikes + 1 if foreign / ticks > FOREIGN_LIMIT else 0
-        if self.strikes >= STRIKES:
-            self._act(foreign / ticks, shares)
+        return (foreign / ticks if ticks > 0 else None), shares
 
     def _act(self, share: float, shares: Mapping[int, float]) -> None:
+        """Two readings in a row over the limit. A quiet CPU: go there (once). Else let
+        go, but only where another CPU has clearly more room than this process is left
+        on its own: when every CPU is as busy (two capsules and Redis on two cores),
+        the kernel would find it no better place, and the process would lose what
+        keeping its threads together gains."""
         self.strikes = 0
-        quiet = sorted(
-            (shares.get(cpu, 0.0), cpu)
-            for cpu in self.allowed - {self.cpu}
-            if shares.get(cpu, 0.0) <= FOREIGN_LIMIT / 2
-        )
+        others = {cpu: shares.get(cpu, 0.0) for cpu in self.allowed - {self.cpu}}
+        quiet = sorted((busy, cpu) for cpu, busy in others.items() if busy <= FOREIGN_LIMIT / 2)
         if quiet and not self.moved and self._pin({quiet[0][1]}):
             log.info(
                 "cpu_affinity auto: other processes took %.0f%% of CPU %d; moving to CPU %d",
@@ -245,6 +258,9 @@ class ForeignLoadWatch:
             )
             self.cpu, self.moved = quiet[0][1], True
             return
+        most_room = 1.0 - min(others.values(), default=1.0)
+        if most_room < (1.0 - share) + ROOM_MARGIN:
+            return  # no better place: stay, and keep reading
         self.done.set()
         if self._pin(self.allowed):
             release_children(self.allowed)
