@@ -37,7 +37,9 @@ Finished jobs are settled by the next call.
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -51,6 +53,12 @@ from limitd.fetch import keep_all, never, no_extra
 from limitd.fetch.basic import UnitOfWork, give_back
 from limitd.fetch.limit import LimitFetch
 from limitd.fetch.wakeup import IdleGate
+
+# Give up the GIL and the CPU. ``time.sleep(0)`` gives up only the GIL: on a capsule kept
+# on one CPU (``cpu_affinity``) the successor cannot run until this thread blocks, so it
+# takes the GIL straight back; ``sched_yield`` lets the successor run there and then
+# (1 x 10 on one CPU: 1.16x the drain, 0.89x the worker CPU per job).
+yield_cpu: Callable[[], None] = getattr(os, "sched_yield", None) or functools.partial(time.sleep, 0)
 
 log = logging.getLogger("limitd.fetch")
 
@@ -222,7 +230,7 @@ class Dispatcher:
             # The successor needs the GIL to write its call; without a yield it waits for
             # this thread's next socket call, and its round trip starts that much later
             # (measured at 2 x 10: 1.16x the drain, faster in each of six rounds).
-            time.sleep(0)
+            yield_cpu()
         if unwanted:
             self.fetch.requeue(unwanted)  # fetched while the capsule was quieting
             return None
