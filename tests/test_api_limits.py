@@ -284,9 +284,7 @@ def test_a_heartbeat_rewrites_configured_limits_only_when_redis_lost_them(
     """With 10,000 configured limits a heartbeat checks a few keys, not 10,000 fields;
     what Redis loses (everything, or one of the hashes) is written again."""
     names = [f"q{i:05d}" for i in range(10_000)]
-    settings = LimitSettings(
-        limits=dict.fromkeys(names, 3), rate_limits={"q00001": "5/second"}
-    )
+    settings = LimitSettings(limits=dict.fromkeys(names, 3), rate_limits={"q00001": "5/second"})
     settings.apply_defaults(redis)
     before = redis.info("commandstats")
     settings.apply_defaults(redis)

@@ -199,7 +199,7 @@ def test_async_jobs_failures_and_lifecycle_on_a_started_capsule(
         box.quiet()
     finally:
         box.stop(timeout=5)
-    (exc, failure), = recorder.failures
+    ((exc, failure),) = recorder.failures
     assert isinstance(exc, KeyError) and failure.jid == jid and failure.outcome == "dead"
     assert sorted(calls) == ["app_hooks.AsyncFails", "app_hooks.AsyncOk"]
     assert recorder.events[2:] == ["quiet 2", "quiet 1", "shutdown 2", "shutdown 1"]

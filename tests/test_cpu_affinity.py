@@ -10,10 +10,21 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from limitd.supervisor import cpu_affinity, cpu_scheduling
+from limitd.supervisor import cpu_affinity, cpu_claims, cpu_readings, cpu_scheduling, cpu_watch
+
+
+@pytest.fixture(autouse=True)
+def own_claims(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Claims in a file of the test's own: capsules running on this machine claim theirs
+    in the shared one."""
+    path = tmp_path / "cpus"
+    monkeypatch.setattr(cpu_claims, "claims_path", lambda: str(path))
+    return path
 
 
 @pytest.mark.parametrize(
@@ -119,12 +130,12 @@ ctxt 999
 
 def test_cpu_times_are_read_per_cpu_from_proc_stat() -> None:
     """Busy: user, nice, system, irq, softirq; total: every tick, steal included."""
-    times = cpu_affinity.read_cpu_times(PROC_STAT)
+    times = cpu_readings.read_cpu_times(PROC_STAT)
     assert times == {
-        0: cpu_affinity.CpuTimes(busy=403, total=4408),
-        1: cpu_affinity.CpuTimes(busy=202, total=5214),
+        0: cpu_readings.CpuTimes(busy=403, total=4408),
+        1: cpu_readings.CpuTimes(busy=202, total=5214),
     }
-    assert cpu_affinity.read_own_ticks() >= 0  # this process, from /proc/self/stat
+    assert cpu_readings.read_own_ticks() >= 0  # this process, from /proc/self/stat
 
 
 def auto_kernel(monkeypatch: pytest.MonkeyPatch, shares: dict[int, float]) -> FakeKernel:
@@ -190,22 +201,22 @@ class Counters:
     them this process."""
 
     def __init__(self) -> None:
-        self.cpus = {cpu: cpu_affinity.CpuTimes(0, 0) for cpu in range(3)}
+        self.cpus = {cpu: cpu_readings.CpuTimes(0, 0) for cpu in range(3)}
         self.own = 0
         self.pins: list[set[int]] = []
 
     def step(self, busy: dict[int, int], own: int) -> None:
         for cpu, times in self.cpus.items():
-            self.cpus[cpu] = cpu_affinity.CpuTimes(times.busy + busy.get(cpu, 0), times.total + 100)
+            self.cpus[cpu] = cpu_readings.CpuTimes(times.busy + busy.get(cpu, 0), times.total + 100)
         self.own += own
 
-    def watch(self, cpu: int) -> cpu_affinity.ForeignLoadWatch:
+    def watch(self, cpu: int) -> cpu_watch.ForeignLoadWatch:
         def pin_to(cpus: set[int]) -> bool:
             self.pins.append(cpus)
             return True
 
-        return cpu_affinity.ForeignLoadWatch(
-            cpu, self.cpus, lambda: dict(self.cpus), lambda: self.own, pin_to
+        return cpu_watch.ForeignLoadWatch(
+            cpu, self.cpus, pin_to, read_cpus=lambda: dict(self.cpus), read_own=lambda: self.own
         )
 
 
@@ -271,7 +282,7 @@ def test_a_busy_process_on_the_cpu_reads_as_foreign_load() -> None:
     ``c`` in a reading (on a busy machine too: it is kept on ``c``, and takes at least
     its fair share of it), and the reading leaves this process's own ticks out."""
     cpu = min(os.sched_getaffinity(0))
-    watch = cpu_affinity.ForeignLoadWatch(cpu, os.sched_getaffinity(0), pin_to=lambda cpus: True)
+    watch = cpu_watch.ForeignLoadWatch(cpu, os.sched_getaffinity(0), pin_to=lambda cpus: True)
     spinner = subprocess.Popen(
         [sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"]
     )
@@ -282,5 +293,62 @@ def test_a_busy_process_on_the_cpu_reads_as_foreign_load() -> None:
     finally:
         spinner.kill()
         spinner.wait()
-    assert share is not None and share > cpu_affinity.FOREIGN_LIMIT, share
+    assert share is not None and share > cpu_watch.FOREIGN_LIMIT, share
     assert shares[cpu] >= share
+
+
+@pytest.fixture
+def other_process() -> Iterator[int]:
+    """A live process other than this one, to hold a claim."""
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    yield sleeper.pid
+    sleeper.kill()
+    sleeper.wait()
+
+
+def test_a_cpu_another_capsule_process_claims_is_passed_over_for_one_nobody_claims(
+    monkeypatch: pytest.MonkeyPatch, own_claims: Path, other_process: int
+) -> None:
+    """Two supervisors starting together see the same idle CPUs: the one that claims
+    second takes another CPU, and the claims file says who keeps to which."""
+    own_claims.write_text(f"{other_process} 0\n")
+    kernel = auto_kernel(monkeypatch, {})
+    cpu_affinity.apply("auto", 0, 1)
+    assert kernel.cpus[0] == frozenset({1})
+    assert sorted(own_claims.read_text().splitlines()) == sorted(
+        [f"{other_process} 0", f"{os.getpid()} 1"]
+    )
+
+
+def test_the_claim_of_a_process_that_ended_counts_for_nothing(
+    monkeypatch: pytest.MonkeyPatch, own_claims: Path
+) -> None:
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    own_claims.write_text(f"{ended.pid} 0\n")
+    kernel = auto_kernel(monkeypatch, {})
+    cpu_affinity.apply("auto", 0, 1)
+    assert kernel.cpus[0] == frozenset({0})
+    assert own_claims.read_text() == f"{os.getpid()} 0\n"
+
+
+def test_claims_follow_a_move_and_go_when_the_process_lets_go(own_claims: Path) -> None:
+    cpu_claims.claim(lambda claimed: 0)
+    counters = Counters()
+    watch = counters.watch(0)
+    for _ in range(2):
+        counters.step({0: 100, 1: 60, 2: 5}, own=50)
+        watch.check()
+    assert own_claims.read_text() == f"{os.getpid()} 2\n"
+    for _ in range(2):
+        counters.step({0: 5, 1: 60, 2: 100}, own=50)
+        watch.check()
+    assert own_claims.read_text() == ""
+
+
+def test_an_unusable_claims_file_leaves_the_choice_to_the_load(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(cpu_claims, "claims_path", lambda: str(tmp_path / "missing" / "cpus"))
+    assert cpu_claims.claim(lambda claimed: 3 if not claimed else 0) == 3
+    cpu_claims.release()  # nothing to release, nothing raised

@@ -168,9 +168,10 @@ def test_a_job_sealed_with_an_old_key_runs_after_rotation(
     charge.perform_async(1, SECRET)
     use_keys(monkeypatch, f"1:{KEY_1},2:{KEY_2}", current="2")
     charge.perform_async(2, SECRET)
-    versions = [json.loads(raw)["args"][0].split(":")[2] for raw in redis.lrange(
-        keys.of(redis).queue("default"), 0, -1
-    )]
+    versions = [
+        json.loads(raw)["args"][0].split(":")[2]
+        for raw in redis.lrange(keys.of(redis).queue("default"), 0, -1)
+    ]
     assert sorted(versions) == ["v1", "v2"]
     assert fresh_capsule(redis).drain() == {"done": 2}
     assert sorted(ran) == [(1, SECRET), (2, SECRET)]

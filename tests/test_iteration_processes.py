@@ -104,8 +104,9 @@ def test_sigterm_mid_walk_then_a_restart_does_every_item_exactly_once(
 
         second = processes.start("walk.yml")
         wait_for(
-            lambda: (found := iteration_progress(jid, redis)) is not None
-            and found.state == "completed",
+            lambda: (
+                (found := iteration_progress(jid, redis)) is not None and found.state == "completed"
+            ),
             timeout=120,
             message="the resumed walk to complete",
         )

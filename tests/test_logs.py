@@ -346,9 +346,7 @@ BAD_LOGGING = {
 
 
 @pytest.mark.parametrize("case", BAD_LOGGING.values(), ids=list(BAD_LOGGING))
-def test_bad_logging_config_names_file_and_key(
-    tmp_path: Path, case: tuple[str, str, str]
-) -> None:
+def test_bad_logging_config_names_file_and_key(tmp_path: Path, case: tuple[str, str, str]) -> None:
     text, key, words = case
     path = tmp_path / "bad.yml"
     path.write_text(text)

@@ -203,6 +203,36 @@ def test_auto_keeps_a_lone_capsule_process_on_one_cpu(
     assert [process.cpus for process in Processes(redis)] == [cpu_affinity.listed(on)]
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU: nothing to choose")
+def test_two_supervisors_started_together_give_their_capsules_different_cpus(
+    app_dir: Path, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """Both read the CPUs idle at the same moment, and each would count from its own
+    first CPU: the claims they share (``$LIMITD_CPU_CLAIMS``, here a file of the test's
+    own) keep them apart, so neither gets half a CPU while the other CPU idles."""
+    (app_dir / "auto.yml").write_text(
+        "require: [supervisor_app]\nqueues: [work]\nconcurrency: 2\nheartbeat_period: 0.5\n"
+    )
+    env = {
+        **os.environ,
+        "LIMITD_REDIS_URL": redis_server.url,
+        "LIMITD_CPU_CLAIMS": str(tmp_path / "cpus"),
+    }
+    procs = [limitd_start(app_dir, "auto.yml", env=env) for _ in range(2)]
+    try:
+        for proc in procs:
+            wait_for_titles(proc.pid, 1)
+        sets = [cpu_sets(children(proc.pid)[0]) for proc in procs]
+        assert all(len(found) == 1 and len(next(iter(found))) == 1 for found in sets), sets
+        assert sets[0] != sets[1], sets
+        claimed = sorted((tmp_path / "cpus").read_text().split("\n"))
+        assert len([line for line in claimed if line]) == 2, claimed
+    finally:
+        for proc in procs:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def test_term_requeues_a_long_job_and_leaves_no_child(
     supervisor: Callable[..., subprocess.Popen[bytes]], redis: redis_py.Redis
 ) -> None:

@@ -275,9 +275,7 @@ class CapsuleShutdown(BaseException):
     """Stands for the capsule's Shutdown: raised in a thread whose job it requeued."""
 
 
-def test_a_stuck_job_abandoned_at_the_stop_keeps_its_mark(
-    limits, redis: redis_py.Redis
-) -> None:
+def test_a_stuck_job_abandoned_at_the_stop_keeps_its_mark(limits, redis: redis_py.Redis) -> None:
     """The capsule requeued the stuck job and abandons its thread: the job did not end
     here, so its next run must find the mark and fail unrun (else it would get stuck,
     and its process recycled, again and again)."""

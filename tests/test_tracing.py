@@ -246,7 +246,10 @@ def test_async_pushes_and_runs_on_an_event_loop(client: limitd.Client) -> None:
         aclient = AsyncClient.of(client)
         with TRACER.start_as_current_span("async request"):
             await client.middleware.ainvoke(
-                spec, {"queue": QUEUE, "jid": "a" * 24, "args": []}, aclient.redis, keep,
+                spec,
+                {"queue": QUEUE, "jid": "a" * 24, "args": []},
+                aclient.redis,
+                keep,
                 sync_redis=lambda: None,
             )
         [payload] = pushed

@@ -169,9 +169,7 @@ def test_a_trace_from_a_web_request_into_a_job(
 
 
 @pytest.mark.skipif(not HAVE_SIDEKIQ, reason="ruby and sidekiq not installed")
-def test_a_traced_payload_runs_in_ruby_sidekiq(
-    sidekiq: Any, redis: redis_py.Redis
-) -> None:
+def test_a_traced_payload_runs_in_ruby_sidekiq(sidekiq: Any, redis: redis_py.Redis) -> None:
     """Sidekiq keeps the context keys it does not know, and runs the job unchanged."""
     provider = TracerProvider()
     client = limitd.Client(redis, middleware=ClientChain([TracingClient(provider)]))

@@ -280,7 +280,5 @@ def test_sidekiq_names_of_unique_until_behave_as_their_meaning(
 
 
 def test_a_sidekiq_name_given_at_definition_is_stored_as_limitds() -> None:
-    job = limitd.job(name="unique_test.Started", unique_for=10, unique_until="start")(
-        lambda: None
-    )
+    job = limitd.job(name="unique_test.Started", unique_for=10, unique_until="start")(lambda: None)
     assert job.spec.options["unique_until"] == "executing"

@@ -136,8 +136,10 @@ def busy_cluster(redis: redis_py.Redis, capsules: Capsules) -> list[Capsule]:
         message="8 jobs running, in the records",
     )
     wait_for(
-        lambda: (found := iteration_progress(str(newsletter), redis)) is not None
-        and found.items == 1234,
+        lambda: (
+            (found := iteration_progress(str(newsletter), redis)) is not None
+            and found.items == 1234
+        ),
         message="the newsletter at its item 1,234",
     )
     return started

@@ -407,9 +407,7 @@ def test_the_feature_pages_are_read_only_and_live(
             assert "<html" not in part and "<table" in part, path
 
 
-def test_the_periodic_page_lists_the_configs_entries(
-    redis: redis_py.Redis, tmp_path: Path
-) -> None:
+def test_the_periodic_page_lists_the_configs_entries(redis: redis_py.Redis, tmp_path: Path) -> None:
     """Given the app's config (``limitd web conf/app.yml``), Periodic lists its entries
     as ``limitd periodic -C`` does, before any scheduler has run."""
     from starlette.testclient import TestClient
