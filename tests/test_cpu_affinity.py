@@ -352,3 +352,19 @@ def test_an_unusable_claims_file_leaves_the_choice_to_the_load(
     monkeypatch.setattr(cpu_claims, "claims_path", lambda: str(tmp_path / "missing" / "cpus"))
     assert cpu_claims.claim(lambda claimed: 3 if not claimed else 0) == 3
     cpu_claims.release()  # nothing to release, nothing raised
+
+
+def test_without_cpu_times_to_watch_with_auto_does_not_pin(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A sandbox without /proc: a pin nobody watches is the trap auto exists to avoid."""
+    kernel = auto_kernel(monkeypatch, {})
+
+    def unreadable(seconds: float) -> dict[int, float]:
+        raise FileNotFoundError(2, "No such file or directory", "/proc/stat")
+
+    monkeypatch.setattr(cpu_affinity, "sample_cpu_times", unreadable)
+    with caplog.at_level(logging.INFO, logger="limitd.supervisor"):
+        cpu_affinity.apply("auto", 0, 1)
+    assert set(kernel.cpus.values()) == {frozenset({0, 1, 2, 3})}
+    assert "cannot read CPU times" in caplog.text

@@ -90,18 +90,24 @@ def _apply_auto(allowed: set[int], process_number: int, process_count: int) -> N
         )
         return
     preferred = min(cpus_for(process_number, 1, allowed))
-    shares = sample_cpu_times(START_SAMPLE)
+    try:
+        shares = sample_cpu_times(START_SAMPLE)
+        watch = ForeignLoadWatch(preferred, allowed, pin_to=lambda cpus: pin(cpus, AUTO))
+    except (OSError, ValueError) as exc:  # no /proc to watch with: pinning would be blind
+        log.info("cpu_affinity auto: cannot read CPU times (%s); threads left to the kernel", exc)
+        return
     cpu = cpu_claims.claim(lambda claimed: least_claimed(allowed, claimed, shares, preferred))
     if not pin({cpu}, AUTO):
         cpu_claims.release()
         return
+    watch.cpu = cpu
     log.info(
         "capsule process %d keeps its threads on CPU %d while no other process needs it "
         "(cpu_affinity: auto)",
         process_number,
         cpu,
     )
-    ForeignLoadWatch(cpu, allowed, pin_to=lambda cpus: pin(cpus, AUTO)).start()
+    watch.start()
 
 
 def _gil_enabled() -> bool:
