@@ -19,7 +19,7 @@ import limitd
 from limitd import keys
 from limitd.connection.embedded import RedisServer
 from limitd.fetch import liveness
-from limitd.supervisor import Capsule, CapsuleConfig
+from limitd.supervisor import Capsule, CapsuleConfig, cpu_affinity
 from limitd.supervisor.heartbeat import ProcessRecord, WorkItem, new_identity
 from tests.helpers import LimitdProcesses, children, wait_for
 
@@ -168,3 +168,19 @@ def test_counters_are_current_within_a_second_under_limitd_start(
         timeout=STATS_DEADLINE,
         message="stat:processed at 50",
     )
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux CPU sets")
+def test_a_process_record_tells_the_cpus_its_process_runs_on_now(
+    redis: redis_py.Redis,
+) -> None:
+    """``cpu_affinity: auto`` moves a process, or lets it go, after its record was made:
+    each refresh says where it runs now. A record written for another process (an
+    admin tool, a test) keeps what it was given."""
+    mine = ProcessRecord("host:1:own", {"pid": os.getpid(), "cpus": "99"}, lambda: [])
+    other = ProcessRecord("host:2:other", {"pid": os.getpid() + 1, "cpus": "99"}, lambda: [])
+    mine.write(redis)
+    other.write(redis)
+    now = cpu_affinity.current()
+    assert json.loads(redis.hget("host:1:own", "info") or b"{}")["cpus"] == now
+    assert json.loads(redis.hget("host:2:other", "info") or b"{}")["cpus"] == "99"

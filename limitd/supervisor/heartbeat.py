@@ -102,7 +102,7 @@ class ProcessRecord:
     def _current_info(self) -> str:
         """The info JSON, with ``cpus`` as they are now: ``cpu_affinity: auto`` moves a
         process, or lets it go, when another process needs its CPU."""
-        if "cpus" in self._info:
+        if "cpus" in self._info and self._info.get("pid") == os.getpid():  # ours to tell
             cpus = cpu_affinity.current()
             if cpus != self._info["cpus"]:
                 self._info["cpus"] = cpus
