@@ -368,3 +368,19 @@ def test_without_cpu_times_to_watch_with_auto_does_not_pin(
         cpu_affinity.apply("auto", 0, 1)
     assert set(kernel.cpus.values()) == {frozenset({0, 1, 2, 3})}
     assert "cannot read CPU times" in caplog.text
+
+
+def test_a_quiet_cpu_that_an_idle_capsule_keeps_to_is_no_place_to_move_to(
+    own_claims: Path, other_process: int
+) -> None:
+    """Another capsule process keeps to CPU 2 and is idle: CPU 2 looks quiet, but moving
+    there would share it the moment that capsule gets work. The process lets go instead
+    (CPU 1 has room)."""
+    own_claims.write_text(f"{other_process} 2\n")
+    counters = Counters()
+    watch = counters.watch(0)
+    for _ in range(2):
+        counters.step({0: 100, 1: 40, 2: 0}, own=50)
+        watch.check()
+    assert counters.pins == [{0, 1, 2}]
+    assert watch.done.is_set()

@@ -222,15 +222,24 @@ def test_two_supervisors_started_together_give_their_capsules_different_cpus(
     try:
         for proc in procs:
             wait_for_titles(proc.pid, 1)
-        sets = [cpu_sets(children(proc.pid)[0]) for proc in procs]
-        assert all(len(found) == 1 and len(next(iter(found))) == 1 for found in sets), sets
-        assert sets[0] != sets[1], sets
-        claimed = sorted((tmp_path / "cpus").read_text().split("\n"))
-        assert len([line for line in claimed if line]) == 2, claimed
+        # What each chose at start (a watch may move or release it later, on a busy
+        # machine): one line per capsule process, in the log both supervisors share.
+        wait_for(lambda: len(chosen_cpus(app_dir)) == 2, message="both choices logged")
+        assert len(set(chosen_cpus(app_dir))) == 2, chosen_cpus(app_dir)
     finally:
         for proc in procs:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def chosen_cpus(app_dir: Path) -> list[int]:
+    """The CPU each capsule process took under ``auto``, from the INFO line it logs."""
+    marker = "keeps its threads on CPU "
+    return [
+        int(line.split(marker, 1)[1].split()[0])
+        for line in (app_dir / "limitd.log").read_text().splitlines()
+        if marker in line
+    ]
 
 
 def test_term_requeues_a_long_job_and_leaves_no_child(

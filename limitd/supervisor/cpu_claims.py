@@ -54,6 +54,20 @@ def claim(choose: Callable[[Counter[int]], int], path: str | None = None) -> int
         return choose(Counter())
 
 
+def others(path: str | None = None) -> Counter[int]:
+    """How many other live processes claim each CPU (empty where the file cannot be
+    read): a CPU another capsule keeps to is no place to move to, even while that
+    capsule is idle."""
+    try:
+        with _locked(path or claims_path()) as file:
+            claims = _live(_read(file))
+    except OSError as exc:
+        log.debug("cpu_affinity auto: no shared claims (%s)", exc)
+        return Counter()
+    claims.pop(os.getpid(), None)
+    return Counter(claims.values())
+
+
 def release(path: str | None = None) -> None:
     """This process no longer keeps to a CPU (it let go, or moved: it claims again)."""
     try:

@@ -51,12 +51,15 @@ class ForeignLoadWatch:
         cpu: int,
         allowed: Iterable[int],
         pin_to: Callable[[set[int]], bool],
+        *,
         read_cpus: Callable[[], Mapping[int, CpuTimes]] = read_cpu_times,
         read_own: Callable[[], int] = read_own_ticks,
+        claimed: Callable[[], Mapping[int, int]] = cpu_claims.others,
     ) -> None:
         self.cpu = cpu
         self.allowed = set(allowed)
         self._read_cpus, self._read_own, self._pin = read_cpus, read_own, pin_to
+        self._claimed = claimed
         self._cpus, self._own = read_cpus(), read_own()
         self.strikes = 0
         self.moved = False
@@ -94,14 +97,20 @@ class ForeignLoadWatch:
         return (foreign / ticks if ticks > 0 else None), shares
 
     def _act(self, share: float, shares: Mapping[int, float]) -> None:
-        """Two readings in a row over the limit. A quiet CPU: go there (once). Else let
+        """Two readings in a row over the limit. A quiet CPU that no other capsule process
+        keeps to: go there (once). Else let
         go, but only where another CPU has clearly more room than this process is left
         on its own: when every CPU is as busy (two capsules and Redis on two cores),
         the kernel would find it no better place, and the process would lose what
         keeping its threads together gains."""
         self.strikes = 0
         others = {cpu: shares.get(cpu, 0.0) for cpu in self.allowed - {self.cpu}}
-        quiet = sorted((busy, cpu) for cpu, busy in others.items() if busy <= FOREIGN_LIMIT / 2)
+        claimed = self._claimed() if not self.moved else {}
+        quiet = sorted(
+            (busy, cpu)
+            for cpu, busy in others.items()
+            if busy <= FOREIGN_LIMIT / 2 and not claimed.get(cpu)  # an idle capsule's: no
+        )
         if quiet and not self.moved and self._pin({quiet[0][1]}):
             log.info(
                 "cpu_affinity auto: other processes took %.0f%% of CPU %d; moving to CPU %d",
