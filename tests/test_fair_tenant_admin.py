@@ -218,9 +218,10 @@ def test_start_builds_clients_with_the_config_settings(
 
     monkeypatch.setattr(start, "Capsule", lambda config, redis, middleware: None)
     monkeypatch.setattr(start, "Launcher", Launched)
-    # A capsule process sets its threads' scheduling policy; this one is the test's own,
-    # whose later subprocesses would inherit it.
+    # A capsule process sets its threads' scheduling policy and CPUs; this one is the
+    # test's own, whose later tests and subprocesses would inherit them.
     monkeypatch.setattr(start.cpu_scheduling, "apply", lambda policy: None)
+    monkeypatch.setattr(start.cpu_affinity, "apply", lambda *setting: None)
     settings = FairTenantSettings(60.0, "x:{fair_tenant}", "child.fairness")
     sections = {"fair_tenant": settings}
     assert start.run_capsule(CapsuleConfig(), RedisSettings(), redis_server.url, sections) == 0
