@@ -72,7 +72,8 @@ class ForeignLoadWatch:
         while not self.done.wait(WATCH_PERIOD):
             try:
                 self.check()
-            except (OSError, ValueError) as exc:  # /proc unreadable: stop judging, say so
+            except (OSError, ValueError, KeyError) as exc:  # /proc unreadable, or the CPU
+                # went offline: stop judging, and say so
                 log.warning("cpu_affinity auto: cannot read CPU times (%s); stays as it is", exc)
                 return
 
@@ -98,11 +99,10 @@ class ForeignLoadWatch:
 
     def _act(self, share: float, shares: Mapping[int, float]) -> None:
         """Two readings in a row over the limit. A quiet CPU that no other capsule process
-        keeps to: go there (once). Else let
-        go, but only where another CPU has clearly more room than this process is left
-        on its own: when every CPU is as busy (two capsules and Redis on two cores),
-        the kernel would find it no better place, and the process would lose what
-        keeping its threads together gains."""
+        keeps to: go there (once). Else let go, but only where another CPU has clearly
+        more room than this process is left on its own: when every CPU is as busy (two
+        capsules and Redis on two cores), the kernel would find it no better place, and
+        the process would lose what keeping its threads together gains."""
         self.strikes = 0
         others = {cpu: shares.get(cpu, 0.0) for cpu in self.allowed - {self.cpu}}
         claimed = self._claimed() if not self.moved else {}
