@@ -44,8 +44,7 @@ def claim(choose: Callable[[Counter[int]], int], path: str | None = None) -> int
     cannot be used, the choice is made without the others' claims (and said at DEBUG)."""
     try:
         with _locked(path or claims_path()) as file:
-            claims = _live(_read(file))
-            claims.pop(os.getpid(), None)
+            claims, _ = _others_claims(file)
             cpu = choose(Counter(claims.values()))
             _write(file, {**claims, os.getpid(): cpu})
             return cpu
@@ -60,11 +59,10 @@ def others(path: str | None = None) -> Counter[int]:
     capsule is idle."""
     try:
         with _locked(path or claims_path()) as file:
-            claims = _live(_read(file))
+            claims, _ = _others_claims(file)
     except OSError as exc:
         log.debug("cpu_affinity auto: no shared claims (%s)", exc)
         return Counter()
-    claims.pop(os.getpid(), None)
     return Counter(claims.values())
 
 
@@ -72,8 +70,8 @@ def release(path: str | None = None) -> None:
     """This process no longer keeps to a CPU (it let go, or moved: it claims again)."""
     try:
         with _locked(path or claims_path()) as file:
-            claims = _live(_read(file))
-            if claims.pop(os.getpid(), None) is not None:
+            claims, mine = _others_claims(file)
+            if mine is not None:
                 _write(file, claims)
     except OSError as exc:
         log.debug("cpu_affinity auto: claim not released (%s)", exc)
@@ -97,9 +95,11 @@ def _read(file: IO[str]) -> dict[int, int]:
     return claims
 
 
-def _live(claims: dict[int, int]) -> dict[int, int]:
-    """The claims of processes still running (a killed process leaves its line)."""
-    return {pid: cpu for pid, cpu in claims.items() if _running(pid)}
+def _others_claims(file: IO[str]) -> tuple[dict[int, int], int | None]:
+    """The claims of the other processes still running (a killed process leaves its
+    line), and this process's own CPU if it claims one."""
+    claims = {pid: cpu for pid, cpu in _read(file).items() if _running(pid)}
+    return claims, claims.pop(os.getpid(), None)
 
 
 def _running(pid: int) -> bool:
