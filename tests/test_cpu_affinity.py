@@ -215,20 +215,24 @@ class Counters:
             self.pins.append(cpus)
             return True
 
-        return cpu_watch.ForeignLoadWatch(
+        self.watched = cpu_watch.ForeignLoadWatch(
             cpu, self.cpus, pin_to, read_cpus=lambda: dict(self.cpus), read_own=lambda: self.own
         )
+        return self.watched
+
+    def readings(self, busy: dict[int, int], own: int, times: int = 2) -> None:
+        """``times`` steps alike, the watch reading after each (two: what it acts on)."""
+        for _ in range(times):
+            self.step(busy, own)
+            self.watched.check()
 
 
 def test_the_watch_ignores_the_process_s_own_load_and_a_single_busy_reading() -> None:
     counters = Counters()
     watch = counters.watch(0)
-    counters.step({0: 100, 1: 40}, own=95)  # its own CPU full, of its own work
-    watch.check()
-    counters.step({0: 90, 1: 10}, own=40)  # one reading with 50% foreign
-    watch.check()
-    counters.step({0: 95, 1: 10}, own=90)
-    watch.check()
+    counters.readings({0: 100, 1: 40}, own=95, times=1)  # its own CPU full, of its own work
+    counters.readings({0: 90, 1: 10}, own=40, times=1)  # one reading with 50% foreign
+    counters.readings({0: 95, 1: 10}, own=90, times=1)
     assert counters.pins == [] and watch.strikes == 0 and not watch.done.is_set()
 
 
@@ -240,14 +244,10 @@ def test_a_cpu_shared_twice_in_a_row_makes_the_process_move_once_then_let_go(
     counters = Counters()
     watch = counters.watch(0)
     with caplog.at_level(logging.INFO, logger="limitd.supervisor"):
-        for _ in range(2):
-            counters.step({0: 100, 1: 60, 2: 5}, own=50)
-            watch.check()
+        counters.readings({0: 100, 1: 60, 2: 5}, own=50)
         assert counters.pins == [{2}] and watch.cpu == 2
         assert "other processes took 50% of CPU 0; moving to CPU 2" in caplog.text
-        for _ in range(2):
-            counters.step({0: 5, 1: 60, 2: 100}, own=55)
-            watch.check()
+        counters.readings({0: 5, 1: 60, 2: 100}, own=55)
     assert counters.pins == [{2}, {0, 1, 2}]
     assert watch.done.is_set()
     assert "threads left to the kernel on CPU 0-2 from now on" in caplog.text
@@ -256,9 +256,7 @@ def test_a_cpu_shared_twice_in_a_row_makes_the_process_move_once_then_let_go(
 def test_with_no_quiet_cpu_but_room_elsewhere_the_process_lets_go_at_once() -> None:
     counters = Counters()
     watch = counters.watch(1)
-    for _ in range(2):
-        counters.step({0: 30, 1: 100, 2: 25}, own=50)
-        watch.check()
+    counters.readings({0: 30, 1: 100, 2: 25}, own=50)
     assert counters.pins == [{0, 1, 2}]
     assert watch.done.is_set()
 
@@ -269,9 +267,7 @@ def test_where_every_cpu_is_as_busy_the_process_stays_and_keeps_reading() -> Non
     switches in place."""
     counters = Counters()
     watch = counters.watch(0)
-    for _ in range(4):
-        counters.step({0: 100, 1: 95, 2: 90}, own=60)
-        watch.check()
+    counters.readings({0: 100, 1: 95, 2: 90}, own=60, times=4)
     assert counters.pins == []
     assert not watch.done.is_set()
 
@@ -335,14 +331,10 @@ def test_the_claim_of_a_process_that_ended_counts_for_nothing(
 def test_claims_follow_a_move_and_go_when_the_process_lets_go(own_claims: Path) -> None:
     cpu_claims.claim(lambda claimed: 0)
     counters = Counters()
-    watch = counters.watch(0)
-    for _ in range(2):
-        counters.step({0: 100, 1: 60, 2: 5}, own=50)
-        watch.check()
+    counters.watch(0)
+    counters.readings({0: 100, 1: 60, 2: 5}, own=50)
     assert own_claims.read_text() == f"{os.getpid()} 2\n"
-    for _ in range(2):
-        counters.step({0: 5, 1: 60, 2: 100}, own=50)
-        watch.check()
+    counters.readings({0: 5, 1: 60, 2: 100}, own=50)
     assert own_claims.read_text() == ""
 
 
@@ -379,8 +371,6 @@ def test_a_quiet_cpu_that_an_idle_capsule_keeps_to_is_no_place_to_move_to(
     own_claims.write_text(f"{other_process} 2\n")
     counters = Counters()
     watch = counters.watch(0)
-    for _ in range(2):
-        counters.step({0: 100, 1: 40, 2: 0}, own=50)
-        watch.check()
+    counters.readings({0: 100, 1: 40, 2: 0}, own=50)
     assert counters.pins == [{0, 1, 2}]
     assert watch.done.is_set()
