@@ -347,7 +347,7 @@ class KeyLayout:
             raise ValueError(f"unknown limiter key part {part!r}")
         return f"{self.LIMITD_PREFIX}limiter:{part}:{name}"
 
-    def limiter_bucket(self, name: str, interval_start: int) -> str:
+    def limiter_bucket(self, name: str, interval_start: str) -> str:
         """The counter of one calendar interval of a bucket limiter (it expires with it)."""
         return f"{self.LIMITD_PREFIX}limiter:bucket:{interval_start}:{name}"
 

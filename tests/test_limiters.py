@@ -21,6 +21,7 @@ from limitd.limiters import limiter as limiter_module
 from limitd.limiters import middleware as limiter_middleware
 from limitd.limiters.admin import limiter_usage, limiters
 from limitd.limiters.commands import add_limiters_command
+from limitd.limiters.tries import Pause, Tries
 from limitd.payload import Payload
 from limitd.supervisor import Capsule, CapsuleConfig
 from limitd.unique import middleware as unique
@@ -84,6 +85,18 @@ def test_bucket_resets_at_the_calendar_boundary(redis: redis_py.Redis) -> None:
         assert take(limiter, 4) == [True, True, True, False]
 
 
+def test_a_sub_second_bucket_counts_each_interval_apart(redis: redis_py.Redis) -> None:
+    # Four 0.25 s intervals start within 12:00:30: each has its own counter (they once
+    # shared the second's, so the bucket stayed full until 12:00:31).
+    limiter = limitd.Limiter.bucket("b", 2, 0.25, wait_timeout=0)
+    with freeze_time(T0) as frozen:
+        for _ in range(4):
+            assert take(limiter, 3) == [True, True, False]
+            assert limiter_usage(redis, limiters(redis)) == {"b": 2}
+            frozen.tick(0.25)
+        assert limiter_usage(redis, limiters(redis)) == {"b": 0}  # 12:00:31: a new one
+
+
 def test_window_slides(redis: redis_py.Redis) -> None:
     limiter = limitd.Limiter.window("w", 3, 60, wait_timeout=0)
     with freeze_time(T0) as frozen:
@@ -114,25 +127,58 @@ def test_leaky_bucket_allows_a_burst_then_a_steady_rate(redis: redis_py.Redis) -
         assert [once(limiter) for _ in range(61)] == [True] * 60 + [False]
 
 
-# The real clock: waiting wakes when room appears.
+# Waiting wakes when room appears. The clock is frozen and moves on by each pause the
+# limiter decides on, as if the pause had taken exactly that long: on a real clock a
+# busy machine that stalls between two calls lets room appear before the third (a CI
+# run saw it), and the third call never waits at all.
+
+# (a full limiter, how long room takes to appear in it): T0 starts one of the bucket's
+# 0.3 s calendar intervals (it is a whole multiple of 0.3 s after the epoch), so the next
+# starts 0.3 s later; the oldest of the window's two entries leaves after 0.3 s; the
+# leaky bucket drips one every 0.15 s.
+WAITERS = [
+    pytest.param(lambda: limitd.Limiter.window("w", 2, 0.3, wait_timeout=5), 0.3, id="window"),
+    pytest.param(lambda: limitd.Limiter.bucket("b", 2, 0.3, wait_timeout=5), 0.3, id="bucket"),
+    pytest.param(lambda: limitd.Limiter.leaky("l", 2, 0.3, wait_timeout=5), 0.15, id="leaky"),
+]
 
 
-@pytest.mark.parametrize(
-    "make",
-    [
-        lambda: limitd.Limiter.window("w", 2, 0.3, wait_timeout=5),
-        lambda: limitd.Limiter.bucket("b", 2, 0.3, wait_timeout=5),
-        lambda: limitd.Limiter.leaky("l", 2, 0.3, wait_timeout=5),
-    ],
-    ids=["window", "bucket", "leaky"],
-)
-def test_a_full_limiter_waits_until_room_appears(redis: redis_py.Redis, make) -> None:
-    limiter = make()
-    assert take(limiter, 2) == [True, True]
-    assert once(limiter)  # waited (well under the 5 s deadline) instead of failing
+@contextlib.contextmanager
+def pauses_move_the_clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
+    """Freeze limitd's clock (the event loop keeps the real one) and tick it by every
+    pause a ``within_limit`` decides on: the pauses, in order."""
+    pauses: list[float] = []
+    decide = Tries.after
+
+    def after(self: Tries, reply: object) -> Pause | limitd.OverLimit | None:
+        outcome = decide(self, reply)
+        if isinstance(outcome, Pause):
+            pauses.append(outcome.seconds)
+            frozen.tick(outcome.seconds)
+        return outcome
+
+    with freeze_time(T0, real_asyncio=True) as frozen:
+        monkeypatch.setattr(Tries, "after", after)
+        yield pauses
+
+
+def assert_waited_once_for_room(redis: redis_py.Redis, pauses: list[float], pause: float) -> None:
+    """The third call paused once, exactly as long as room took to appear, and got in."""
+    assert pauses == [pytest.approx(pause)]
     [status] = limiters(redis)
     assert (status.calls, status.immediate, status.waited, status.over_limit) == (3, 2, 1, 0)
-    assert status.average_wait > 0
+    assert status.average_wait == pytest.approx(pause, abs=0.001)
+
+
+@pytest.mark.parametrize(("make", "pause"), WAITERS)
+def test_a_full_limiter_waits_until_room_appears(
+    redis: redis_py.Redis, monkeypatch: pytest.MonkeyPatch, make, pause: float
+) -> None:
+    limiter = make()
+    with pauses_move_the_clock(monkeypatch) as pauses:
+        assert take(limiter, 2) == [True, True]
+        assert once(limiter)  # waited (well under the 5 s deadline) instead of failing
+    assert_waited_once_for_room(redis, pauses, pause)
 
 
 @pytest.mark.standalone_only("watches one server's blocked clients")
@@ -185,6 +231,7 @@ def test_names_with_odd_characters_are_their_own_limiters(redis: redis_py.Redis)
     [
         (lambda: limitd.Limiter.window("w1", 5, "fortnight"), "limiter 'w1': interval 'fortnight'"),
         (lambda: limitd.Limiter.bucket("b1", 5, 0), "limiter 'b1': interval 0"),
+        (lambda: limitd.Limiter.bucket("b2", 5, 0.0005), "interval 0.0005 is not a number"),
         (lambda: limitd.Limiter.leaky("l1", 0, "minute"), "limiter 'l1': count must be"),
         (lambda: limitd.Limiter.window("w2", -3, "minute"), "limiter 'w2': count must be"),
         (lambda: limitd.Limiter.concurrent("c1", 5, lock_timeout=0), "lock_timeout 0"),

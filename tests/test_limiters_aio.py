@@ -22,7 +22,14 @@ from limitd import keys
 from limitd.connection import loop_twin
 from limitd.limiters import limiter as limiter_module
 from limitd.limiters.admin import LimiterStatus, limiters
-from tests.test_limiters import T0, once, take
+from tests.test_limiters import (
+    T0,
+    WAITERS,
+    assert_waited_once_for_room,
+    once,
+    pauses_move_the_clock,
+    take,
+)
 
 T = TypeVar("T")
 # ("take", n): enter n blocks at once, then leave them; ("hold", 1): enter one, leave it
@@ -170,29 +177,22 @@ def test_the_async_form_admits_exactly_what_the_sync_form_admits(
     assert async_stats == sync_stats  # the same calls, waits, refusals, holds and expiries
 
 
-# The real clock: waiting wakes when room appears, and gives up at the deadline.
+# Waiting wakes when room appears (the clock moves on by each pause, as in the sync
+# test), and gives up at the deadline.
 
 
-@pytest.mark.parametrize(
-    "make",
-    [
-        lambda: limitd.Limiter.window("w", 2, 0.3, wait_timeout=5),
-        lambda: limitd.Limiter.bucket("b", 2, 0.3, wait_timeout=5),
-        lambda: limitd.Limiter.leaky("l", 2, 0.3, wait_timeout=5),
-    ],
-    ids=["window", "bucket", "leaky"],
-)
-@pytest.mark.standalone_only("real-clock timings; a cluster's round trips are slower")
-def test_a_full_limiter_waits_until_room_appears(redis: redis_py.Redis, make) -> None:
+@pytest.mark.parametrize(("make", "pause"), WAITERS)
+def test_a_full_limiter_waits_until_room_appears(
+    redis: redis_py.Redis, monkeypatch: pytest.MonkeyPatch, make, pause: float
+) -> None:
     limiter = make()
 
     async def main() -> tuple[list[bool], bool]:
         return await atake(limiter, 2), await aonce(limiter)
 
-    assert run(main) == ([True, True], True)  # waited (well under 5 s) instead of failing
-    [status] = limiters(redis)
-    assert (status.calls, status.immediate, status.waited, status.over_limit) == (3, 2, 1, 0)
-    assert status.average_wait > 0
+    with pauses_move_the_clock(monkeypatch) as pauses:
+        assert run(main) == ([True, True], True)  # waited instead of failing
+    assert_waited_once_for_room(redis, pauses, pause)
 
 
 @pytest.mark.standalone_only("watches one server's blocked clients")

@@ -75,15 +75,17 @@ class Definition:
 
 
 def parse_interval(name: str, value: Any) -> float:
-    """Seconds from a positive number or one of ``second``, ``minute``, ``hour``,
+    """Seconds from a number (a millisecond at least) or one of ``second``, ``minute``, ``hour``,
     ``day``; a ValueError naming the limiter and the value otherwise."""
     if isinstance(value, str) and value in INTERVALS:
         return INTERVALS[value]
-    if _finite_number(value) and value > 0:
+    # Waits and interval starts are counted in milliseconds: a shorter interval could
+    # not be told from the next one.
+    if _finite_number(value) and value >= 0.001:
         return float(value)
     names = ", ".join(repr(n) for n in INTERVALS)
     raise ValueError(
-        f"limiter {name!r}: interval {value!r} is not a positive number of seconds "
+        f"limiter {name!r}: interval {value!r} is not a number of seconds >= 0.001 "
         f"or one of {names}"
     )
 
@@ -100,12 +102,16 @@ def _finite_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def interval_bounds(now: float, interval: float) -> tuple[int, float]:
-    """The start (a whole second, part of the counter's key) and end of the calendar
-    interval holding ``now``. Counted from the epoch, so minutes, hours and days
-    start where UTC's do."""
+def interval_bounds(now: float, interval: float) -> tuple[str, float]:
+    """The start and end of the calendar interval holding ``now``. Counted from the
+    epoch, so minutes, hours and days start where UTC's do. The start names the
+    interval's counter: in whole seconds when it is one (every second, minute, hour and
+    day), else to the millisecond, so that two intervals within one second (a bucket of
+    0.3 s) never share a counter."""
     start = math.floor(now / interval) * interval
-    return int(start), start + interval
+    ms = round(start * 1000)
+    label = str(ms // 1000) if ms % 1000 == 0 else f"{ms // 1000}.{ms % 1000:03d}"
+    return label, start + interval
 
 
 def state_key(layout: keys.KeyLayout, definition: Definition, now: float) -> str:
