@@ -10,8 +10,6 @@ the hand-off set (``limitd.handoff``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import redis as redis_py
 
 from limitd import handoff, keys
@@ -19,7 +17,7 @@ from limitd.connection import LuaScript
 from limitd.payload import DEFAULT_QUEUE, Payload, dumps
 
 ENQUEUE_MEMBER = LuaScript(__package__ or "limitd.retry", "enqueue_member.lua")
-ENQUEUE_DUE = LuaScript(__package__ or "limitd.retry", "enqueue_due.lua")
+MOVE_DUE_PAGE = LuaScript(__package__ or "limitd.retry", "move_due_page.lua")
 
 BURY_MEMBER = LuaScript(__package__ or "limitd.retry", "bury_member.lua")
 
@@ -43,26 +41,20 @@ def enqueue_member(
     return bool(moved)
 
 
-def enqueue_page(
-    redis: redis_py.Redis, zset: str, due: Sequence[tuple[bytes, Payload]], now: float
-) -> int:
-    """Push each ``(member, payload)`` of ``due`` to its queue with ``enqueued_at =
-    now``, in one call (``enqueue_due.lua``); returns how many moved (those that had left
-    ``zset`` already are skipped). In cluster mode the queues are on other shards: one
-    hand-off each, as :func:`enqueue_member`."""
+def move_due_page(
+    redis: redis_py.Redis, zset: str, now: float, page: int
+) -> tuple[int, int, list[bytes]]:
+    """Move the first ``page`` members of ``zset`` due at ``now`` to their queues, with
+    ``enqueued_at = now``, in one call that reads them in Redis (``move_due_page.lua``;
+    standalone only). Returns how many due members it read, how many of them moved, and
+    those it left in ``zset`` because it could not be sure how to read them: the caller
+    moves those one at a time (:func:`enqueue_member`) or buries them."""
     k = keys.of(redis)
-    if k.cluster:
-        return sum(enqueue_member(redis, zset, member, payload, now) for member, payload in due)
-    if not due:
-        return 0
-    numbers: dict[str, int] = {}
-    jobs: list[bytes | str | int] = []
-    for member, payload in due:
-        queue = str(payload.get("queue") or DEFAULT_QUEUE)
-        number = numbers.setdefault(queue, len(numbers) + 1)
-        jobs += [member, dumps({**payload, "enqueued_at": now}), number]
-    script_keys = [zset, k.QUEUES, *(k.queue(name) for name in numbers)]
-    return int(ENQUEUE_DUE(redis, script_keys, [keys.WAKE_CHANNEL, len(numbers), *numbers, *jobs]))
+    prefix = k.queue("")
+    read, moved, *left = MOVE_DUE_PAGE(
+        redis, [zset, k.QUEUES], [repr(now), page, keys.WAKE_CHANNEL, prefix]
+    )
+    return int(read), int(moved), left
 
 
 def bury_member(

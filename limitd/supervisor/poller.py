@@ -1,8 +1,10 @@
 """The scheduled poller: moves due jobs from ``schedule`` and ``retry`` to their queues.
 
-Due jobs move a page at a time, each atomically within one Lua call (see
-``limitd/retry/moves.py``), so pollers of many processes never move a job twice: when
-several look at the same moment, they race for each job harmlessly and one wins.
+Due jobs move a page at a time, atomically within one Lua call (see
+``limitd/retry/moves.py``), so pollers of many processes never move a job twice: on a
+standalone server each call reads and moves a page in Redis, so pollers that look at the
+same moment take different pages; in a cluster, where each job is handed off to its
+queue's shard on its own, they race for each job harmlessly and one wins.
 
 When to look depends on the capsule's ``scheduled_poll``:
 
@@ -42,7 +44,7 @@ from limitd.connection.backoff import Backoff
 from limitd.fetch import WakeHandler
 from limitd.payload import MalformedPayload, dead_entry_for_malformed, parse
 from limitd.retry import DeadSetPolicy, trim_dead
-from limitd.retry.moves import bury_member, enqueue_page
+from limitd.retry.moves import bury_member, enqueue_member, move_due_page
 
 log = logging.getLogger("limitd.poller")
 T = TypeVar("T")
@@ -55,7 +57,7 @@ def sorted_sets(layout: keys.KeyLayout) -> tuple[str, str]:
 
 MODES = ("due", "interval")
 PEEK = 500  # due jobs read and moved per call
-SPREAD = 8  # pages of a burst among which each call picks one (see _drain_set)
+SPREAD = 8  # pages of a burst among which each call picks one (see _drain_parsed)
 INITIAL_WAIT = 10.0
 ERROR_PAUSE = 5.0
 CLEANUP_LOCK_SECONDS = 60
@@ -183,10 +185,40 @@ class ScheduledPoller:
         burst of jobs due at the same second reaches the queues in a few calls, in due
         order. An unreadable member goes to the dead set (and counts as moved).
 
+        On a standalone server each page is read and moved by one script in Redis
+        (``move_due_page.lua``): the poller decodes and sends no job, and pollers of
+        other processes draining the same burst each move other pages, none reading a
+        page another moves. The few members the script leaves (those it cannot read for
+        certain) are parsed here and moved one by one."""
+        if self.keys.cluster:
+            return self._drain_parsed(zset, now)
+        moved = 0
+        while not self._done.is_set():
+            read, page_moved, left = move_due_page(self.redis, zset, now, PEEK)
+            moved += page_moved + self._move_each(zset, left, now)
+            if read < PEEK:
+                break
+        return moved
+
+    def _move_each(self, zset: str, members: list[bytes], now: float) -> int:
+        """Parse and move ``members`` one at a time (to the dead set when unreadable)."""
+        moved = 0
+        for member in members:
+            try:
+                payload = parse(member)
+            except MalformedPayload as exc:
+                moved += self._bury(zset, member, exc, now)
+            else:
+                moved += enqueue_member(self.redis, zset, member, payload, now)
+        return moved
+
+    def _drain_parsed(self, zset: str, now: float) -> int:
+        """``_drain_set`` in a cluster, where each queue is on its own shard: each page
+        is read here and each job handed off on its own (``limitd.handoff``).
+
         Pollers of other processes drain the same burst at the same moment. Reading the
-        same first page each time, they decoded, re-encoded and sent the same jobs, only
-        one of them moving each (a 100,000-job burst from two processes: 167,000 read
-        for 100,000 moved). So once another poller took jobs of a page from under this
+        same first page each time, they decoded and handed off the same jobs, only one
+        of them moving each. So once another poller took jobs of a page from under this
         one, each later call reads a page chosen at random among the first ``SPREAD``
         due: the burst moves in pages out of order, each page still in due order."""
         moved, offset, racing = 0, 0, False
@@ -197,17 +229,11 @@ class ScheduledPoller:
                 due = self._page(zset, now, 0)
             if not due:
                 break
-            readable = []
-            for member in due:
-                try:
-                    readable.append((member, parse(member)))
-                except MalformedPayload as exc:
-                    moved += self._bury(zset, member, exc, now)
-            page_moved = enqueue_page(self.redis, zset, readable, now)
+            page_moved = self._move_each(zset, due, now)
             moved += page_moved
             if len(due) < PEEK and not offset:
                 break
-            racing = racing or page_moved < len(readable)
+            racing = racing or page_moved < len(due)
             offset = self.rng.randrange(SPREAD) * PEEK if racing else 0
         return moved
 
