@@ -60,6 +60,7 @@ import redis as redis_py
 from _common import (
     bench_redis_url,
     command_calls,
+    command_counts,
     cpu_ticks,
     limitd_started,
     machine_load,
@@ -163,6 +164,7 @@ class FloodRun:
     redis_us: float = 0.0
     worker_us: float = 0.0
     commands: float = 0.0
+    lua_calls: float = 0.0  # EVALSHA calls (the fetch, its settlements, the pushes)
 
 
 @dataclass
@@ -192,6 +194,11 @@ def job_class(mode: str) -> type[limitd.Job]:
     return bench_fair_app.Rerouted if mode == "rerouting" else bench_fair_app.Plain
 
 
+def lua_calls(conn: redis_py.Redis) -> int:
+    counts = command_counts(conn)
+    return counts["evalsha"] + counts["eval"]
+
+
 def read_starts(conn: redis_py.Redis) -> Starts:
     rows = []
     for raw in conn.lrange(STARTS, 0, -1):
@@ -211,7 +218,7 @@ def flood_run(
     with workers(url, app_dir, mode, args) as proc:
         wait_subscribed(conn, proc, args.processes)
         redis_before, worker_before = redis_cpu_seconds(conn), tree_cpu_seconds(proc.pid)
-        calls_before = command_calls(conn)
+        calls_before, lua_before = command_calls(conn), lua_calls(conn)
         start = time.time()
         job.perform_bulk([["flood", n] for n in range(args.flood)])
         small_from = time.time()
@@ -225,6 +232,7 @@ def flood_run(
         worker_cpu = tree_cpu_seconds(proc.pid) - worker_before
         redis_cpu = redis_cpu_seconds(conn) - redis_before
         calls = command_calls(conn) - calls_before
+        lua = lua_calls(conn) - lua_before
     starts = read_starts(conn)
     small = starts.waits(lambda t: t.startswith("small"))
     return FloodRun(
@@ -238,6 +246,7 @@ def flood_run(
         redis_us=redis_cpu * 1e6 / total,
         worker_us=worker_cpu * 1e6 / total,
         commands=calls / total,
+        lua_calls=lua / total,
     )
 
 
@@ -378,7 +387,7 @@ def main() -> None:
                     f"all {run.total:.2f} s; small pushes {run.small_push * 1000:,.0f} ms, "
                     f"flood started meanwhile {run.flood_ahead:,}; per job: Redis CPU "
                     f"{run.redis_us:.1f} us, worker CPU {run.worker_us:.0f} us, "
-                    f"{run.commands:.1f} Redis cmds; {run.machine}",
+                    f"{run.commands:.1f} Redis cmds ({run.lua_calls:.2f} Lua); {run.machine}",
                     flush=True,
                 )
             for shape in args.shapes:

@@ -202,6 +202,7 @@ def test_the_page_script_leaves_exactly_the_members_it_is_unsure_of(
         '{"class":"","args":[]}',
         '{"class":"X","args":[],"queue":7}',
         "not json}",
+        '{"class":"X","args":["%s"],"queue":"q"}' % ("x" * 65536),
     ]
     for n, member in enumerate(sure + unsure):
         redis.zadd(keys.of(redis).SCHEDULE, {member: NOW - 20 + n})

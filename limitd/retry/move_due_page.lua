@@ -12,10 +12,11 @@
 -- Returns {read, moved, member, member, ...}: how many due members the page held, how
 -- many moved, and the members left where they were for the caller to move one by one
 -- (each as enqueue_member.lua does, or to the dead set): those this script does not
--- read with certainty. A job moves here when it decodes to an object with a non-empty
--- "class" string, an "args" array and a "queue" string (or none: "default"), and it
--- names "enqueued_at" once at most as text (its value is then replaced there, else the
--- field is added at the end). Anything else keeps its text for the caller to judge.
+-- read with certainty. A job moves here when it is 64 KiB at most, decodes to an
+-- object with a non-empty "class" string, an "args" array and a "queue" string (or
+-- none: "default"), and names "enqueued_at" once at most as text (its value is then
+-- replaced there, else the field is added at the end). Anything else keeps its text
+-- for the caller to judge.
 --
 -- The queues' keys are built here, from ARGV[4] and each job's "queue": which queues a
 -- page goes to is known only by reading its jobs, and reading them here is the point.
@@ -28,10 +29,13 @@
 -- is never lost between leaving the set and reaching its queue, nor pushed twice.
 local page = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
 local stamp = ARGV[1]
+-- A larger job is left to the caller: decoding a page of them here would hold the
+-- server for as long as it took.
+local DECODED_AT_MOST = 65536 -- bytes
 
 -- The job with its enqueued_at set to now, and its queue; nil when unsure of either.
 local function stamped(job)
-  if string.byte(job, -1) ~= 125 then return nil end -- '}': the text ends the object
+  if #job > DECODED_AT_MOST or string.byte(job, -1) ~= 125 then return nil end -- '}'
   local ok, decoded = pcall(cjson.decode, job)
   if not ok or type(decoded) ~= 'table' then return nil end
   local queue = decoded.queue
