@@ -91,7 +91,7 @@ PARTS: list[tuple[str, Test]] = [
     ("handing fetched jobs to waiting processors", has("Dispatcher._serve ")),
     ("a processor waiting for its lock (woken with a job)", on_top("Dispatcher._wait ")),
     (
-        "the dispatch: passing the next call on (sleep(0)), waiting, its bookkeeping",
+        "the dispatch: passing the next call on (the yield), waiting, its bookkeeping",
         has("Dispatcher."),
     ),
     # asyncio's loop is Python; uvloop's is C, on top in the loop thread's own frame.

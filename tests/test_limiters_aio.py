@@ -292,9 +292,12 @@ def test_the_loop_runs_while_a_waiter_blocks_on_the_wake_list(redis: redis_py.Re
     assert run(main) is True
 
 
-def test_the_loop_runs_while_a_waiter_sleeps(redis: redis_py.Redis) -> None:
+def test_the_loop_runs_while_a_waiter_sleeps(
+    redis: redis_py.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The waiter sleeps about 1 s for room: were its sleep blocking the loop, this
-    # coroutine would only see it refused once it was already done.
+    # coroutine would only see it refused once it was already done. (The clock moves by
+    # the pause alone, so a stall of the machine between the two calls cannot make room.)
     limiter = limitd.Limiter.window("w", 1, 1.0, wait_timeout=5)
     stats = keys.of(redis).limiter("stats", "w")
 
@@ -311,7 +314,9 @@ def test_the_loop_runs_while_a_waiter_sleeps(redis: redis_py.Redis) -> None:
             assert not waiter.done()
         return await asyncio.wait_for(waiter, 10)
 
-    assert run(main) is True
+    with pauses_move_the_clock(monkeypatch) as pauses:
+        assert run(main) is True
+    assert pauses == [1.0]
 
 
 # Sync and async holders, and the Redis the async form uses.
