@@ -190,6 +190,7 @@ def test_the_page_script_leaves_exactly_the_members_it_is_unsure_of(
     redis: redis_py.Redis,
 ) -> None:
     sure = [
+        '{"class":"X","args":[],"queue":"q"}',
         '{"class":"X","args":[1],"queue":"q"}',
         '{"class":"X","args":[2]}',
         '{"class":"X","args":[3],"queue":"q","enqueued_at":5.5}',
@@ -201,6 +202,8 @@ def test_the_page_script_leaves_exactly_the_members_it_is_unsure_of(
         '{"class":"X","args":"no list"}',
         '{"class":"","args":[]}',
         '{"class":"X","args":[],"queue":7}',
+        '{"class":"X","args":{},"queue":"q"}',
+        '{"class":"X","args":{"1":2},"queue":"q"}',
         "not json}",
         '{"class":"X","args":["%s"],"queue":"q"}' % ("x" * 65536),
     ]
@@ -211,7 +214,8 @@ def test_the_page_script_leaves_exactly_the_members_it_is_unsure_of(
     assert [m.decode() for m in left] == unsure  # in due order, still in the set
     assert redis.zcard(keys.of(redis).SCHEDULE) == len(unsure)
     stamped = redis.lrange(keys.of(redis).queue("q"), 0, -1)
-    assert stamped[-1] == b'{"class":"X","args":[1],"queue":"q","enqueued_at":%r}' % NOW
+    assert stamped[-1] == b'{"class":"X","args":[],"queue":"q","enqueued_at":%r}' % NOW
+    assert stamped[-2] == b'{"class":"X","args":[1],"queue":"q","enqueued_at":%r}' % NOW
     assert stamped[0] == b'{"class":"X","args":[3],"queue":"q","enqueued_at":%r}' % NOW
 
 

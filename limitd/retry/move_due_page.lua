@@ -33,6 +33,15 @@ local stamp = ARGV[1]
 -- server for as long as it took.
 local DECODED_AT_MOST = 65536 -- bytes
 
+-- Whether the decoded ``args`` of ``job`` were a JSON array: cjson decodes an object
+-- to a table too, so its keys must be 1..n (and an empty one written as []).
+local function an_array(args, job)
+  local count = 0
+  for _ in pairs(args) do count = count + 1 end
+  if count == 0 then return string.find(job, '"args":[]', 1, true) ~= nil end
+  return count == #args
+end
+
 -- The job with its enqueued_at set to now, and its queue; nil when unsure of either.
 local function stamped(job)
   if #job > DECODED_AT_MOST or string.byte(job, -1) ~= 125 then return nil end -- '}'
@@ -41,7 +50,7 @@ local function stamped(job)
   local queue = decoded.queue
   if queue == nil then queue = 'default' end
   if type(decoded.class) ~= 'string' or decoded.class == '' or type(queue) ~= 'string'
-    or queue == '' or type(decoded.args) ~= 'table' then
+    or queue == '' or type(decoded.args) ~= 'table' or not an_array(decoded.args, job) then
     return nil
   end
   local first, last = string.find(job, '"enqueued_at":', 1, true)
