@@ -58,15 +58,11 @@ def test_retry_set_is_polled_too(redis: redis_py.Redis) -> None:
     assert redis.llen(keys.of(redis).queue("q")) == 1
 
 
-@pytest.mark.standalone_only("threads share one connection pool")
-def test_racing_pollers_move_each_job_exactly_once(redis: redis_py.Redis) -> None:
-    total = 2000
-    redis.zadd(
-        "schedule",
-        {json.dumps({"class": "X", "args": [i], "queue": "q"}): NOW - i for i in range(total)},
-    )
+def drain_together(redis: redis_py.Redis, count: int) -> list[int]:
+    """``count`` pollers, standing for as many processes', move what is due at NOW at the same
+    time, each on its own thread and connection: how many each moved."""
     pollers = [
-        ScheduledPoller(redis_py.Redis(connection_pool=redis.connection_pool)) for _ in range(4)
+        ScheduledPoller(redis_py.Redis(connection_pool=redis.connection_pool)) for _ in range(count)
     ]
     moved: list[int] = []
     threads = [
@@ -76,9 +72,23 @@ def test_racing_pollers_move_each_job_exactly_once(redis: redis_py.Redis) -> Non
         thread.start()
     for thread in threads:
         thread.join(30)
-    assert sum(moved) == total
-    args = sorted(json.loads(j)["args"][0] for j in redis.lrange(keys.of(redis).queue("q"), 0, -1))
-    assert args == list(range(total))
+    return moved
+
+
+def queued_args(redis: redis_py.Redis) -> list[int]:
+    """The first argument of every job in queue ``q``, sorted."""
+    return sorted(json.loads(j)["args"][0] for j in redis.lrange(keys.of(redis).queue("q"), 0, -1))
+
+
+@pytest.mark.standalone_only("threads share one connection pool")
+def test_racing_pollers_move_each_job_exactly_once(redis: redis_py.Redis) -> None:
+    total = 2000
+    redis.zadd(
+        "schedule",
+        {json.dumps({"class": "X", "args": [i], "queue": "q"}): NOW - i for i in range(total)},
+    )
+    assert sum(drain_together(redis, 4)) == total
+    assert queued_args(redis) == list(range(total))
     assert redis.zcard(keys.of(redis).SCHEDULE) == 0
 
 
@@ -126,20 +136,8 @@ def test_pollers_draining_one_burst_together_read_each_job_once(redis: redis_py.
         },
     )
     before = redis.info("commandstats").get("cmdstat_zrangebyscore", {}).get("calls", 0)
-    pollers = [
-        ScheduledPoller(redis_py.Redis(connection_pool=redis.connection_pool)) for _ in range(2)
-    ]
-    moved: list[int] = []
-    threads = [
-        threading.Thread(target=lambda p=p: moved.append(p.enqueue_due(now=NOW))) for p in pollers
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-    assert sum(moved) == total
-    args = sorted(json.loads(j)["args"][0] for j in redis.lrange(keys.of(redis).queue("q"), 0, -1))
-    assert args == list(range(total))
+    assert sum(drain_together(redis, 2)) == total
+    assert queued_args(redis) == list(range(total))
     assert redis.zcard(keys.of(redis).SCHEDULE) == 0
     reads = redis.info("commandstats")["cmdstat_zrangebyscore"]["calls"] - before
     # 12 full pages between them, then each poller's one short read of each set
