@@ -3,7 +3,10 @@ concurrency 10, logging at WARN. Enqueued by a Ruby script with
 ``Sidekiq::Client.push_bulk``; skipped when ruby or the gem is missing.
 ``sidekiq-pinned-N`` starts process k under ``taskset -c`` on the k-th CPU this driver
 may use, as limitd's ``cpu_affinity: 1`` places its capsules (limitd-pinned-N): Ruby's
-threads pass its GVL to one another as CPython's pass the GIL."""
+threads pass its GVL to one another as CPython's pass the GIL. ``sidekiq-yjit-N`` runs
+the same processes with Ruby's JIT on (``ruby --yjit``; Debian's Ruby 3.1 has it, off by
+default): Sidekiq at its fastest on this Ruby, so that a ratio against it is not a ratio
+against an interpreter left slow."""
 
 from __future__ import annotations
 
@@ -22,9 +25,12 @@ def enqueue_command(ctx: Context, jobs: int) -> list[str]:
     return ["ruby", str(APPS_DIR / "sidekiq_push.rb"), str(jobs)]
 
 
-def workers(processes: int, pinned: bool = False) -> Callable[[Context], list[list[str]]]:
+def workers(
+    processes: int, pinned: bool = False, yjit: bool = False
+) -> Callable[[Context], list[list[str]]]:
     def commands(ctx: Context) -> list[list[str]]:
-        command = ["sidekiq", "-r", str(APPS_DIR / "sidekiq_app.rb")]
+        sidekiq = ["ruby", "--yjit", shutil.which("sidekiq") or "sidekiq"] if yjit else ["sidekiq"]
+        command = [*sidekiq, "-r", str(APPS_DIR / "sidekiq_app.rb")]
         command += ["-c", str(THREADS), "-q", QUEUE, "-e", "production"]
         if not pinned:
             return [command] * processes
@@ -80,6 +86,19 @@ SYSTEMS = [
         ),
         enqueue_api="Ruby Sidekiq::Client.push_bulk, 1000 per call",
         workers=workers(processes, pinned=True),
+        enqueue_command=enqueue_command,
+        missing=missing,
+    )
+    for processes in (1, 2)
+] + [
+    System(
+        name=f"sidekiq-yjit-{processes}",
+        settings=(
+            f"Ruby Sidekiq, {processes} process{'es' if processes > 1 else ''} x "
+            f"concurrency {THREADS}, logger WARN, ruby --yjit"
+        ),
+        enqueue_api="Ruby Sidekiq::Client.push_bulk, 1000 per call",
+        workers=workers(processes, yjit=True),
         enqueue_command=enqueue_command,
         missing=missing,
     )
