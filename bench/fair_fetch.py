@@ -3,7 +3,7 @@ a flooding one, and what fairness costs the drain.
 
     .venv/bin/python bench/fair_fetch.py [--rounds 3] [--flood 20000] [--small 100x10]
         [--small-pace SECONDS] [--scale 1x20000,10000x2,1x100000,100000x1]
-        [--processes 2] [--threads 10] [--redis URL]
+        [--processes 2] [--threads 10] [--cpu-affinity auto|none|N] [--redis URL]
 
 Each run starts ``limitd start`` (P processes x T threads, logging at WARNING) on a
 private redis-server, with one of three setups for the queue ``bench_fair``:
@@ -36,6 +36,10 @@ between fifo and fair, and between fair with many tenants and fair with one tena
 holding as many jobs in all (``1x100000`` for ``100000x1``; else the first one-tenant
 shape): a fair queue's cost must not grow with its tenants, and a longer drain runs
 slower for a plain queue too.
+
+``--cpu-affinity`` sets the capsules' ``cpu_affinity`` (default: the config's default,
+``auto``): with Redis on the same two cores, pinning the two capsules helps a plain
+queue's drain and costs a fair queue's (docs/benchmarks.md).
 
 Modes alternate within each round (fifo, rerouting, fair, ...); the tables give medians
 over the rounds. Each run prints the machine's CPU steal and load.
@@ -183,7 +187,9 @@ def workers(
 ) -> Iterator[subprocess.Popen[bytes]]:
     """``limitd start`` in ``mode``'s setup, stopped with TERM at the end."""
     conf = app_dir / f"{mode}.yml"
-    conf.write_text(CONFIG.format(processes=args.processes, threads=args.threads) + QUEUES[mode])
+    affinity = f"cpu_affinity: {args.cpu_affinity}\n" if args.cpu_affinity else ""
+    config = CONFIG.format(processes=args.processes, threads=args.threads)
+    conf.write_text(config + affinity + QUEUES[mode])
     with limitd_started(conf, {**os.environ, "LIMITD_REDIS_URL": url}) as proc:
         yield proc
 
@@ -287,6 +293,9 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--threads", type=int, default=10)
+    parser.add_argument(
+        "--cpu-affinity", help="the capsules' cpu_affinity (default: the config's, auto)"
+    )
     parser.add_argument("--deadline", type=float, default=300.0)
     parser.add_argument("--redis", help="Redis URL (default: a private redis-server)")
     args = parser.parse_args()
