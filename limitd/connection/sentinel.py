@@ -72,7 +72,8 @@ def connect(
         password=where.password,
         max_connections=max_connections,
         health_check_interval=30,
-        **timeouts,
+        socket_timeout=socket_timeout,
+        socket_connect_timeout=connect_timeout,
     )
 
 
