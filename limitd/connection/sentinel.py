@@ -149,7 +149,10 @@ def async_twin(client: redis.Redis, max_connections: int, skip: frozenset[str], 
     settings = {
         k: v for k, v in pool.connection_kwargs.items() if k not in skip and k != "connection_pool"
     }
-    twin = redis.asyncio.sentinel.Sentinel(sentinels, sentinel_kwargs=manager.sentinel_kwargs)
+    # Without the sync manager's retry policy: redis-py (8.2) gives the sentinels one of
+    # its own, which asyncio's Sentinel makes again in its asyncio form when absent.
+    sentinel_settings = {k: v for k, v in manager.sentinel_kwargs.items() if k != "retry"}
+    twin = redis.asyncio.sentinel.Sentinel(sentinels, sentinel_kwargs=sentinel_settings)
     return twin.master_for(
         pool.service_name,
         connection_pool_class=BlockingSentinelPool,
