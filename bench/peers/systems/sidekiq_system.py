@@ -64,43 +64,27 @@ def version() -> str:
     return out.stdout.strip() or "?"
 
 
-SYSTEMS = [
-    System(
-        name=f"sidekiq-{processes}",
+def sidekiq_system(processes: int, variant: str = "", note: str = "", **options: bool) -> System:
+    """Sidekiq with ``processes`` processes; ``variant`` names it (sidekiq-<variant>-N),
+    ``note`` ends its settings line, ``options`` go to :func:`workers`."""
+    return System(
+        name=f"sidekiq-{variant}-{processes}" if variant else f"sidekiq-{processes}",
         settings=(
             f"Ruby Sidekiq, {processes} process{'es' if processes > 1 else ''} x "
-            f"concurrency {THREADS}, logger WARN"
+            f"concurrency {THREADS}, logger WARN{note}"
         ),
         enqueue_api="Ruby Sidekiq::Client.push_bulk, 1000 per call",
-        workers=workers(processes),
+        workers=workers(processes, **options),
         enqueue_command=enqueue_command,
         missing=missing,
     )
-    for processes in (1, 2)
-] + [
-    System(
-        name=f"sidekiq-pinned-{processes}",
-        settings=(
-            f"Ruby Sidekiq, {processes} process{'es' if processes > 1 else ''} x "
-            f"concurrency {THREADS}, logger WARN, process k under taskset -c on CPU k"
-        ),
-        enqueue_api="Ruby Sidekiq::Client.push_bulk, 1000 per call",
-        workers=workers(processes, pinned=True),
-        enqueue_command=enqueue_command,
-        missing=missing,
-    )
-    for processes in (1, 2)
-] + [
-    System(
-        name=f"sidekiq-yjit-{processes}",
-        settings=(
-            f"Ruby Sidekiq, {processes} process{'es' if processes > 1 else ''} x "
-            f"concurrency {THREADS}, logger WARN, ruby --yjit"
-        ),
-        enqueue_api="Ruby Sidekiq::Client.push_bulk, 1000 per call",
-        workers=workers(processes, yjit=True),
-        enqueue_command=enqueue_command,
-        missing=missing,
-    )
-    for processes in (1, 2)
-]
+
+
+SYSTEMS = (
+    [sidekiq_system(processes) for processes in (1, 2)]
+    + [
+        sidekiq_system(processes, "pinned", ", process k under taskset -c on CPU k", pinned=True)
+        for processes in (1, 2)
+    ]
+    + [sidekiq_system(processes, "yjit", ", ruby --yjit", yjit=True) for processes in (1, 2)]
+)
