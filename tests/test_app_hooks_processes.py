@@ -74,7 +74,10 @@ def events(app_dir: Path) -> list[dict[str, Any]]:
     path = app_dir / "events.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    # A line is read only once its newline is there: the app may be writing the last one
+    # (one write() is not seen whole by a concurrent read).
+    complete = path.read_text().rpartition("\n")[0]
+    return [json.loads(line) for line in complete.splitlines()]
 
 
 def kinds(app_dir: Path) -> list[str]:
