@@ -27,7 +27,8 @@ jobs INCR). ``--burst-work async`` makes the job ``async def`` (for the modes' j
 too; ``--modes`` with nothing after it runs the burst alone): run on each capsule's
 event loop (``async_concurrency: 1000`` in the burst), it keeps its lateness in the
 process and one thread pushes them in batches, so what is timed is the scheduling and
-the dispatch.
+the dispatch. ``--burst-rounds R`` runs R bursts in a row, each on fresh processes, and
+prints each round with the machine's steal and load over it, then the medians.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis as redis_py
-from _common import command_counts, redis_for_bench, wait_until
+from _common import command_counts, cpu_ticks, machine_load, redis_for_bench, wait_until
 
 import limitd
 from limitd import keys
@@ -114,6 +115,7 @@ class Result:
     # A burst only: seconds after the due time at which the schedule held none of it
     # any more (every job moved to its queue), and the drain rate in between.
     moved_after: float | None = None
+    machine: str = ""  # steal and load over the run (a burst's)
 
     def percentile(self, fraction: float) -> float:
         ordered = sorted(self.lateness_ms)
@@ -182,6 +184,7 @@ def run_mode(
 def run_burst(conn: redis_py.Redis, url: str, app_dir: Path, args: argparse.Namespace) -> Result:
     """``args.burst`` jobs due at one instant (see the module docstring)."""
     conn.flushall()
+    before = cpu_ticks()
     extra = f"async_concurrency: {ASYNC_SLOTS}\n" if args.burst_work == "async" else ""
     with supervisors(url, app_dir, "due", args.burst_supervisors, extra):
         wait_until(lambda: conn.scard("processes") == args.burst_supervisors, 60, "the processes")
@@ -195,7 +198,7 @@ def run_burst(conn: redis_py.Redis, url: str, app_dir: Path, args: argparse.Name
         moved_after = watch_moves(conn, due, args.burst)
         wait_until(lambda: conn.llen("bench:lateness") == args.burst, 600, "every burst job")
         lateness = [float(v) * 1000 for v in conn.lrange("bench:lateness", 0, -1)]
-    return Result(f"burst {args.burst}", lateness, 0.0, 0.0, moved_after)
+    return Result(f"burst {args.burst}", lateness, 0.0, 0.0, moved_after, str(machine_load(before)))
 
 
 def watch_moves(conn: redis_py.Redis, due: float, jobs: int) -> float:
@@ -211,24 +214,48 @@ def watch_moves(conn: redis_py.Redis, due: float, jobs: int) -> float:
     return time.time() - due
 
 
-def report_burst(burst: Result, args: argparse.Namespace) -> None:
-    late = sorted(burst.lateness_ms)
+def report_burst(bursts: list[Result], args: argparse.Namespace) -> None:
+    """One line per round (with the round's steal and load), then the medians."""
     print(
         f"\n{args.burst} jobs due at one instant, {args.burst_supervisors} supervisors x 1 "
         f"process x 10 threads, scheduled_poll: due, {args.burst_work} jobs"
         + (f" (async_concurrency: {ASYNC_SLOTS})" if args.burst_work == "async" else "")
     )
-    print(f"{'first ms':>10}{'p50 ms':>10}{'p99 ms':>10}{'last ms':>10}{'moved by ms':>13}")
     print(
-        f"{late[0]:>10.0f}{burst.percentile(0.5):>10.0f}{burst.percentile(0.99):>10.0f}"
-        f"{late[-1]:>10.0f}{1000 * (burst.moved_after or 0):>13.0f}"
+        f"{'round':>6}{'first ms':>10}{'p50 ms':>10}{'p99 ms':>10}{'last ms':>10}"
+        f"{'moved by ms':>13}{'jobs/s':>10}  machine"
     )
-    span = (late[-1] - late[0]) / 1000
-    if span > 0:
+    rows = [burst_row(burst) for burst in bursts]
+    for number, (row, burst) in enumerate(zip(rows, bursts, strict=True), 1):
         print(
-            f"run at {len(late) / span:,.0f} jobs/s from the first start to the last; the "
-            "schedule was empty (every job in its queue) at 'moved by'"
+            f"{number:>6}"
+            + "".join(f"{value:>{width}.0f}" for value, width in row)
+            + f"  {burst.machine}"
         )
+    if len(bursts) > 1:
+        medians = [statistics.median(row[i][0] for row in rows) for i in range(len(rows[0]))]
+        print(
+            f"{'median':>6}"
+            + "".join(f"{m:>{w}.0f}" for m, (_, w) in zip(medians, rows[0], strict=True))
+        )
+    print(
+        "jobs/s: the rate from the first start to the last; 'moved by': when the schedule "
+        "was empty (every job in its queue)"
+    )
+
+
+def burst_row(burst: Result) -> list[tuple[float, int]]:
+    """A round's figures, each with its column width."""
+    late = sorted(burst.lateness_ms)
+    span = (late[-1] - late[0]) / 1000
+    return [
+        (late[0], 10),
+        (burst.percentile(0.5), 10),
+        (burst.percentile(0.99), 10),
+        (late[-1], 10),
+        (1000 * (burst.moved_after or 0), 13),
+        (len(late) / span if span > 0 else 0.0, 10),
+    ]
 
 
 def report(results: list[Result], args: argparse.Namespace) -> None:
@@ -258,6 +285,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--burst", type=int, default=0, help="jobs due at one instant (0: none)")
     parser.add_argument("--burst-supervisors", type=int, default=2)
+    parser.add_argument("--burst-rounds", type=int, default=1, help="bursts in a row (medians)")
     parser.add_argument(
         "--burst-lead", type=float, default=10.0, help="seconds between scheduling and due"
     )
@@ -276,11 +304,14 @@ def main() -> None:
         kwargs = conn.connection_pool.connection_kwargs
         url = f"redis://{kwargs['host']}:{kwargs['port']}/0"  # the private server
         results = [run_mode(conn, url, app_dir, mode, args) for mode in args.modes]
-        burst = run_burst(conn, url, app_dir, args) if args.burst else None
+        bursts = [
+            run_burst(conn, url, app_dir, args)
+            for _ in range(args.burst_rounds if args.burst else 0)
+        ]
     if results:
         report(results, args)
-    if burst is not None:
-        report_burst(burst, args)
+    if bursts:
+        report_burst(bursts, args)
 
 
 if __name__ == "__main__":
