@@ -155,10 +155,14 @@ def compare_lines(pairs: list[tuple[Outcome, Outcome]]) -> list[str]:
             lines.append(f"{label}: no round with a steady figure from both")
             continue
         for index, what in enumerate(("steady drain", "worker CPU per job")):
-            ratios = [mine[n][index] / theirs[n][index] for n in rounds]
+            measured = [n for n in rounds if theirs[n][index] > 0]
+            if not measured:  # a twin whose processes the CPU reading did not find
+                lines.append(f"{label}, {what}: no figure from the other")
+                continue
+            ratios = [mine[n][index] / theirs[n][index] for n in measured]
             by_round = ", ".join(f"{ratio:.2f}" for ratio in ratios)
             lines.append(
-                f"{label}, {what} this / other, by round ({len(rounds)}) {by_round}; "
+                f"{label}, {what} this / other, by round ({len(measured)}) {by_round}; "
                 f"median {statistics.median(ratios):.2f}"
             )
     return lines
