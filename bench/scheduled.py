@@ -42,7 +42,7 @@ import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -214,6 +214,23 @@ def watch_moves(conn: redis_py.Redis, due: float, jobs: int) -> float:
     return time.time() - due
 
 
+# The burst table's columns after the round: heading and width.
+BURST_COLUMNS = (
+    ("first ms", 10),
+    ("p50 ms", 10),
+    ("p99 ms", 10),
+    ("last ms", 10),
+    ("moved by ms", 13),
+    ("jobs/s", 10),
+)
+
+
+def _cells(texts: Iterable[str]) -> str:
+    return "".join(
+        f"{text:>{width}}" for text, (_, width) in zip(texts, BURST_COLUMNS, strict=True)
+    )
+
+
 def report_burst(bursts: list[Result], args: argparse.Namespace) -> None:
     """One line per round (with the round's steal and load), then the medians."""
     print(
@@ -221,40 +238,30 @@ def report_burst(bursts: list[Result], args: argparse.Namespace) -> None:
         f"process x 10 threads, scheduled_poll: due, {args.burst_work} jobs"
         + (f" (async_concurrency: {ASYNC_SLOTS})" if args.burst_work == "async" else "")
     )
-    print(
-        f"{'round':>6}{'first ms':>10}{'p50 ms':>10}{'p99 ms':>10}{'last ms':>10}"
-        f"{'moved by ms':>13}{'jobs/s':>10}  machine"
-    )
-    rows = [burst_row(burst) for burst in bursts]
+    print(f"{'round':>6}" + _cells(name for name, _ in BURST_COLUMNS) + "  machine")
+    rows = [burst_figures(burst) for burst in bursts]
     for number, (row, burst) in enumerate(zip(rows, bursts, strict=True), 1):
-        print(
-            f"{number:>6}"
-            + "".join(f"{value:>{width}.0f}" for value, width in row)
-            + f"  {burst.machine}"
-        )
+        print(f"{number:>6}" + _cells(f"{value:.0f}" for value in row) + f"  {burst.machine}")
     if len(bursts) > 1:
-        medians = [statistics.median(row[i][0] for row in rows) for i in range(len(rows[0]))]
-        print(
-            f"{'median':>6}"
-            + "".join(f"{m:>{w}.0f}" for m, (_, w) in zip(medians, rows[0], strict=True))
-        )
+        medians = (statistics.median(column) for column in zip(*rows, strict=True))
+        print(f"{'median':>6}" + _cells(f"{value:.0f}" for value in medians))
     print(
         "jobs/s: the rate from the first start to the last; 'moved by': when the schedule "
         "was empty (every job in its queue)"
     )
 
 
-def burst_row(burst: Result) -> list[tuple[float, int]]:
-    """A round's figures, each with its column width."""
+def burst_figures(burst: Result) -> list[float]:
+    """A round's figures, in the order of ``BURST_COLUMNS``."""
     late = sorted(burst.lateness_ms)
     span = (late[-1] - late[0]) / 1000
     return [
-        (late[0], 10),
-        (burst.percentile(0.5), 10),
-        (burst.percentile(0.99), 10),
-        (late[-1], 10),
-        (1000 * (burst.moved_after or 0), 13),
-        (len(late) / span if span > 0 else 0.0, 10),
+        late[0],
+        burst.percentile(0.5),
+        burst.percentile(0.99),
+        late[-1],
+        1000 * (burst.moved_after or 0),
+        len(late) / span if span > 0 else 0.0,
     ]
 
 
