@@ -514,7 +514,8 @@ def test_a_fair_call_asks_only_the_rare_keys_it_must_and_writes_its_counters_onc
     takes more asks the fair settings first, and finding them tells it that nothing is
     paused, limited per process or by rate, and no job is a suspect (the first EXISTS
     counted one key); the jobs count in the lines says the tenant has a turn. It writes
-    the queue's jobs count and clock in one HSET (the busy counts take the other)."""
+    the queue's jobs count and clock in one HSET (the busy counts take the other), and
+    not the tenant's backlog."""
     make_fair(QUEUE, redis=redis)
     push(redis, "solo", 20)
     fetch = limit_fetch(redis, QueueOrder([QUEUE]), "c1", ready_index=False)
@@ -527,10 +528,12 @@ def test_a_fair_call_asks_only_the_rare_keys_it_must_and_writes_its_counters_onc
     units = fetch.take(5, first)
     after = redis.info("commandstats")
     assert jids_of(units) == [f"solo-{i}" for i in range(1, 6)]
-    ran = {name: calls(after, name) - calls(before, name) for name in ("exists", "hincrby", "hset")}
+    names = ("exists", "hincrby", "hset", "zincrby")
+    ran = {name: calls(after, name) - calls(before, name) for name in names}
     # The rare keys together, the fair settings, the queue's weights and head starts
-    # together (neither is there).
-    assert ran == {"exists": 3, "hincrby": 0, "hset": 2}, ran
+    # together (neither is there), and whether the take left jobs in the line: the
+    # backlog is not written (its score still bounds the line).
+    assert ran == {"exists": 4, "hincrby": 0, "hset": 2, "zincrby": 0}, ran
     assert redis.hget(keys.of(redis).fair_part(QUEUE, "state"), "jobs") == b"14"
     assert redis.llen(keys.of(redis).in_progress("c1", QUEUE)) == 5  # the first one settled
 
@@ -632,3 +635,63 @@ def test_a_jobs_count_gone_wrong_does_not_hide_a_tenants_line(
     redis.hset(keys.of(redis).fair_part(QUEUE, "state"), "jobs", count)
     fetch.settle(first)
     assert sorted(tenants_of(first) + take_all(fetch)) == ["a"] * 4 + ["b"] * 4
+
+
+def test_the_largest_tenants_are_ranked_by_what_their_lines_hold_after_takes(
+    redis: redis_py.Redis,
+) -> None:
+    """A take does not write the backlog (its score stays the line's length when a job
+    last joined it), so the ranking reads the lines: a tenant drained from 10 to 2 ranks
+    below one with 5, and the pages of the lines start where the drained line ends."""
+    make_fair(QUEUE, redis=redis)
+    push(redis, "drained", 10)
+    fetch = fetcher(redis)
+    taken = take_all_n(fetch, 8)
+    assert set(taken) == {"drained"}
+    push(redis, "steady", 5)
+    fetch.settle(fetch.take(1, []))  # the arrivals sorted into their lines (one taken)
+    status = fair_queue_status(QUEUE, redis=redis, top=1)
+    assert status is not None and status.largest_exact
+    assert [(load.tenant, load.waiting) for load in status.largest] == [("steady", 4)]
+    status = fair_queue_status(QUEUE, redis=redis, top=5)
+    assert status is not None
+    ranked = [(load.tenant, load.waiting) for load in status.largest]
+    assert sorted(ranked) == [("drained", 2), ("steady", 4)] and ranked[0] == ("steady", 4)
+    page = Queue(QUEUE, redis=redis).page(0, 10)
+    assert sorted(entry.jid for entry in page) == sorted(
+        ["drained-8", "drained-9"] + [f"steady-{i}" for i in range(1, 5)]
+    )
+
+
+def test_ranking_many_drained_tenants_reads_a_bounded_number_of_lines_per_call(
+    redis: redis_py.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tenants drained since any status call hold less than their scores say; one call
+    reads at most LARGEST_READ_MAX lines (and says its ranking is not exact then), and
+    the calls after it go on from the scores it corrected until the ranking is exact."""
+    from limitd.fair_queues import store
+
+    monkeypatch.setattr(store, "LARGEST_READ_MAX", 3)
+    make_fair(QUEUE, redis=redis)
+    for n, tenant in enumerate(["t1", "t2", "t3", "t4", "t5"]):
+        push(redis, tenant, 10 + n)
+    push(redis, "last", 5)
+    fetch = fetcher(redis)
+    fetch.settle(fetch.take(1, []))  # sorted into lines; "t1" gives its first job
+    backlog = keys.of(redis).fair_part(QUEUE, "backlog")
+    base = keys.of(redis).fair_queue(QUEUE)
+    for tenant in ["t1", "t2", "t3", "t4", "t5"]:  # drained to one job, scores untouched
+        line = base + ":t:" + tenant
+        redis.ltrim(line, -1, -1)
+    assert redis.zscore(backlog, "t5") == 14.0
+    calls = []
+    while True:
+        status = fair_queue_status(QUEUE, redis=redis, top=1)
+        assert status is not None
+        calls.append(status.largest_exact)
+        if status.largest_exact:
+            break
+        assert len(calls) < 5, calls
+    # The first call reads t5, t4 and t3; the second t2, t1 and "last", then it is sure.
+    assert calls == [False, True]
+    assert [(load.tenant, load.waiting) for load in status.largest] == [("last", 5)]

@@ -79,6 +79,8 @@ def run_status(args: argparse.Namespace, connect: Connect) -> int:
     rows = [[load.tenant, load.waiting, load.running] for load in found.largest]
     if rows:
         print(table.render(HEADERS, rows))
+    if not found.largest_exact:
+        print("(many tenants drained since the last status: the largest of those read so far)")
     return EX_OK
 
 

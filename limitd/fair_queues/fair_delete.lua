@@ -7,15 +7,15 @@
 --
 -- Returns 1 if the job was removed, 0 if a fetch (or another operator) took it first.
 --
--- Why atomic: a fetch between the LREM and the counts would pop a line whose backlog
--- says one job more than it holds.
+-- Why atomic: a fetch between the LREM and the counts would find a tenant with a turn
+-- and an empty line.
 local fk = fair_library().keys(KEYS[1], nil)
 local tenant = ARGV[1]
 if redis.call('LREM', fk.line .. tenant, 1, ARGV[2]) == 0 then
   return 0
 end
 redis.call('HINCRBY', fk.state, 'jobs', -1)
-if tonumber(redis.call('ZINCRBY', fk.backlog, -1, tenant)) <= 0 then
+if redis.call('EXISTS', fk.line .. tenant) == 0 then -- a shorter line keeps its score
   redis.call('ZREM', fk.backlog, tenant)
   redis.call('ZREM', fk.turns, tenant)
   redis.call('HDEL', fk.head, tenant)

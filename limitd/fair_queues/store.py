@@ -154,6 +154,9 @@ class FairQueueStatus:
     arrivals: int
     tenants_waiting: int
     largest: list[TenantLoad]
+    # False when ranking met LARGEST_READ_MAX: then ``largest`` is the largest of the
+    # lines read, and the next call reads on from where this one stopped.
+    largest_exact: bool = True
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -163,7 +166,15 @@ class FairQueueStatus:
             "arrivals": self.arrivals,
             "tenants_waiting": self.tenants_waiting,
             "largest": [load.__dict__ for load in self.largest],
+            "largest_exact": self.largest_exact,
         }
+
+
+# At most this many tenants' lines are read to rank the largest in one status call.
+# The fetch leaves each tenant's backlog score at its length when a job last joined
+# (fair_lib.lua), an upper bound; ranking corrects the scores it reads, so only after a
+# drain of many tenants that no status call saw does a call meet this bound.
+LARGEST_READ_MAX = 1000
 
 
 def status(redis: redis_py.Redis, queue: str, top: int = 10) -> FairQueueStatus | None:
@@ -176,12 +187,13 @@ def status(redis: redis_py.Redis, queue: str, top: int = 10) -> FairQueueStatus 
     pipe.hget(state, "jobs")
     pipe.llen(k.queue(queue))
     pipe.zcard(backlog)
-    pipe.zrevrange(backlog, 0, top - 1, withscores=True)
-    raw, jobs, arrivals, tenants, largest = pipe.execute()
+    script("fair_largest.lua")(pipe, [k.fair_queue(queue)], [top, LARGEST_READ_MAX])
+    raw, jobs, arrivals, tenants, ranked = pipe.execute()
     setting = parse_stored(raw)
     if setting is None:
         return None
-    names = [name.decode() for name, _ in largest]
+    largest = [(ranked[i].decode(), int(ranked[i + 1])) for i in range(0, len(ranked) - 1, 2)]
+    names = [name for name, _ in largest]
     running = redis.hmget(state, [f"b:{name}" for name in names]) if names else []
     return FairQueueStatus(
         queue=queue,
@@ -190,9 +202,10 @@ def status(redis: redis_py.Redis, queue: str, top: int = 10) -> FairQueueStatus 
         arrivals=int(arrivals),
         tenants_waiting=int(tenants),
         largest=[
-            TenantLoad(name, int(score), int(busy or 0))
-            for name, (_, score), busy in zip(names, largest, running, strict=True)
+            TenantLoad(name, waiting, int(busy or 0))
+            for (name, waiting), busy in zip(largest, running, strict=True)
         ],
+        largest_exact=ranked[-1] == 1,
     )
 
 
@@ -218,13 +231,18 @@ def lines_page(
 ) -> list[tuple[str, bytes]]:
     """``count`` jobs waiting in the tenants' lines from the ``start``-th, as (tenant,
     job): tenant by tenant in turn order (those at their limit last), each line oldest
-    first. Reads every tenant's backlog to find the page (admin use: O(tenants))."""
+    first. Reads every tenant's line length to find the page (admin use: O(tenants);
+    the backlog's scores only bound them)."""
     k = keys.of(redis)
     pipe = pipeline(redis)
     pipe.zrange(k.fair_part(queue, "turns"), 0, -1)
-    pipe.zrange(k.fair_part(queue, "backlog"), 0, -1, withscores=True)
+    pipe.zrange(k.fair_part(queue, "backlog"), 0, -1)
     turns, backlog = pipe.execute()
-    sizes = {name.decode(): int(score) for name, score in backlog}
+    tenants = [name.decode() for name in backlog]
+    pipe = pipeline(redis)
+    for tenant in tenants:
+        pipe.llen(k.fair_line(queue, tenant))
+    sizes = dict(zip(tenants, (int(n) for n in pipe.execute()), strict=True))
     order = [name.decode() for name in turns if name.decode() in sizes]
     order += sorted(set(sizes) - set(order))
     found: list[tuple[str, bytes]] = []

@@ -1,0 +1,44 @@
+-- fair_largest: the tenants with the most jobs waiting in a fair queue's lines, with
+-- their lines' true lengths.
+--
+-- KEYS[1]  the fair queue's base (limitd.keys.fair_queue); the lines are built from it
+--          and the tenants (fair_lib.lua)
+-- ARGV[1]  how many tenants to return (top)
+-- ARGV[2]  at most this many lines to read in one call (a bound on the call's cost)
+--
+-- Returns a flat list tenant, length, ... largest first, and as its last element 1 if
+-- the list is exact, 0 if the bound was met first (then it is the largest of those read).
+--
+-- The backlog's scores are upper bounds (each is a line's length when a job last joined
+-- it; a take does not write it), so the tenants ranked first by score are read with
+-- LLEN and their scores corrected; once the first ``top`` by score are all corrected,
+-- no other tenant can hold more than they do. Corrected scores stay: the next call
+-- starts from them.
+--
+-- Why atomic: a job joining a line between its LLEN and the correction would leave a
+-- score below what the line holds, and the scores would no longer bound the lines.
+local fk = fair_library().keys(KEYS[1], nil)
+local top, budget = tonumber(ARGV[1]), tonumber(ARGV[2])
+local read = {}
+while true do
+  local ranked = redis.call('ZREVRANGE', fk.backlog, 0, top - 1, 'WITHSCORES')
+  local pending = {}
+  for i = 1, #ranked, 2 do
+    if not read[ranked[i]] then pending[#pending + 1] = ranked[i] end
+  end
+  if #pending == 0 or budget <= 0 then
+    ranked[#ranked + 1] = #pending == 0 and 1 or 0
+    return ranked
+  end
+  for i = 1, math.min(#pending, budget) do
+    local tenant = pending[i]
+    local length = redis.call('LLEN', fk.line .. tenant)
+    read[tenant] = true
+    if length > 0 then
+      redis.call('ZADD', fk.backlog, 'XX', length, tenant)
+    else -- not expected (a take that empties a line removes its tenant): made true
+      redis.call('ZREM', fk.backlog, tenant)
+    end
+  end
+  budget = budget - #pending
+end
