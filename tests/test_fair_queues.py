@@ -637,6 +637,7 @@ def test_a_jobs_count_gone_wrong_does_not_hide_a_tenants_line(
     assert sorted(tenants_of(first) + take_all(fetch)) == ["a"] * 4 + ["b"] * 4
 
 
+@pytest.mark.parametrize("redis", ["standalone", "cluster"], indirect=True)
 def test_the_largest_tenants_are_ranked_by_what_their_lines_hold_after_takes(
     redis: redis_py.Redis,
 ) -> None:
