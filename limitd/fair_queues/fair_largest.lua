@@ -24,10 +24,12 @@ local top, budget = tonumber(ARGV[1]), tonumber(ARGV[2])
 -- line of it not read yet: a ranking of one (the metrics' largest tenant) over many
 -- drained tenants then takes a pass per WINDOW lines, not one per line.
 local WINDOW = 50
-local read, lengths = {}, {} -- the tenants whose lines this call read, and those read
+local read = {} -- tenant -> the length of its line, for the lines this call read
 
 -- With the bound met: the largest of the lines this call read, and 0 (not sure).
 local function largest_read()
+  local lengths = {}
+  for tenant, length in pairs(read) do lengths[#lengths + 1] = {tenant, length} end
   table.sort(lengths, function(a, b) return a[2] > b[2] end)
   local found = {}
   for i = 1, math.min(top, #lengths) do
@@ -39,14 +41,14 @@ end
 
 while true do
   local ranked = redis.call('ZREVRANGE', fk.backlog, 0, math.max(top, WINDOW) - 1, 'WITHSCORES')
-  local first, pending = {}, {}
+  local first, pending, sure = {}, {}, true
   for i = 1, #ranked, 2 do
-    if not read[ranked[i]] then pending[#pending + 1] = ranked[i] end
-    if i < 2 * top then first[#first + 1], first[#first + 2] = ranked[i], ranked[i + 1] end
-  end
-  local sure = true
-  for i = 1, #first, 2 do
-    if not read[first[i]] then sure = false end
+    local tenant = ranked[i]
+    if not read[tenant] then pending[#pending + 1] = tenant end
+    if i < 2 * top then
+      first[#first + 1], first[#first + 2] = tenant, ranked[i + 1]
+      if not read[tenant] then sure = false end
+    end
   end
   if sure then
     first[#first + 1] = 1
@@ -56,8 +58,7 @@ while true do
   for i = 1, math.min(#pending, budget) do
     local tenant = pending[i]
     local length = redis.call('LLEN', fk.line .. tenant)
-    read[tenant] = true
-    lengths[#lengths + 1] = {tenant, length}
+    read[tenant] = length
     if length > 0 then
       redis.call('ZADD', fk.backlog, 'XX', length, tenant)
     else -- not expected (a take that empties a line removes its tenant): made true
