@@ -409,7 +409,7 @@ class LimitFetch:
             raise
         if index is not None and plan is not None:
             # The index's part of the reply, followed: whether the call stopped short.
-            reply[2] = index.after_call(reply[2], plan)
+            reply[2] = index.after_call(reply[2], plan, reply[3::4])
         return reply
 
     def _round_trip(

@@ -51,9 +51,15 @@ from limitd.queues.order import QueueOrder
 # A dynamic capsule's queues that its config does not list come after those it does,
 # among themselves by name (equal ranks sort by member).
 DYNAMIC_RANK = 1_000_000_000
-# Queues a call is given beyond the jobs it wants: room for the queues it will skip
-# (at this capsule's process limit) or find drained by another capsule since.
+# Queues a call is given beyond those it is expected to need: room for the queues it
+# will skip (at this capsule's process limit) or find drained by another capsule since.
 SLACK = 4
+# How fast the estimate of the queues a call needs per job follows the calls (the share
+# of each new call's figure), and its bounds: a queue deep enough gives a whole call's
+# jobs, so a call needs 1/want of a queue per job; over many shallow queues that other
+# capsules drain too, it looks at a queue or two per job.
+PER_JOB_WEIGHT = 0.25
+PER_JOB_RANGE = (1 / 64, 4.0)
 MAX_SLACK = 4096
 # A weighted or random order is drawn, per job, among this many queues at least: all of
 # those with work while there are no more, a random sample of them beyond.
@@ -130,6 +136,8 @@ class ReadyIndex:
         # Set once the capsule hears wake-ups; until then every call re-checks all.
         self.listening = False
         self.slack = SLACK
+        # The queues a call looks at per job it takes (see ``after_call``); 1 at first.
+        self.per_job = 1.0
         # What this capsule knows its index holds: all of it (``_complete``), else every
         # queue ranked up to ``_bound`` (None: none), by (rank, name).
         self._known: dict[str, int] = {}
@@ -205,7 +213,7 @@ class ReadyIndex:
         added = self._add_hints(hints) if hints else hints
         if len(self._known) > MAX_KNOWN:
             self._trim()
-        given = want + self.slack
+        given = max(1, round(want * self.per_job)) + self.slack
         if self._sorted is None:  # kept until what is known changes
             self._sorted = sorted(self._known, key=self._key)
         known = self._sorted
@@ -257,11 +265,13 @@ class ReadyIndex:
                 self._sorted = None
         return added
 
-    def after_call(self, reply: Sequence[Any], plan: CallPlan) -> bool:
+    def after_call(self, reply: Sequence[Any], plan: CallPlan, taken: Sequence[bytes] = ()) -> bool:
         """Follow the index by the reply's part (see ``limit_fetch.lua``); True when the
         call stopped short while the index may hold queues it was not given (the caller
-        asks again at once)."""
+        asks again at once). ``taken``: the queue of each job the call took."""
         stale, refilled, rate_in = int(reply[0]), int(reply[1]), reply[2]
+        if taken and not refilled:
+            self._learn_per_job(reply, taken)
         names = [name.decode() for name in reply[3:]]
         if refilled:
             ranks = self.ranks  # _rank_or_last's rule, inline: a refill reads 256 names
@@ -282,6 +292,18 @@ class ReadyIndex:
             self._rate_due_at = None if ms < 0 else clock.monotonic() + ms / 1000
         self.slack = min(self.slack * 2, MAX_SLACK) if stale else max(SLACK, self.slack - 1)
         return bool(stale)
+
+    def _learn_per_job(self, reply: Sequence[Any], taken: Sequence[bytes]) -> None:
+        """Follow how many queues a call needs per job, from the queues it took jobs
+        from and those it took out of the index: every queue given costs the script its
+        three keys and name whether it is looked at or not, and a queue deep enough
+        gives the whole call from one. (Queues the call passed over with jobs, at this
+        capsule's process limit, are not seen here: a call given too few for that stops
+        short, and the slack doubles.)"""
+        looked = len(set(taken).union(reply[3:]))
+        low, high = PER_JOB_RANGE
+        figure = min(high, max(low, looked / len(taken)))
+        self.per_job += (figure - self.per_job) * PER_JOB_WEIGHT
 
     def _without_left(self, ranked: list[str], left: int, given: int) -> list[str]:
         """``ranked`` (the known queues by rank) without the ``left`` of them that a
