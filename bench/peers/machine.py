@@ -7,12 +7,17 @@ import importlib.metadata
 import os
 import platform
 import subprocess
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 import redis as redis_py
 from systems.base import PEERS_BIN, System
 from systems.sidekiq_system import version as sidekiq_version
+
+# Hand-offs a wake-up probe times (each way of a pipe round trip counts one).
+WAKEUP_ROUNDS = 5_000
+HALT_POLL = Path("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
 
 PEER_PACKAGES = ["celery", "kombu", "rq", "dramatiq", "arq", "huey", "saq", "redis", "hiredis"]
 
@@ -55,6 +60,61 @@ def versions(systems: list[System]) -> str:
     return line
 
 
+def _pong(read_fd: int, write_fd: int, cpu: int, rounds: int) -> None:
+    """The far end of the probe: answer each byte, on CPU ``cpu``."""
+    os.sched_setaffinity(0, {cpu})
+    for _ in range(rounds):
+        os.read(read_fd, 1)
+        os.write(write_fd, b"x")
+
+
+def wakeup_us(cpus: tuple[int, int], rounds: int = WAKEUP_ROUNDS) -> float:
+    """Microseconds to wake a sleeping process: two processes pass a byte back and forth
+    through pipes, each blocked in read until the other writes, pinned to ``cpus``.
+
+    Every job system here sleeps and wakes around each job or call (a worker thread
+    waiting for its reply, a lock handed to the next thread), and what one wake-up costs
+    is a property of the machine, not of the code: on a virtual machine whose idle vCPUs
+    halt at once (guest halt polling off), waking a process on the other CPU goes
+    through the hypervisor and can cost ten times a wake-up on the same CPU. Printed
+    with every run, so that a peer far off its quiet figure can be told apart from a
+    slow machine."""
+    to_far, from_near = os.pipe()
+    to_near, from_far = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child process
+        try:
+            _pong(to_far, from_far, cpus[1], rounds + 1)
+        finally:
+            os._exit(0)
+    before = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {cpus[0]})
+        os.write(from_near, b"x")  # the first round wakes both up, untimed
+        os.read(to_near, 1)
+        started = time.perf_counter()
+        for _ in range(rounds):
+            os.write(from_near, b"x")
+            os.read(to_near, 1)
+        return 1e6 * (time.perf_counter() - started) / (2 * rounds)
+    finally:
+        os.sched_setaffinity(0, before)
+        os.waitpid(pid, 0)
+        for fd in (to_far, from_near, to_near, from_far):
+            os.close(fd)
+
+
+def wakeups() -> str:
+    """The wake-up probe across two CPUs and on one, and the guest halt polling (see
+    ``wakeup_us``)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    across = f"{wakeup_us((cpus[0], cpus[-1])):.1f} us across CPUs, " if len(cpus) > 1 else ""
+    line = f"{across}{wakeup_us((cpus[0], cpus[0])):.1f} us on one CPU"
+    if HALT_POLL.exists():
+        line += f"; guest halt polling {HALT_POLL.read_text().strip()} ns"
+    return line + f"; kernel {platform.release()}"
+
+
 def describe(
     conn: redis_py.Redis, systems: list[System], *, jobs: int, runs: int, deadline: float
 ) -> list[str]:
@@ -68,4 +128,5 @@ def describe(
         f"- Jobs per run: {jobs:,} (fewer where the table says so); runs per system: {runs}, "
         f"alternated (A B C ... A B C ...); deadline {deadline:.0f} s per enqueue or drain",
         f"- Versions: {versions(systems)}",
+        f"- Waking a sleeping process (a pipe ping-pong, bench/peers/machine.py): {wakeups()}",
     ]
