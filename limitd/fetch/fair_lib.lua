@@ -175,7 +175,7 @@ local function fair_library()
     local tenant = redis.call('HGET', fk.state, field)
     if not tenant then return nil, false end
     redis.call('HDEL', fk.state, field)
-    local running = redis.call('HINCRBY', fk.state, 'b:' .. tenant, -1)
+    local running = redis.call('HINCRBY', fk.state, 'b:' .. tenant, '-1')
     if running <= 0 then redis.call('HDEL', fk.state, 'b:' .. tenant) end
     if running < fk.limit and redis.call('EXISTS', fk.line .. tenant) == 1 then
       return tenant, redis.call('ZADD', fk.turns, 'NX', fair_clock(fk), tenant) == 1
@@ -274,7 +274,8 @@ local function fair_library()
     fk.run = nil
     most = fk.limit and 1 or most or 1
     for _ = 1, 100 do
-      local turn = redis.call('ZRANGE', fk.turns, 0, 1, 'WITHSCORES')
+      -- (the range as text: Redis formats a Lua number argument with "%.17g")
+      local turn = redis.call('ZRANGE', fk.turns, '0', '1', 'WITHSCORES')
       if #turn == 0 then return nil end
       local tenant, at, after = turn[1], math.ceil(tonumber(turn[2])), tonumber(turn[4])
       local step = math.max(1, math.floor(FAIR_TURN / fair_weight(fk, tenant)))
@@ -331,7 +332,7 @@ local function fair_library()
   local function fair_hold(fk, job, tenant)
     if not fk.limit then return end
     redis.call('HSET', fk.state, 'r:' .. redis.sha1hex(job), tenant)
-    local running = redis.call('HINCRBY', fk.state, 'b:' .. tenant, 1)
+    local running = redis.call('HINCRBY', fk.state, 'b:' .. tenant, '1')
     if running >= fk.limit then redis.call('ZREM', fk.turns, tenant) end
   end
 

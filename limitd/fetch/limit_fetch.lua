@@ -797,7 +797,7 @@ if index_mode then
   -- it follows by removing them; when they run out, it reads a new window.
   local refilled = grew or (not complete and (#unlisted > spare or short))
   if refilled and index_mode == 'strict' then
-    names = redis.call('ZRANGE', ready, 0, refill_size - 1)
+    names = redis.call('ZRANGE', ready, '0', refill_size - 1)
   elseif refilled then
     names = redis.call('ZRANDMEMBER', ready, refill_size)
   end
