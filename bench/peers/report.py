@@ -168,6 +168,45 @@ def compare_lines(pairs: list[tuple[Outcome, Outcome]]) -> list[str]:
     return lines
 
 
+# Ruby Sidekiq's figures on a quiet machine (steal 0%), from the slower of the two
+# quiet machines of 2026-11-24 (issue 33): steady drain jobs/s and worker CPU us per
+# job. A run in which Sidekiq drains less than that while spending more CPU per job
+# than 1.5 times that is far off its quiet figures: the machine, not the code, slowed
+# it, and no ratio against it is printed from that run.
+SIDEKIQ_QUIET = {1: (6_722.0, 132.0), 2: (10_827.0, 153.0)}
+FAR_OFF_CPU = 1.5
+
+
+def peer_lines(outcomes: list[Outcome]) -> list[str]:
+    """For each Ruby Sidekiq of N processes measured beside limitd's N: how it ran
+    against its quiet figures, and the ratio of the steady drains by round only where
+    it ran near them (limitd-N / sidekiq-N, the rounds both measured)."""
+    by_name = {o.system.name: o for o in outcomes}
+    lines = []
+    for processes, (quiet_rate, quiet_cpu) in SIDEKIQ_QUIET.items():
+        peer, ours = by_name.get(f"sidekiq-{processes}"), by_name.get(f"limitd-{processes}")
+        if peer is None or ours is None or not peer.steady or not ours.steady:
+            continue
+        rate, cpu = statistics.median(peer.steady), statistics.median(peer.worker_cpu)
+        state = (
+            f"sidekiq-{processes} ran {rate:,.0f} jobs/s at {cpu:.0f} us of worker CPU per "
+            f"job, {rate / quiet_rate:.2f}x and {cpu / quiet_cpu:.2f}x its quiet figures "
+            f"({quiet_rate:,.0f} jobs/s, {quiet_cpu:.0f} us)"
+        )
+        if rate < quiet_rate and cpu > FAR_OFF_CPU * quiet_cpu:
+            lines.append(f"{state}: far off them, so no ratio against it from this run")
+            continue
+        mine, theirs = ours.steady_by_round(), peer.steady_by_round()
+        rounds = sorted(mine.keys() & theirs.keys())
+        ratios = [mine[n][0] / theirs[n][0] for n in rounds]
+        by_round = ", ".join(f"{ratio:.2f}" for ratio in ratios)
+        lines.append(
+            f"{state}; limitd-{processes} / sidekiq-{processes}, steady drain by round "
+            f"{by_round}; median {statistics.median(ratios):.2f}"
+        )
+    return lines
+
+
 def baseline_section(baseline: Baseline) -> list[str]:
     ceiling = [
         f"| {CEILING_LABELS[key]} | {value:,.0f} |" for key, value in baseline.ceiling.items()
@@ -218,6 +257,7 @@ def markdown(
         "",
         *(f"{line}  " for line in skipped),
         "",
+        *([f"- {line}" for line in peer_lines(outcomes)] + [""] if peer_lines(outcomes) else []),
         *(
             ["With --compare, this / other per round (other: the `@other` rows):", ""]
             + [f"- {line}" for line in compared]

@@ -300,6 +300,7 @@ def main() -> None:
     finally:
         server.stop()
     print(report.results_table(outcomes, baseline.ceiling.get("pipelined_1_client")))
+    print("\n".join(report.peer_lines(outcomes)))
     compared = report.compare_lines(pairs_of(outcomes))
     if compared:
         print("\n".join(compared))
