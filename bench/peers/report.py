@@ -198,6 +198,9 @@ def peer_lines(outcomes: list[Outcome]) -> list[str]:
             continue
         mine, theirs = ours.steady_by_round(), peer.steady_by_round()
         rounds = sorted(mine.keys() & theirs.keys())
+        if not rounds:
+            lines.append(f"{state}; no round in which limitd-{processes} ran too")
+            continue
         ratios = [mine[n][0] / theirs[n][0] for n in rounds]
         by_round = ", ".join(f"{ratio:.2f}" for ratio in ratios)
         lines.append(
@@ -241,6 +244,7 @@ def markdown(
     compared: list[str] | None = None,
 ) -> str:
     """The whole of RESULTS.md; ``compared`` are run.py --compare's ratio lines."""
+    peers = peer_lines(outcomes)
     text = [
         "# limitd and its peers: enqueue and drain throughput, CPU per job",
         "",
@@ -257,7 +261,7 @@ def markdown(
         "",
         *(f"{line}  " for line in skipped),
         "",
-        *([f"- {line}" for line in peer_lines(outcomes)] + [""] if peer_lines(outcomes) else []),
+        *([f"- {line}" for line in peers] + [""] if peers else []),
         *(
             ["With --compare, this / other per round (other: the `@other` rows):", ""]
             + [f"- {line}" for line in compared]
