@@ -77,8 +77,9 @@ def wakeup_us(cpus: tuple[int, int], rounds: int = WAKEUP_ROUNDS) -> float:
     is a property of the machine, not of the code: on a virtual machine whose idle vCPUs
     halt at once (guest halt polling off), waking a process on the other CPU goes
     through the hypervisor and can cost ten times a wake-up on the same CPU. Printed
-    with every run, so that a peer far off its quiet figure can be told apart from a
-    slow machine."""
+    with every run beside the steal and the load: one of the things about a machine
+    that moves every system's figures (not the only one: see the thirteenth session on
+    docs/benchmarks.md)."""
     to_far, from_near = os.pipe()
     to_near, from_far = os.pipe()
     pid = os.fork()
