@@ -143,28 +143,34 @@ def results_table(outcomes: list[Outcome], ceiling: float | None) -> str:
     return "\n".join([header, *(_row(o, ceiling) for o in outcomes)])
 
 
+def _ratios(this: Outcome, other: Outcome, index: int) -> list[float]:
+    """this / other of a figure of ``steady_by_round`` (0: the steady drain, 1: the
+    worker CPU per job), by round: the rounds both measured, the other's figure found."""
+    mine, theirs = this.steady_by_round(), other.steady_by_round()
+    rounds = sorted(mine.keys() & theirs.keys())
+    return [mine[n][index] / theirs[n][index] for n in rounds if theirs[n][index] > 0]
+
+
+def _by_round(ratios: list[float]) -> str:
+    by_round = ", ".join(f"{ratio:.2f}" for ratio in ratios)
+    return f"by round ({len(ratios)}) {by_round}; median {statistics.median(ratios):.2f}"
+
+
 def compare_lines(pairs: list[tuple[Outcome, Outcome]]) -> list[str]:
     """For each system and its --compare twin: this / other of the steady drain and of
     the worker CPU per job, by round (the rounds both measured) and their median."""
     lines = []
     for this, other in pairs:
         label = f"{this.system.name} / {other.system.name}"
-        mine, theirs = this.steady_by_round(), other.steady_by_round()
-        rounds = sorted(mine.keys() & theirs.keys())
-        if not rounds:
+        if not this.steady_by_round().keys() & other.steady_by_round().keys():
             lines.append(f"{label}: no round with a steady figure from both")
             continue
         for index, what in enumerate(("steady drain", "worker CPU per job")):
-            measured = [n for n in rounds if theirs[n][index] > 0]
-            if not measured:  # a twin whose processes the CPU reading did not find
+            ratios = _ratios(this, other, index)
+            if not ratios:  # a twin whose processes the CPU reading did not find
                 lines.append(f"{label}, {what}: no figure from the other")
                 continue
-            ratios = [mine[n][index] / theirs[n][index] for n in measured]
-            by_round = ", ".join(f"{ratio:.2f}" for ratio in ratios)
-            lines.append(
-                f"{label}, {what} this / other, by round ({len(measured)}) {by_round}; "
-                f"median {statistics.median(ratios):.2f}"
-            )
+            lines.append(f"{label}, {what} this / other, {_by_round(ratios)}")
     return lines
 
 
@@ -196,17 +202,12 @@ def peer_lines(outcomes: list[Outcome]) -> list[str]:
         if rate < quiet_rate and cpu > FAR_OFF_CPU * quiet_cpu:
             lines.append(f"{state}: far off them, so no ratio against it from this run")
             continue
-        mine, theirs = ours.steady_by_round(), peer.steady_by_round()
-        rounds = sorted(mine.keys() & theirs.keys())
-        if not rounds:
+        ratios = _ratios(ours, peer, 0)
+        if not ratios:
             lines.append(f"{state}; no round in which limitd-{processes} ran too")
             continue
-        ratios = [mine[n][0] / theirs[n][0] for n in rounds]
-        by_round = ", ".join(f"{ratio:.2f}" for ratio in ratios)
-        lines.append(
-            f"{state}; limitd-{processes} / sidekiq-{processes}, steady drain by round "
-            f"{by_round}; median {statistics.median(ratios):.2f}"
-        )
+        pair = f"limitd-{processes} / sidekiq-{processes}"
+        lines.append(f"{state}; {pair}, steady drain {_by_round(ratios)}")
     return lines
 
 
@@ -242,9 +243,11 @@ def markdown(
     baseline: Baseline,
     skipped: list[str],
     compared: list[str] | None = None,
+    *,
+    peers: list[str] | None = None,
 ) -> str:
-    """The whole of RESULTS.md; ``compared`` are run.py --compare's ratio lines."""
-    peers = peer_lines(outcomes)
+    """The whole of RESULTS.md; ``compared`` are run.py --compare's ratio lines, ``peers``
+    the lines of ``peer_lines``."""
     text = [
         "# limitd and its peers: enqueue and drain throughput, CPU per job",
         "",

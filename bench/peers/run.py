@@ -300,14 +300,15 @@ def main() -> None:
     finally:
         server.stop()
     print(report.results_table(outcomes, baseline.ceiling.get("pipelined_1_client")))
-    print("\n".join(report.peer_lines(outcomes)))
+    peers = report.peer_lines(outcomes)
+    print("\n".join(peers))
     compared = report.compare_lines(pairs_of(outcomes))
     if compared:
         print("\n".join(compared))
     print(f"total {time.monotonic() - started:.0f} s")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        text = report.markdown(lines, outcomes, baseline, skipped, compared)
+        text = report.markdown(lines, outcomes, baseline, skipped, compared, peers=peers)
         (args.out / "RESULTS.md").write_text(text)
         draw_chart(outcomes, args.out / "drain.png")
         print(f"wrote {args.out / 'RESULTS.md'} and {args.out / 'drain.png'}")
