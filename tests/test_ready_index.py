@@ -19,7 +19,7 @@ from limitd.api.queues import Queue
 from limitd.fetch import liveness
 from limitd.fetch.factory import limit_fetch
 from limitd.fetch.limit import LimitFetch
-from limitd.fetch.ready_index import MAX_KNOWN, SLACK
+from limitd.fetch.ready_index import MAX_KNOWN, SLACK, ReadyIndex
 from limitd.fetch.wakeup import WakeupListener
 from limitd.queues import limits as queue_limits
 from limitd.queues.order import QueueOrder
@@ -459,17 +459,24 @@ def test_the_ranked_queues_a_capsule_keeps_match_its_index_call_after_call(
     assert not any(held) and all(redis.llen(keys.of(redis).queue(q)) == 0 for q in listed)
 
 
+def filled(
+    redis: redis_py.Redis, queues: int, jobs: int
+) -> tuple[list[str], LimitFetch, ReadyIndex]:
+    """``queues`` listed queues of ``jobs`` jobs each, and a capsule's fetch over them."""
+    listed = names(queues)
+    for name in listed:
+        push(redis, name, jobs)
+    fetch = limit_fetch(redis, QueueOrder(listed), "c1")
+    assert fetch.index is not None
+    return listed, fetch, fetch.index
+
+
 def test_a_call_over_deep_queues_is_given_the_few_it_needs(redis: redis_py.Redis) -> None:
     """Every queue a call is given costs the script its keys and name, looked at or not:
     where one deep queue gives a whole call, the capsule learns that and gives a call
     its slack beyond one queue, not one queue per job wanted; the jobs still come from
     the first queue in order, then from the next once the first runs dry."""
-    listed = names(50)
-    for name in listed:
-        push(redis, name, 30)
-    fetch = limit_fetch(redis, QueueOrder(listed), "c1")
-    index = fetch.index
-    assert index is not None
+    listed, fetch, index = filled(redis, 50, 30)
     held: list = []
     taken: list[str] = []
     for _ in range(17):
@@ -485,12 +492,7 @@ def test_a_call_over_queues_of_a_job_each_is_still_given_one_per_job(
 ) -> None:
     """Shallow queues that each give one job: a call needs a queue per job wanted, and
     is given that many and its slack, so it does not stop short and call again."""
-    listed = names(300)
-    for name in listed:
-        push(redis, name, 1)
-    fetch = limit_fetch(redis, QueueOrder(listed), "c1")
-    index = fetch.index
-    assert index is not None
+    _, fetch, index = filled(redis, 300, 1)
     held: list = []
     for _ in range(20):
         held = fetch.take(5, held)
