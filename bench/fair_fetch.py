@@ -202,7 +202,7 @@ def job_class(mode: str) -> type[limitd.Job]:
 
 def lua_calls(conn: redis_py.Redis) -> int:
     counts = command_counts(conn)
-    return counts["evalsha"] + counts["eval"]
+    return counts["evalsha"] + counts["eval"] + counts["fcall"]
 
 
 def read_starts(conn: redis_py.Redis) -> Starts:

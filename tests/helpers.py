@@ -107,3 +107,23 @@ def command_runner(
         return code, capsys.readouterr().out
 
     return run
+
+
+# What a Lua call arrives as in Redis's command stats: a script by EVALSHA, the limit
+# fetch by FCALL where the server has functions (limitd.connection.functions).
+LUA_CALLS = ("evalsha", "fcall")
+
+
+def lua_calls(redis: Any) -> int:
+    """Lua calls Redis has served (INFO commandstats), whichever way they came."""
+    stats = redis.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in LUA_CALLS)
+
+
+def lua_folded(counts: Any) -> Any:
+    """Command counts with the Lua calls counted together, as "lua"."""
+    folded = counts.copy()
+    lua = sum(folded.pop(name, 0) for name in LUA_CALLS)
+    if lua:
+        folded["lua"] = lua
+    return folded

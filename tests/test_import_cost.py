@@ -38,7 +38,8 @@ from limitd.plugins import registered
 # Fair queues: limitd.fair_queues, its plug, its section (the config's key names) and
 # its store (the settings the section checks; its scripts are read when first used), 4.
 # Payload JSON (limitd.codec: orjson or the standard library, one place for both), 1.
-MOST_LIMITD_MODULES = 116
+# The fetch as a Redis function (limitd.connection.functions, beside the scripts), 1.
+MOST_LIMITD_MODULES = 117
 
 # Packages that only the command line, the admin API, metrics or the web front end use,
 # and the server's fetch and supervisor (the server imports them; app code never does).

@@ -70,6 +70,32 @@ def test_refreshing_an_expiry_is_allowed_out_of_memory_and_set_is_not(
     assert "denyoom" in flags["set"] & flags["sadd"]
 
 
+def test_the_fetch_settles_and_takes_jobs_while_redis_refuses_writes(
+    oom_redis: redis_py.Redis,
+) -> None:
+    """The limit fetch moves queued jobs and settles finished ones out of memory, as a
+    Redis 7 function too: Redis refuses a function without the ``allow-oom`` flag as a
+    whole, where a script runs (limitd/connection/functions.py)."""
+    from limitd.fetch.factory import limit_fetch
+    from limitd.fetch.limit import LIMIT_FETCH
+    from limitd.queues.order import QueueOrder
+
+    jobs = [f'{{"class":"X","args":[{i}],"queue":"q"}}' for i in range(6)]
+    oom_redis.lpush(keys.of(oom_redis).queue("q"), *jobs)
+    fetch = limit_fetch(oom_redis, QueueOrder(["q"]), "c1")
+    oom_redis.config_resetstat()
+    first = fetch.take(2, [])
+    refuse_writes(oom_redis)
+    second = fetch.take(2, first)
+    fetch.take(0, second)
+    assert [len(first), len(second)] == [2, 2]
+    assert oom_redis.llen(keys.of(oom_redis).queue("q")) == 2
+    assert oom_redis.llen(keys.of(oom_redis).in_progress("c1", "q")) == 0
+    stats = oom_redis.info("commandstats")
+    assert "cmdstat_evalsha" not in stats, f"called as a function: {LIMIT_FETCH.function}"
+    assert stats["cmdstat_fcall"]["calls"] >= 3
+
+
 def test_vouch_keeps_a_live_key_while_redis_refuses_writes(oom_redis: redis_py.Redis) -> None:
     liveness.vouch(oom_redis, ["alive"], 0.25)
     assert oom_redis.pttl(keys.of(oom_redis).capsule_heartbeat("alive")) <= 1000

@@ -18,6 +18,7 @@ from limitd.fetch.limit import LimitFetch
 from limitd.queues.order import QueueOrder
 from limitd.supervisor import Capsule, CapsuleConfig
 from limitd.unique import middleware as unique
+from tests.helpers import lua_calls
 from tests.test_batch import callback, work
 
 replies: list[object] = []
@@ -103,10 +104,10 @@ def test_a_busy_capsule_settles_a_batch_with_its_fetch(redis) -> None:
     batch, _ = batch_of(redis, 6)
     fetch, units = run_without_settling(redis, 6)
     assert limitd.Batch.status(batch.bid).pending == 6  # nothing sent yet
-    counts = redis.info("commandstats")["cmdstat_evalsha"]["calls"]
+    counts = lua_calls(redis)
     fetch.take(0, units)
     # One write: the six updates merged into one script run, then the settle.
-    assert redis.info("commandstats")["cmdstat_evalsha"]["calls"] - counts == 2
+    assert lua_calls(redis) - counts == 2
     status = limitd.Batch.status(batch.bid)
     assert (status.pending, status.success) == (0, True)
     assert redis.hget(keys.of(redis).BUSY, "default") == b"0"

@@ -18,6 +18,7 @@ from limitd.connection.connect import (
     unreachable,
 )
 from limitd.connection.failover import is_failover_error, retry_on_failover
+from limitd.connection.functions import LuaFunction
 from limitd.connection.pipelines import (
     apipeline,
     decode_name,
@@ -51,6 +52,7 @@ __all__ = [
     "TWIN_WAIT",
     "URL_ENV_VARS",
     "Conn",
+    "LuaFunction",
     "LuaScript",
     "MergedCall",
     "OwnConnection",

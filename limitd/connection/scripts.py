@@ -146,8 +146,12 @@ class LuaScript:
             .read_bytes()
             for part in (*prelude, filename)
         ]
-        self.source = b"\n".join(parts)
         self.name = filename
+        self.set_source(b"\n".join(parts))
+
+    def set_source(self, source: bytes) -> None:
+        """The text the script runs (a subclass may add to the file's)."""
+        self.source = source
         self._script = Script(None, self.source)  # type: ignore[arg-type]
         self.sha: str = self._script.sha  # what EVALSHA names it by
         self._sha = self.sha.encode()

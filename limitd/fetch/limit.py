@@ -31,12 +31,13 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, cast
 
 import redis as redis_py
-from redis.exceptions import NoScriptError
+from redis.exceptions import ResponseError
 
 from limitd import clock, keys
 from limitd.connection import (
     BULK,
     Conn,
+    LuaFunction,
     LuaScript,
     OwnConnection,
     bulk,
@@ -58,7 +59,9 @@ from limitd.queues.per_queue import keep_hashtables
 
 log = logging.getLogger("limitd.fetch")
 
-LIMIT_FETCH = LuaScript(__package__ or "limitd.fetch", "limit_fetch.lua", ("fair_lib.lua",))
+LIMIT_FETCH = LuaFunction(
+    __package__ or "limitd.fetch", "limit_fetch.lua", ("fair_lib.lua",), entry="limit_fetch"
+)
 FORGET_DRAINED = LuaScript(__package__ or "limitd.fetch", "forget_drained.lua")
 FORGET_PER_CALL = 1000  # drained queues a forget_drained call takes out of the set
 DYNAMIC_REFRESH_SECONDS = 5.0
@@ -432,10 +435,13 @@ class LimitFetch:
             command = LIMIT_FETCH.packed(script_keys, args)
         if not calls and self._wait is None:
             return cast("list[Any]", LIMIT_FETCH.send(conn, command))
+        command = LIMIT_FETCH.fitted(conn, command)
         try:
             replies = send_calls_then(conn, calls, command, *self._wait_command)
-        except NoScriptError:  # the calls were made; only the fetch script was missing
-            replies = [LIMIT_FETCH.send(conn, command)]
+        except ResponseError as exc:  # the calls were made; only the fetch call failed
+            if not LIMIT_FETCH.is_missing(exc):
+                raise
+            replies = [LIMIT_FETCH.recover(conn, command, exc)]
             if self._wait_command:
                 replies.append(send_packed(conn, self._wait_command[0]))
         forget_calls(settle)

@@ -116,12 +116,16 @@
 -- EXISTS per call together while none exists. Rate limits add one HGET per queue per
 -- call, and a TIME, a GET and a SET per call for a rate-limited queue, whatever the
 -- jobs it gives. While the recoveries hash exists, each job is popped on its own and
--- looked up (a SHA-1 and an HMGET). Lua's own work counts too: each call runs this
--- whole file, and making a local function costs about a quarter of a redis.call, so
--- the functions of what most calls never meet are made by the first call that does:
--- fair_lib.lua's once a queue is found fair (``fair_library()``), the rate limits' once
--- a queue is looked at while some exist (``rate_library()``), the suspects' once a job
--- is settled or taken while some exist (``suspect_library()``). What things cost, in
+-- looked up (a SHA-1 and an HMGET). Lua's own work counts too. Called by EVALSHA
+-- (Redis 6, a cluster), each call runs this whole file, and making a local function
+-- costs about a quarter of a redis.call; as a Redis 7 function (FCALL: see the entry,
+-- ``limit_fetch``, at the end) the file runs once, when its library loads, and a call
+-- makes only the tables it keeps. Either way the functions of what most calls never
+-- meet are made by the first call that does: fair_lib.lua's once a queue is found fair
+-- (``fair_library()``; they keep nothing of a call, so a library makes them once), the
+-- rate limits' once a queue is looked at while some exist (``rate_library()``), the
+-- suspects' once a job is settled or taken while some exist (``suspect_library()``);
+-- those two keep the call's state, so each call makes its own. What things cost, in
 -- instructions Redis 7.0 runs (bench/fetch_call.py --callgrind and the like): a
 -- redis.call 5,000 to 7,000 with the command, each argument of the call 1,200, a number
 -- where a string would do 2,300 more, a tonumber 1,500, a table of a dozen fields
@@ -129,12 +133,14 @@
 -- (COUNT_TEXT), the rare keys' test before each call of ``exists``, and, in the shared
 -- order, a plain queue giving the rest of a call's share of it in one step
 -- (``room_beside``) rather than one walk of the order per job.
--- (KEYS and ARGV as locals: a global is a table lookup at each use, and a call over
--- many queues reads them dozens of times.)
-local KEYS, ARGV = KEYS, ARGV
-local limits, process_limits, paused, busy = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local held, capsules, capsule_id, channel = KEYS[5], KEYS[6], ARGV[1], ARGV[2]
-local rate_limits, fair_settings, recoveries = KEYS[7], KEYS[#KEYS - 1], KEYS[#KEYS]
+-- (KEYS and ARGV as locals, set by the entry: a global is a table lookup at each use,
+-- and a call over many queues reads them dozens of times.)
+-- This call's keys and its first arguments: set by ``limit_fetch`` (the entry, at the
+-- end), like everything else this call keeps, so that the functions are made once
+-- where Redis runs this file as a library (see the end) and not at every call.
+local KEYS, ARGV
+local limits, process_limits, paused, busy, held, capsules, capsule_id, channel
+local rate_limits, fair_settings, recoveries
 local fair_at -- ARGV[fair_at]: the fair queues' key template (set once the counts are read)
 local MAX_SORTED = 1000 -- a fair queue's arrivals sorted into lines per call, at most
 
@@ -150,9 +156,9 @@ local MAX_SORTED = 1000 -- a fair queue's arrivals sorted into lines per call, a
 -- Once some exist, the fair queues' settings are asked first: every call that looks at
 -- a queue asks them, and where they are the one rare key (fair queues, nothing paused,
 -- no suspects) finding them tells the rest.
-local RARE_KEYS = {paused, process_limits, fair_settings, rate_limits, recoveries}
-local exists_once, rare_unknown, rare_unfound = nil, #RARE_KEYS, 0
-local none_rare = false
+local RARE_KEYS -- {paused, process_limits, fair_settings, rate_limits, recoveries}
+local exists_once, rare_unknown, rare_unfound
+local none_rare
 local function exists(key)
   if none_rare then return false end
   if exists_once == nil then
@@ -184,7 +190,7 @@ end
 -- A queue's global limit and busy count, by name: read on first use in this call, then
 -- kept current here. The busy counts this call changed are written once, at the end:
 -- one HSET, not an HINCRBY per queue settled and per queue taken from.
-local limit_of, busy_of, busy_changed = {}, {}, {}
+local limit_of, busy_of, busy_changed
 
 -- Small counts as strings, for the counts this call passes to Redis (each queue's RPOP
 -- count, each busy count it writes): a Lua number argument is formatted with
@@ -221,8 +227,8 @@ end
 -- call that settles or takes a job: their functions are made then, by
 -- ``suspect_library()`` (once a call), not by every call.
 local MAX_DEFERRED = 200
-local deferred = 0 -- suspects passed over in this call
-local suspect_functions = nil
+local deferred -- suspects passed over in this call
+local suspect_functions
 
 local function suspect_library()
   if suspect_functions then return suspect_functions end
@@ -287,7 +293,7 @@ end
 -- A fair queue's keys and tenant limit (see fair_lib.lua), by queue name; false for a
 -- queue that is not fair. limitd:fair_queues holds "fair", "fair/<tenant limit>" or
 -- "off" (made plain at run time) per queue.
-local fair_of_name = {}
+local fair_of_name
 local function fair_of(name)
   if fair_of_name[name] == nil then
     fair_of_name[name] = exists(fair_settings)
@@ -352,7 +358,7 @@ end
 -- Rate limits. The hash is looked at once per call, each queue's rate once per call.
 -- Their functions are made only by a call that meets a queue while the hash exists
 -- (``rate_library()``, once a call); ``clock`` is apart: the ready index reads it too.
-local now, rate_functions = nil, nil
+local now, rate_functions
 
 local function clock()
   if now == nil then
@@ -433,56 +439,67 @@ local function rate_library()
 end
 
 
-local settled_queues, want, queues = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local settles = 0 -- the jobs to settle
-for k = 1, settled_queues do settles = settles + tonumber(ARGV[7 + 2 * k]) end
-local names_at = 2 * settled_queues + settles -- ARGV[7 + names_at + i]: queue i's name
-fair_at = 9 + names_at + queues
-local blocks = nil -- queue number -> true, for the blocking queues given
-if ARGV[fair_at - 1] ~= '' then
-  blocks = {}
-  for number in string.gmatch(ARGV[fair_at - 1], '%d+') do blocks[tonumber(number)] = true end
-end
+-- The call's counts and where its parts start in ARGV, read by ``read_call``.
+local settled_queues, want, queues, names_at, blocks
+local spec_at, index_mode, hints, ready, rate_wait
+local complete, refill_size, spare, unlisted, grew, rate_touched
+local natural, orders_at
 
--- The ready index (this capsule's; see the header). The caller mirrors it: it passes
--- the queues it knows the index holds (and hints: queues to add), says whether those are
--- all of them (``complete``), and learns from the reply what this call took out, or,
--- when it cannot follow (the index grew here, or it knew only its first queues and some
--- left), the index's first queues afresh. So a call whose index the caller knows in
--- full reads nothing of it.
-local spec_at = fair_at + 1 -- ARGV[spec_at]: "", "strict" or "sample"
-local index_mode = ARGV[spec_at] ~= '' and ARGV[spec_at] or nil
-local hints = tonumber(ARGV[spec_at + 1]) or 0
-local ready, rate_wait = nil, nil
-local complete, refill_size, spare = false, 0, 0
-local unlisted, grew, rate_touched = {}, false, false
-if index_mode then
-  ready, rate_wait = KEYS[#KEYS - 3], KEYS[#KEYS - 2]
-  complete = ARGV[spec_at + 2] == '1'
-  refill_size, spare = tonumber(ARGV[spec_at + 4]), tonumber(ARGV[spec_at + 5])
-  for first = 1, hints, 1000 do
-    local ranked = {}
-    for k = first, math.min(first + 999, hints) do
-      ranked[#ranked + 1] = ARGV[spec_at + 5 + 2 * k]
-      ranked[#ranked + 1] = ARGV[spec_at + 4 + 2 * k]
-    end
-    redis.call('ZADD', ready, unpack(ranked))
+local function read_call()
+  settled_queues, want, queues = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+  local settles = 0 -- the jobs to settle
+  for k = 1, settled_queues do settles = settles + tonumber(ARGV[7 + 2 * k]) end
+  names_at = 2 * settled_queues + settles -- ARGV[7 + names_at + i]: queue i's name
+  fair_at = 9 + names_at + queues
+  blocks = nil -- queue number -> true, for the blocking queues given
+  if ARGV[fair_at - 1] ~= '' then
+    blocks = {}
+    for number in string.gmatch(ARGV[fair_at - 1], '%d+') do blocks[tonumber(number)] = true end
   end
-  -- ARGV[spec_at + 3]: "0" rate_wait is empty, "1" it is not, "2" and the caller's
-  -- clock says its first queue may be due.
-  if ARGV[spec_at + 3] == '2' then
-    rate_touched = true
-    local due = redis.call('ZRANGEBYSCORE', rate_wait, '-inf', clock(), 'LIMIT', 0, 1000)
-    if #due > 0 then
+
+  -- The ready index (this capsule's; see the header). The caller mirrors it: it passes
+  -- the queues it knows the index holds (and hints: queues to add), says whether those
+  -- are all of them (``complete``), and learns from the reply what this call took out,
+  -- or, when it cannot follow (the index grew here, or it knew only its first queues
+  -- and some left), the index's first queues afresh. So a call whose index the caller
+  -- knows in full reads nothing of it.
+  spec_at = fair_at + 1 -- ARGV[spec_at]: "", "strict" or "sample"
+  index_mode = ARGV[spec_at] ~= '' and ARGV[spec_at] or nil
+  hints = tonumber(ARGV[spec_at + 1]) or 0
+  ready, rate_wait = nil, nil
+  complete, refill_size, spare = false, 0, 0
+  unlisted, grew, rate_touched = {}, false, false
+  natural = {}
+  for i = 1, queues do natural[i] = i end
+  orders_at = spec_at + (index_mode and 5 or 1) + 2 * hints -- ARGV[orders_at + m]
+  if index_mode then
+    ready, rate_wait = KEYS[#KEYS - 3], KEYS[#KEYS - 2]
+    complete = ARGV[spec_at + 2] == '1'
+    refill_size, spare = tonumber(ARGV[spec_at + 4]), tonumber(ARGV[spec_at + 5])
+    for first = 1, hints, 1000 do
       local ranked = {}
-      for _, member in ipairs(due) do
-        local rank, name = string.match(member, '^([^:]+):(.*)$')
-        ranked[#ranked + 1] = rank
-        ranked[#ranked + 1] = name
+      for k = first, math.min(first + 999, hints) do
+        ranked[#ranked + 1] = ARGV[spec_at + 5 + 2 * k]
+        ranked[#ranked + 1] = ARGV[spec_at + 4 + 2 * k]
       end
       redis.call('ZADD', ready, unpack(ranked))
-      redis.call('ZREM', rate_wait, unpack(due))
-      grew = true
+    end
+    -- ARGV[spec_at + 3]: "0" rate_wait is empty, "1" it is not, "2" and the caller's
+    -- clock says its first queue may be due.
+    if ARGV[spec_at + 3] == '2' then
+      rate_touched = true
+      local due = redis.call('ZRANGEBYSCORE', rate_wait, '-inf', clock(), 'LIMIT', 0, 1000)
+      if #due > 0 then
+        local ranked = {}
+        for _, member in ipairs(due) do
+          local rank, name = string.match(member, '^([^:]+):(.*)$')
+          ranked[#ranked + 1] = rank
+          ranked[#ranked + 1] = name
+        end
+        redis.call('ZADD', ready, unpack(ranked))
+        redis.call('ZREM', rate_wait, unpack(due))
+        grew = true
+      end
     end
   end
 end
@@ -520,10 +537,6 @@ local function set_aside(st, free_at)
   unlist(st)
 end
 
-local natural = {}
-for i = 1, queues do natural[i] = i end
-
-local orders_at = spec_at + (index_mode and 5 or 1) + 2 * hints -- ARGV[orders_at + m]
 local function order_of(m)
   local given = ARGV[orders_at + m]
   if not given then return natural end
@@ -533,7 +546,7 @@ local function order_of(m)
 end
 
 -- The earliest time (microseconds) a queue skipped for its rate limit may be fetched.
-local room_at = nil
+local room_at
 
 -- Whether queue ``st`` may give a job now; with a rate limit, also its rate and
 -- arrival time (to move on when a job is taken). Its rate is looked up once a call.
@@ -554,7 +567,7 @@ end
 -- Queue i's state in this call: its keys, the jobs left in it, whether it may give any
 -- at all (not empty, not paused), its process limit and this capsule's jobs of it in
 -- progress (read when first needed), and the jobs taken from it so far.
-local state, looked = {}, {} -- looked: the states that are not EMPTY, in the order met
+local state, looked -- looked: the states that are not EMPTY, in the order met
 local EMPTY = {open = false, left = 0, taken = 0} -- shared by every empty queue
 
 local function queue_state(i)
@@ -621,7 +634,7 @@ end
 -- Jobs that share an order (every job, in the given order) start past the queues that
 -- have nothing left for this call (``spent``): none comes back within a call, and over
 -- many shallow queues each job would otherwise walk past every one the call emptied.
-local spent = 0
+local spent
 local function take_one(order)
   local shared = order == natural
   for at = shared and spent + 1 or 1, #order do
@@ -668,23 +681,26 @@ end
 -- Settle first, so the slots freed are free for the jobs taken next: each queue's jobs,
 -- then its slots (of the jobs that were still this capsule's) at once.
 
-local settled, mode, job_at = 0, ARGV[3], 7 + 2 * settled_queues -- ARGV[job_at + 1]: next
-for k = 1, settled_queues do
-  local name, in_progress_key, queue_key = ARGV[6 + 2 * k], KEYS[6 + 2 * k], KEYS[7 + 2 * k]
-  local count, acked = tonumber(ARGV[7 + 2 * k]), 0
-  for j = job_at + 1, job_at + count do
-    local done = settle(in_progress_key, queue_key, ARGV[j], name, mode)
-    settled = settled + done
-    if mode == 'ack' then acked = acked + done end
+local function settle_all()
+  local settled, mode, job_at = 0, ARGV[3], 7 + 2 * settled_queues -- ARGV[job_at + 1]: next
+  for k = 1, settled_queues do
+    local name, in_progress_key, queue_key = ARGV[6 + 2 * k], KEYS[6 + 2 * k], KEYS[7 + 2 * k]
+    local count, acked = tonumber(ARGV[7 + 2 * k]), 0
+    for j = job_at + 1, job_at + count do
+      local done = settle(in_progress_key, queue_key, ARGV[j], name, mode)
+      settled = settled + done
+      if mode == 'ack' then acked = acked + done end
+    end
+    job_at = job_at + count
+    if acked > 0 then free_slots(name, queue_key, acked) end
   end
-  job_at = job_at + count
-  if acked > 0 then free_slots(name, queue_key, acked) end
+  return settled
 end
 
 -- Each job starts again from the first queue of its order, so a strict order stays
 -- strict, weights apply per job, and every job sees the busy counts the previous one
 -- updated (and the rate schedules it moved).
-local picks, jobs_of, job_charges = {}, {}, {}
+local picks, jobs_of, job_charges
 -- The jobs a plain queue (not fair, no rate limit, no suspects) can still give while it
 -- has jobs and room, beside the one just picked from it: in the shared order, each of
 -- the next jobs would be picked from it again (the queues before it gave way, and
@@ -697,136 +713,165 @@ local function room_beside(st)
   return room
 end
 
-while #picks < want and deferred < MAX_DEFERRED do
-  local order = order_of(#picks + 1)
-  local st, rate, tat = take_one(order)
-  if st == nil or st == 'stop' then break end
-  local kept = true
-  local plain = not st.fair and (none_rare or not any_recovered())
-  if not plain then
-    local job
-    if st.fair then
-      job = pop_fair(st, job_charges, want - #picks)
-    else
-      job = suspect_library().pop_checked(st, job_charges)
+local function take_all()
+  while #picks < want and deferred < MAX_DEFERRED do
+    local order = order_of(#picks + 1)
+    local st, rate, tat = take_one(order)
+    if st == nil or st == 'stop' then break end
+    local kept = true
+    local plain = not st.fair and (none_rare or not any_recovered())
+    if not plain then
+      local job
+      if st.fair then
+        job = pop_fair(st, job_charges, want - #picks)
+      else
+        job = suspect_library().pop_checked(st, job_charges)
+      end
+      kept = job ~= nil
+      if kept then
+        jobs_of[st] = jobs_of[st] or {}
+        jobs_of[st][#jobs_of[st] + 1] = job
+      end
     end
-    kept = job ~= nil
     if kept then
-      jobs_of[st] = jobs_of[st] or {}
-      jobs_of[st][#jobs_of[st] + 1] = job
+      if rate then rate_library().use(st.rate_key, rate, tat) end
+      picks[#picks + 1] = st
     end
-  end
-  if kept then
-    if rate then rate_library().use(st.rate_key, rate, tat) end
-    picks[#picks + 1] = st
-  end
-  if plain and not rate and order == natural then -- the rest of its share at once
-    local more = math.min(room_beside(st), want - #picks)
-    if more > 0 then
-      st.left, st.taken, st.held = st.left - more, st.taken + more, st.held + more
-      add_busy(st.name, more)
-      for _ = 1, more do picks[#picks + 1] = st end
-    end
-  elseif kept and st.fair and not rate and order == natural and not any_recovered() then
-    -- A fair queue whose head tenant's next turns all come first (a tenant alone, say)
-    -- popped them together: the rest of them at once, as for a plain queue.
-    local more = math.min(room_beside(st), want - #picks)
-    local jobs, from, to = nil, 0, -1
-    if more > 0 then jobs, from, to = fair_library().run_rest(st.fair, more) end
-    if jobs then
-      local n, mine = to - from + 1, jobs_of[st]
-      st.left, st.taken, st.held = st.left - n, st.taken + n, st.held + n
-      add_busy(st.name, n)
-      for k = from, to do
-        mine[#mine + 1] = jobs[k]
-        picks[#picks + 1] = st
+    if plain and not rate and order == natural then -- the rest of its share at once
+      local more = math.min(room_beside(st), want - #picks)
+      if more > 0 then
+        st.left, st.taken, st.held = st.left - more, st.taken + more, st.held + more
+        add_busy(st.name, more)
+        for _ = 1, more do picks[#picks + 1] = st end
+      end
+    elseif kept and st.fair and not rate and order == natural and not any_recovered() then
+      -- A fair queue whose head tenant's next turns all come first (a tenant alone, say)
+      -- popped them together: the rest of them at once, as for a plain queue.
+      local more = math.min(room_beside(st), want - #picks)
+      local jobs, from, to = nil, 0, -1
+      if more > 0 then jobs, from, to = fair_library().run_rest(st.fair, more) end
+      if jobs then
+        local n, mine = to - from + 1, jobs_of[st]
+        st.left, st.taken, st.held = st.left - n, st.taken + n, st.held + n
+        add_busy(st.name, n)
+        for k = from, to do
+          mine[#mine + 1] = jobs[k]
+          picks[#picks + 1] = st
+        end
       end
     end
   end
 end
 
--- Move each queue's jobs in one go: the oldest (right end) first, each to the left of
--- the in-progress list, as one LMOVE per job would. (Popped one by one above while
--- suspects may exist.)
-local holding = {}
-for _, st in ipairs(looked) do
-  if st.taken > 0 then
-    jobs_of[st] = jobs_of[st]
-      or redis.call('RPOP', st.queue_key, COUNT_TEXT[st.taken + 1] or st.taken)
-    redis.call('LPUSH', st.in_progress_key, unpack(jobs_of[st]))
-    holding[#holding + 1] = st.name
-  end
-end
-if #holding > 0 then
-  redis.call('SADD', held, unpack(holding))
-  redis.call('SADD', capsules, capsule_id)
-end
--- Write the busy counts this call changed (see ``limit_of`` above), in one HSET (a
--- thousand at a time).
-do
-  local pairs_ = {}
-  for name in pairs(busy_changed) do
-    pairs_[#pairs_ + 1] = name
-    pairs_[#pairs_ + 1] = COUNT_TEXT[busy_of[name] + 1] or busy_of[name]
-  end
-  for first = 1, #pairs_, 1000 do
-    redis.call('HSET', busy, unpack(pairs_, first, math.min(first + 999, #pairs_)))
-  end
-end
-
-for _, fair in pairs(fair_of_name) do
-  if fair then fair_library().flush(fair) end
-end
-
--- The index's part of the reply: {stale, refilled, rate in, names...}. ``stale``: this
--- call took fewer jobs than wanted and the index may hold queues it was not given, or
--- got back from rate_wait (the caller asks again at once). ``refilled``: 1 when ``names`` are the index's first
--- queues (strict) or a random few (sample), read afresh; 0 when they are the queues this
--- call took out. ``rate in``: when rate_wait changed, the milliseconds until its first
--- queue may give a job (-1: it is empty), else "".
--- (A block, not a function: a closure made each call would cost more than the work.)
-local index_part = nil
-if index_mode then
+-- The end of a call: the jobs taken move, the busy counts and the fair queues' counters
+-- are written, and the reply is made (``settled``: the jobs settled first).
+local function finish(settled)
+  -- Move each queue's jobs in one go: the oldest (right end) first, each to the left of
+  -- the in-progress list, as one LMOVE per job would. (Popped one by one above while
+  -- suspects may exist.)
+  local holding = {}
   for _, st in ipairs(looked) do
-    if st.left == 0 and st.unsorted == 0 and not st.deferred then unlist(st) end
+    if st.taken > 0 then
+      jobs_of[st] = jobs_of[st]
+        or redis.call('RPOP', st.queue_key, COUNT_TEXT[st.taken + 1] or st.taken)
+      redis.call('LPUSH', st.in_progress_key, unpack(jobs_of[st]))
+      holding[#holding + 1] = st.name
+    end
   end
-  remove_unlisted()
-  local short = #picks < want
-  local names = unlisted
-  -- While the queues the caller knows beyond those it gave outnumber those that left,
-  -- it follows by removing them; when they run out, it reads a new window.
-  local refilled = grew or (not complete and (#unlisted > spare or short))
-  if refilled and index_mode == 'strict' then
-    names = redis.call('ZRANGE', ready, '0', refill_size - 1)
-  elseif refilled then
-    names = redis.call('ZRANDMEMBER', ready, refill_size)
+  if #holding > 0 then
+    redis.call('SADD', held, unpack(holding))
+    redis.call('SADD', capsules, capsule_id)
   end
-  local rate_in, soonest = '', nil
-  if rate_touched or (#picks == 0 and not room_at and ARGV[spec_at + 3] ~= '0') then
-    soonest = redis.call('ZRANGE', rate_wait, 0, 0, 'WITHSCORES')
-    if #soonest > 0 then room_at = math.min(room_at or math.huge, tonumber(soonest[2])) end
+  -- Write the busy counts this call changed (see ``limit_of`` above), in one HSET (a
+  -- thousand at a time).
+  do
+    local pairs_ = {}
+    for name in pairs(busy_changed) do
+      pairs_[#pairs_ + 1] = name
+      pairs_[#pairs_ + 1] = COUNT_TEXT[busy_of[name] + 1] or busy_of[name]
+    end
+    for first = 1, #pairs_, 1000 do
+      redis.call('HSET', busy, unpack(pairs_, first, math.min(first + 999, #pairs_)))
+    end
   end
-  if rate_touched then
-    rate_in = #soonest > 0 and math.max(0, math.ceil((tonumber(soonest[2]) - clock()) / 1000)) or -1
+
+  for _, fair in pairs(fair_of_name) do
+    if fair then fair_library().flush(fair) end
   end
-  -- Queues back from rate_wait were not given to this call: the caller asks again.
-  index_part = {(short and (grew or not complete)) and 1 or 0, refilled and 1 or 0, rate_in}
-  for _, name in ipairs(names) do index_part[#index_part + 1] = name end
+
+  -- The index's part of the reply: {stale, refilled, rate in, names...}. ``stale``: this
+  -- call took fewer jobs than wanted and the index may hold queues it was not given, or
+  -- got back from rate_wait (the caller asks again at once). ``refilled``: 1 when ``names`` are the index's first
+  -- queues (strict) or a random few (sample), read afresh; 0 when they are the queues this
+  -- call took out. ``rate in``: when rate_wait changed, the milliseconds until its first
+  -- queue may give a job (-1: it is empty), else "".
+  local index_part = nil
+  if index_mode then
+    for _, st in ipairs(looked) do
+      if st.left == 0 and st.unsorted == 0 and not st.deferred then unlist(st) end
+    end
+    remove_unlisted()
+    local short = #picks < want
+    local names = unlisted
+    -- While the queues the caller knows beyond those it gave outnumber those that left,
+    -- it follows by removing them; when they run out, it reads a new window.
+    local refilled = grew or (not complete and (#unlisted > spare or short))
+    if refilled and index_mode == 'strict' then
+      names = redis.call('ZRANGE', ready, '0', refill_size - 1)
+    elseif refilled then
+      names = redis.call('ZRANDMEMBER', ready, refill_size)
+    end
+    local rate_in, soonest = '', nil
+    if rate_touched or (#picks == 0 and not room_at and ARGV[spec_at + 3] ~= '0') then
+      soonest = redis.call('ZRANGE', rate_wait, 0, 0, 'WITHSCORES')
+      if #soonest > 0 then room_at = math.min(room_at or math.huge, tonumber(soonest[2])) end
+    end
+    if rate_touched then
+      rate_in = #soonest > 0 and math.max(0, math.ceil((tonumber(soonest[2]) - clock()) / 1000)) or -1
+    end
+    -- Queues back from rate_wait were not given to this call: the caller asks again.
+    index_part = {(short and (grew or not complete)) and 1 or 0, refilled and 1 or 0, rate_in}
+    for _, name in ipairs(names) do index_part[#index_part + 1] = name end
+  end
+
+  -- (Four fields a job: counted, not found with #, which searches the table each time.)
+  local taken, filled = {settled, 0, index_part or {}}, 3
+  for _, st in ipairs(picks) do
+    local given = (st.given or 0) + 1 -- the queue's jobs, in the order they were popped
+    st.given = given
+    local job = jobs_of[st][given]
+    local found = job_charges[job]
+    taken[filled + 1], taken[filled + 2] = st.name, job
+    taken[filled + 3], taken[filled + 4] = found and found[1] or 0, found and found[2] or 0
+    filled = filled + 4
+  end
+  if rate_functions then rate_functions.save() end
+  if room_at then
+    taken[2] = math.max(1, math.ceil((room_at - clock()) / 1000))
+  end
+  return taken
 end
 
--- (Four fields a job: counted, not found with #, which searches the table each time.)
-local taken, filled = {settled, 0, index_part or {}}, 3
-for _, st in ipairs(picks) do
-  local given = (st.given or 0) + 1 -- the queue's jobs, in the order they were popped
-  st.given = given
-  local job = jobs_of[st][given]
-  local found = job_charges[job]
-  taken[filled + 1], taken[filled + 2] = st.name, job
-  taken[filled + 3], taken[filled + 4] = found and found[1] or 0, found and found[2] or 0
-  filled = filled + 4
+-- The entry: one call's state made afresh, then its settles, its takes and the rest.
+-- Where Redis has functions (7.0 and later), limitd loads this file as a library and
+-- calls it with FCALL (limitd/connection/scripts.py, ``LuaFunction``): every function
+-- above is made once, when the library loads, not at every call (that was a quarter of
+-- what Redis ran for a plain call of a few jobs); with EVALSHA (older Redis, a cluster)
+-- the file runs whole each call, as before. Nothing a call keeps may outlive it, so
+-- each of those locals is set here.
+local function limit_fetch(keys, args)
+  KEYS, ARGV = keys, args
+  limits, process_limits, paused, busy = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+  held, capsules, capsule_id, channel = KEYS[5], KEYS[6], ARGV[1], ARGV[2]
+  rate_limits, fair_settings, recoveries = KEYS[7], KEYS[#KEYS - 1], KEYS[#KEYS]
+  RARE_KEYS = {paused, process_limits, fair_settings, rate_limits, recoveries}
+  exists_once, rare_unknown, rare_unfound, none_rare = nil, #RARE_KEYS, 0, false
+  limit_of, busy_of, busy_changed, fair_of_name = {}, {}, {}, {}
+  deferred, suspect_functions, now, rate_functions = 0, nil, nil, nil
+  room_at, state, looked, spent = nil, {}, {}, 0
+  picks, jobs_of, job_charges = {}, {}, {}
+  read_call()
+  local settled = settle_all()
+  take_all()
+  return finish(settled)
 end
-if rate_functions then rate_functions.save() end
-if room_at then
-  taken[2] = math.max(1, math.ceil((room_at - clock()) / 1000))
-end
-return taken
