@@ -142,6 +142,33 @@ local KEYS, ARGV
 local limits, process_limits, paused, busy, held, capsules, capsule_id, channel
 local rate_limits, fair_settings, recoveries
 local fair_at -- ARGV[fair_at]: the fair queues' key template (set once the counts are read)
+-- What else a call keeps, set afresh by ``begin_call`` below (each is described where
+-- it is used). Declared here, before the functions that use them, so that making
+-- ``begin_call`` looks its upvalues up in a short list: Lua finds each upvalue of a new
+-- function by walking the enclosing function's open upvalues, newest first, and with
+-- EVALSHA that walk is made again for every function at every call.
+local RARE_KEYS, exists_once, rare_unknown, rare_unfound, none_rare
+local limit_of, busy_of, busy_changed, fair_of_name, deferred, suspect_functions
+local now, rate_functions, room_at, state, looked, spent, picks, jobs_of, job_charges
+-- (the call's counts and where its parts start in ARGV, read by ``read_call``)
+local settled_queues, want, queues, names_at, blocks
+local spec_at, index_mode, hints, ready, rate_wait
+local complete, refill_size, spare, unlisted, grew, rate_touched
+local natural, orders_at
+
+local function begin_call(keys, args)
+  KEYS, ARGV = keys, args
+  limits, process_limits, paused, busy = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+  held, capsules, capsule_id, channel = KEYS[5], KEYS[6], ARGV[1], ARGV[2]
+  rate_limits, fair_settings, recoveries = KEYS[7], KEYS[#KEYS - 1], KEYS[#KEYS]
+  RARE_KEYS = {paused, process_limits, fair_settings, rate_limits, recoveries}
+  exists_once, rare_unknown, rare_unfound, none_rare = nil, #RARE_KEYS, 0, false
+  limit_of, busy_of, busy_changed, fair_of_name = {}, {}, {}, {}
+  deferred, suspect_functions, now, rate_functions = 0, nil, nil, nil
+  room_at, state, looked, spent = nil, {}, {}, 0
+  picks, jobs_of, job_charges = {}, {}, {}
+end
+
 local MAX_SORTED = 1000 -- a fair queue's arrivals sorted into lines per call, at most
 
 -- Whether a key that most deployments leave absent exists (the paused queues, the
@@ -156,9 +183,6 @@ local MAX_SORTED = 1000 -- a fair queue's arrivals sorted into lines per call, a
 -- Once some exist, the fair queues' settings are asked first: every call that looks at
 -- a queue asks them, and where they are the one rare key (fair queues, nothing paused,
 -- no suspects) finding them tells the rest.
-local RARE_KEYS -- {paused, process_limits, fair_settings, rate_limits, recoveries}
-local exists_once, rare_unknown, rare_unfound
-local none_rare
 local function exists(key)
   if none_rare then return false end
   if exists_once == nil then
@@ -187,16 +211,16 @@ local function any_recovered()
   return exists(recoveries)
 end
 
--- A queue's global limit and busy count, by name: read on first use in this call, then
--- kept current here. The busy counts this call changed are written once, at the end:
--- one HSET, not an HINCRBY per queue settled and per queue taken from.
-local limit_of, busy_of, busy_changed
+-- A queue's global limit and busy count, by name (``limit_of``, ``busy_of``): read on
+-- first use in this call, then kept current here. The busy counts this call changed
+-- (``busy_changed``) are written once, at the end: one HSET, not an HINCRBY per queue
+-- settled and per queue taken from.
 
 -- Small counts as strings, for the counts this call passes to Redis (each queue's RPOP
 -- count, each busy count it writes): a Lua number argument is formatted with
 -- snprintf("%.17g"), which costs half as much again as the argument itself, and a call
 -- over many shallow queues passes several per job. COUNT_TEXT[n + 1] is n, for n < 16
--- (a longer table costs more to build each call than it saves).
+-- (a longer table costs more to build each call than it saves, with EVALSHA).
 local COUNT_TEXT = {'0', '1', '2', '3', '4', '5', '6', '7', '8', '9', '10', '11', '12',
                     '13', '14', '15'}
 
@@ -227,8 +251,6 @@ end
 -- call that settles or takes a job: their functions are made then, by
 -- ``suspect_library()`` (once a call), not by every call.
 local MAX_DEFERRED = 200
-local deferred -- suspects passed over in this call
-local suspect_functions
 
 local function suspect_library()
   if suspect_functions then return suspect_functions end
@@ -293,7 +315,6 @@ end
 -- A fair queue's keys and tenant limit (see fair_lib.lua), by queue name; false for a
 -- queue that is not fair. limitd:fair_queues holds "fair", "fair/<tenant limit>" or
 -- "off" (made plain at run time) per queue.
-local fair_of_name
 local function fair_of(name)
   if fair_of_name[name] == nil then
     fair_of_name[name] = exists(fair_settings)
@@ -358,7 +379,6 @@ end
 -- Rate limits. The hash is looked at once per call, each queue's rate once per call.
 -- Their functions are made only by a call that meets a queue while the hash exists
 -- (``rate_library()``, once a call); ``clock`` is apart: the ready index reads it too.
-local now, rate_functions
 
 local function clock()
   if now == nil then
@@ -437,13 +457,6 @@ local function rate_library()
                     save = save_arrivals}
   return rate_functions
 end
-
-
--- The call's counts and where its parts start in ARGV, read by ``read_call``.
-local settled_queues, want, queues, names_at, blocks
-local spec_at, index_mode, hints, ready, rate_wait
-local complete, refill_size, spare, unlisted, grew, rate_touched
-local natural, orders_at
 
 local function read_call()
   settled_queues, want, queues = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -545,8 +558,8 @@ local function order_of(m)
   return order
 end
 
--- The earliest time (microseconds) a queue skipped for its rate limit may be fetched.
-local room_at
+-- ``room_at``: the earliest time (microseconds) a queue skipped for its rate limit may
+-- be fetched.
 
 -- Whether queue ``st`` may give a job now; with a rate limit, also its rate and
 -- arrival time (to move on when a job is taken). Its rate is looked up once a call.
@@ -566,8 +579,8 @@ end
 
 -- Queue i's state in this call: its keys, the jobs left in it, whether it may give any
 -- at all (not empty, not paused), its process limit and this capsule's jobs of it in
--- progress (read when first needed), and the jobs taken from it so far.
-local state, looked -- looked: the states that are not EMPTY, in the order met
+-- progress (read when first needed), and the jobs taken from it so far (``state``, by
+-- queue number; ``looked``: the states that are not EMPTY, in the order met).
 local EMPTY = {open = false, left = 0, taken = 0} -- shared by every empty queue
 
 local function queue_state(i)
@@ -634,7 +647,6 @@ end
 -- Jobs that share an order (every job, in the given order) start past the queues that
 -- have nothing left for this call (``spent``): none comes back within a call, and over
 -- many shallow queues each job would otherwise walk past every one the call emptied.
-local spent
 local function take_one(order)
   local shared = order == natural
   for at = shared and spent + 1 or 1, #order do
@@ -700,7 +712,6 @@ end
 -- Each job starts again from the first queue of its order, so a strict order stays
 -- strict, weights apply per job, and every job sees the busy counts the previous one
 -- updated (and the rate schedules it moved).
-local picks, jobs_of, job_charges
 -- The jobs a plain queue (not fair, no rate limit, no suspects) can still give while it
 -- has jobs and room, beside the one just picked from it: in the shared order, each of
 -- the next jobs would be picked from it again (the queues before it gave way, and
@@ -860,16 +871,7 @@ end
 -- the file runs whole each call, as before. Nothing a call keeps may outlive it, so
 -- each of those locals is set here.
 local function limit_fetch(keys, args)
-  KEYS, ARGV = keys, args
-  limits, process_limits, paused, busy = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-  held, capsules, capsule_id, channel = KEYS[5], KEYS[6], ARGV[1], ARGV[2]
-  rate_limits, fair_settings, recoveries = KEYS[7], KEYS[#KEYS - 1], KEYS[#KEYS]
-  RARE_KEYS = {paused, process_limits, fair_settings, rate_limits, recoveries}
-  exists_once, rare_unknown, rare_unfound, none_rare = nil, #RARE_KEYS, 0, false
-  limit_of, busy_of, busy_changed, fair_of_name = {}, {}, {}, {}
-  deferred, suspect_functions, now, rate_functions = 0, nil, nil, nil
-  room_at, state, looked, spent = nil, {}, {}, 0
-  picks, jobs_of, job_charges = {}, {}, {}
+  begin_call(keys, args)
   read_call()
   local settled = settle_all()
   take_all()
