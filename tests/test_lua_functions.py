@@ -57,10 +57,19 @@ def drain(redis: redis_py.Redis, queues: list[str], capsule: str = "c1") -> list
 
 def libraries(redis: redis_py.Redis) -> list[str]:
     """The names of the function libraries the server holds (FUNCTION LIST)."""
-    return [
-        dict(zip(entry[::2], entry[1::2], strict=True))[b"library_name"].decode()
-        for entry in redis.function_list()
-    ]
+    return libraries_in(redis.function_list())
+
+
+def libraries_in(listed: list[Any]) -> list[str]:
+    """Library names from a FUNCTION LIST reply: flat pairs (RESP2) or maps."""
+    names = []
+    for entry in listed:
+        fields = (
+            entry if isinstance(entry, dict) else dict(zip(entry[::2], entry[1::2], strict=True))
+        )
+        name = fields.get(b"library_name", fields.get("library_name"))
+        names.append(name.decode() if isinstance(name, bytes) else name)
+    return names
 
 
 def test_the_fetch_is_a_function_call_whose_library_loads_on_first_use(
@@ -210,3 +219,21 @@ def test_redis_6_without_functions_is_sent_the_script(monkeypatch: pytest.Monkey
         conn.close()
     finally:
         server.stop()
+
+
+def test_a_cluster_calls_the_fetch_as_a_function_loaded_on_every_primary(
+    clustered: redis_py.RedisCluster,
+) -> None:
+    from redis.cluster import RedisCluster
+
+    clustered.function_flush()  # (FUNCTION commands go to every primary)
+    clustered.config_resetstat(target_nodes=RedisCluster.PRIMARIES)
+    for queue in ("a", "b", "c"):
+        push(clustered, queue, 3)
+    assert len(drain(clustered, ["a", "b", "c"])) == 9
+    stats = clustered.info("commandstats", target_nodes=RedisCluster.PRIMARIES)
+    fcalls = sum(int(node.get("cmdstat_fcall", {}).get("calls", 0)) for node in stats.values())
+    assert fcalls >= 3
+    for node in clustered.get_primaries():
+        listed = clustered.execute_command("FUNCTION", "LIST", target_nodes=node)
+        assert LIMIT_FETCH.function in libraries_in(listed), f"the library on {node.name}"

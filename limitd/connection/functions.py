@@ -14,8 +14,9 @@ both ways:
 - as a library (``FUNCTION LOAD``), with a ``redis.register_function`` of the entry
   appended: called with FCALL, the same keys and arguments as EVALSHA;
 - as a script, with a call of the entry on KEYS and ARGV around it: for servers without
-  functions (Redis 6, the embedded server), in a pipeline, in a cluster, and from
-  asyncio, which go through the script as before.
+  functions (Redis 6, the embedded server), in a pipeline, and from asyncio, which go
+  through the script as before. On a cluster the function is loaded on every primary
+  and each FCALL goes to its keys' shard.
 
 The library and the function are named after the script's SHA-1, so two versions of
 limitd (a rolling restart) each call their own, and a server that lost its functions
@@ -36,6 +37,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
+from redis.cluster import ClusterPipeline
 from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
 
 from limitd.connection.scripts import LuaScript
@@ -127,6 +129,25 @@ class LuaFunction(LuaScript):
             isinstance(error, ResponseError)
             and ("Function not found" in str(error) or _refused(error))
         )
+
+    def _on_cluster(self, conn: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        """On a cluster, an FCALL routed by its keys' slot, the library loaded on every
+        primary when the shard lacks it; a cluster pipeline, or a cluster without
+        functions, calls the script."""
+        if isinstance(conn, ClusterPipeline) or conn in self._without:
+            return super()._on_cluster(conn, keys, args)
+        try:
+            return conn.fcall(self.function, len(keys), *keys, *args)
+        except ResponseError as exc:
+            if _refused(exc):
+                self._without.add(conn)
+                log.info("%s: this Redis runs no functions (%s): called by EVALSHA", self.name, exc)
+                return super()._on_cluster(conn, keys, args)
+            if "Function not found" not in str(exc):
+                raise
+        # REPLACE: some primaries may hold it already (a shard added since, a failover).
+        conn.function_load(self.library, replace=True)
+        return conn.fcall(self.function, len(keys), *keys, *args)
 
     def as_script(self, command: bytes) -> bytes:
         """An FCALL packed by this object as the same call by EVALSHA."""
