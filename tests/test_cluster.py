@@ -19,7 +19,7 @@ from redis.cluster import key_slot
 import limitd
 from limitd import Limiter, keys
 from limitd.config import ConfigError, load_config
-from limitd.connection import LuaScript, async_twin, cluster, connect, pipeline
+from limitd.connection import LuaFunction, LuaScript, async_twin, cluster, connect, pipeline
 from limitd.connection.embedded import RedisServer
 from limitd.connection.wire import OwnConnection, own_connection
 from limitd.fetch import liveness
@@ -112,15 +112,21 @@ def test_every_script_call_touches_one_slot(
     cluster, which refuses a call whose keys span slots; the keys of every call are
     checked too."""
     calls: dict[str, set[int]] = {}
-    original = LuaScript._on_cluster
 
-    def checked(self: LuaScript, conn: Any, script_keys: Any, args: Any) -> Any:
-        slots = {key_slot(k if isinstance(k, bytes) else str(k).encode()) for k in script_keys}
-        assert len(slots) == 1, f"{self.name} spans slots: {list(script_keys)}"
-        calls.setdefault(self.name, set()).update(slots)
-        return original(self, conn, script_keys, args)
+    def checking(kind: type[LuaScript]) -> Any:
+        original = kind._on_cluster
 
-    monkeypatch.setattr(LuaScript, "_on_cluster", checked)
+        def checked(self: LuaScript, conn: Any, script_keys: Any, args: Any) -> Any:
+            slots = {key_slot(k if isinstance(k, bytes) else str(k).encode()) for k in script_keys}
+            assert len(slots) == 1, f"{self.name} spans slots: {list(script_keys)}"
+            calls.setdefault(self.name, set()).update(slots)
+            return original(self, conn, script_keys, args)
+
+        return checked
+
+    # (the limit fetch is a LuaFunction: an FCALL where Redis has functions)
+    for kind in (LuaScript, LuaFunction):
+        monkeypatch.setattr(kind, "_on_cluster", checking(kind))
     ran.clear()
     mark.set(queue="alpha").perform_async(1)
     mark.set(queue="beta").perform_async(2)
