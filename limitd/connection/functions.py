@@ -141,11 +141,7 @@ class LuaFunction(LuaScript):
         except ResponseError as exc:
             if _refused(exc):
                 self._without.add(conn)
-                log.info(
-                    "%s: this Redis runs no functions (%s): called by EVALSHA",
-                    self.name,
-                    _reason(exc),
-                )
+                self._say_no_functions(exc)
                 return super()._on_cluster(conn, keys, args)
             if "Function not found" not in str(exc):
                 raise
@@ -172,22 +168,21 @@ class LuaFunction(LuaScript):
     def _give_up_functions(self, conn: Conn, error: Exception) -> None:
         pool = client_of(conn).connection_pool
         if pool not in self._without:
-            log.info(
-                "%s: this Redis runs no functions (%s): called by EVALSHA",
-                self.name,
-                _reason(error),
-            )
+            self._say_no_functions(error)
             self._without.add(pool)
+
+    def _say_no_functions(self, error: Exception) -> None:
+        # (Redis's unknown-command error echoes the call's first arguments: left out.)
+        reason = str(error).split(", with args beginning with", 1)[0]
+        log.info("%s: this Redis runs no functions (%s): called by EVALSHA", self.name, reason)
 
 
 def _refused(error: Exception) -> bool:
     """A server without functions (before 7.0) or an ACL that does not allow them."""
     text = str(error).lower()
-    return isinstance(error, NoPermissionError) or (
-        "unknown command" in text and ("fcall" in text or "function" in text)
+    names_functions = any(
+        name in text for name in ("'fcall'", "'function", "`fcall`", "`function`")
     )
-
-
-def _reason(error: Exception) -> str:
-    """The server's refusal without the arguments it echoes (a whole fetch call)."""
-    return str(error).split(", with args beginning with", 1)[0]
+    if isinstance(error, NoPermissionError):  # (a command the function calls: ERR)
+        return names_functions
+    return "unknown command" in text and names_functions
