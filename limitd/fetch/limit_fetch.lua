@@ -863,13 +863,13 @@ local function finish(settled)
   return taken
 end
 
--- The entry: one call's state made afresh, then its settles, its takes and the rest.
--- Where Redis has functions (7.0 and later), limitd loads this file as a library and
--- calls it with FCALL (limitd/connection/scripts.py, ``LuaFunction``): every function
--- above is made once, when the library loads, not at every call (that was a quarter of
--- what Redis ran for a plain call of a few jobs); with EVALSHA (older Redis, a cluster)
--- the file runs whole each call, as before. Nothing a call keeps may outlive it, so
--- each of those locals is set here.
+-- The entry: one call's state made afresh (``begin_call``), then its arguments, its
+-- settles, its takes and the rest. Where Redis has functions (7.0 and later), limitd
+-- loads this file as a library and calls it with FCALL (limitd/connection/functions.py,
+-- ``LuaFunction``): every function above is made once, when the library loads, not at
+-- every call (that was a quarter of what Redis ran for a plain call of a few jobs);
+-- with EVALSHA (Redis 6, an ACL that refuses functions) the file runs whole each call.
+-- Nothing a call keeps may outlive it: each of those locals is set by ``begin_call``.
 local function limit_fetch(keys, args)
   begin_call(keys, args)
   read_call()
