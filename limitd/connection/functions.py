@@ -93,7 +93,7 @@ class LuaFunction(LuaScript):
         """Send a call packed by ``packed`` or ``packed_from`` (an FCALL) on ``conn``:
         as EVALSHA to a server without functions; loading the library first if the
         server lacks it."""
-        if self._without and client_of(conn).connection_pool in self._without:
+        if self._scripted(conn):
             return super().send(conn, self.as_script(command))
         try:
             return send_packed(conn, command)
@@ -103,9 +103,11 @@ class LuaFunction(LuaScript):
     def fitted(self, conn: Conn, command: bytes) -> bytes:
         """``command`` as ``send`` would send it on ``conn`` (for a caller that sends it
         with other commands)."""
-        if self._without and client_of(conn).connection_pool in self._without:
-            return self.as_script(command)
-        return command
+        return self.as_script(command) if self._scripted(conn) else command
+
+    def _scripted(self, conn: Conn) -> bool:
+        """Whether ``conn``'s server was found to have no functions (or to refuse them)."""
+        return bool(self._without) and client_of(conn).connection_pool in self._without
 
     def recover(self, conn: Conn, command: bytes, error: Exception) -> Any:
         """The reply to ``command`` (an FCALL that failed with ``error``) once what it
@@ -115,10 +117,10 @@ class LuaFunction(LuaScript):
             return super().send(conn, self.as_script(command))
         if not isinstance(error, ResponseError):
             raise error
-        if "Function not found" in str(error) and self._load(conn):
+        if _lacks_library(error) and self._load(conn):
             return send_packed(conn, command)
-        if _refused(error) or "Function not found" in str(error):
-            self._give_up_functions(conn, error)
+        if _refused(error) or _lacks_library(error):  # (the load was refused)
+            self._give_up_functions(client_of(conn).connection_pool, error)
             return super().send(conn, self.as_script(command))
         raise error
 
@@ -126,8 +128,7 @@ class LuaFunction(LuaScript):
         """Whether ``error``, the reply to one of this function's calls, says the
         server lacks the library or functions altogether (``recover`` mends both)."""
         return isinstance(error, NoScriptError) or (
-            isinstance(error, ResponseError)
-            and ("Function not found" in str(error) or _refused(error))
+            isinstance(error, ResponseError) and (_lacks_library(error) or _refused(error))
         )
 
     def _on_cluster(self, conn: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
@@ -140,10 +141,9 @@ class LuaFunction(LuaScript):
             return conn.fcall(self.function, len(keys), *keys, *args)
         except ResponseError as exc:
             if _refused(exc):
-                self._without.add(conn)
-                self._say_no_functions(exc)
+                self._give_up_functions(conn, exc)
                 return super()._on_cluster(conn, keys, args)
-            if "Function not found" not in str(exc):
+            if not _lacks_library(exc):
                 raise
         # REPLACE: some primaries may hold it already (a shard added since, a failover).
         conn.function_load(self.library, replace=True)
@@ -165,16 +165,20 @@ class LuaFunction(LuaScript):
             raise
         return True
 
-    def _give_up_functions(self, conn: Conn, error: Exception) -> None:
-        pool = client_of(conn).connection_pool
-        if pool not in self._without:
-            self._say_no_functions(error)
-            self._without.add(pool)
-
-    def _say_no_functions(self, error: Exception) -> None:
+    def _give_up_functions(self, server: Any, error: Exception) -> None:
+        """Call the script from now on where ``server`` (a connection pool, or a
+        cluster client) is concerned, and say so once."""
+        if server in self._without:
+            return
+        self._without.add(server)
         # (Redis's unknown-command error echoes the call's first arguments: left out.)
         reason = str(error).split(", with args beginning with", 1)[0]
         log.info("%s: this Redis runs no functions (%s): called by EVALSHA", self.name, reason)
+
+
+def _lacks_library(error: Exception) -> bool:
+    """The server has functions but not this library (restarted, flushed)."""
+    return "Function not found" in str(error)
 
 
 def _refused(error: Exception) -> bool:
