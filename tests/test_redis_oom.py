@@ -23,7 +23,10 @@ import limitd
 from limitd import clock, keys
 from limitd.connection.embedded import RedisServer
 from limitd.fetch import liveness
+from limitd.fetch.factory import limit_fetch
+from limitd.fetch.limit import LIMIT_FETCH
 from limitd.metrics.process import RefusalCollector
+from limitd.queues.order import QueueOrder
 from limitd.supervisor import Capsule, CapsuleConfig
 from limitd.supervisor.refusals import WriteRefusals
 from tests.helpers import LimitdProcesses, wait_for
@@ -76,10 +79,6 @@ def test_the_fetch_settles_and_takes_jobs_while_redis_refuses_writes(
     """The limit fetch moves queued jobs and settles finished ones out of memory, as a
     Redis 7 function too: Redis refuses a function without the ``allow-oom`` flag as a
     whole, where a script runs (limitd/connection/functions.py)."""
-    from limitd.fetch.factory import limit_fetch
-    from limitd.fetch.limit import LIMIT_FETCH
-    from limitd.queues.order import QueueOrder
-
     jobs = [f'{{"class":"X","args":[{i}],"queue":"q"}}' for i in range(6)]
     oom_redis.lpush(keys.of(oom_redis).queue("q"), *jobs)
     fetch = limit_fetch(oom_redis, QueueOrder(["q"]), "c1")
